@@ -1,0 +1,57 @@
+import type { Config } from "./config.js";
+import type { Database } from "./db/database.js";
+import { createHeartbeatBuffer } from "./fleet/heartbeats.js";
+import { createFleetStore } from "./fleet/store.js";
+import { createLeaseStore } from "./leases/store.js";
+import { createSweeper } from "./leases/sweeper.js";
+import { createClaimWakeups } from "./leases/wakeup.js";
+import type { Logger } from "./log.js";
+import { createTaskEvents } from "./tasks/events.js";
+import { createTaskStore } from "./tasks/store.js";
+
+/**
+ * Everything the handlers share, built from an open database. No globals:
+ * tests build as many as they like.
+ */
+export function createApp(database: Database, config: Config, log: Logger) {
+  const fleet = createFleetStore(database.db, config.heartbeatIntervalSeconds);
+  const tasks = createTaskStore(database.db);
+  const leases = createLeaseStore(database.db);
+  const events = createTaskEvents();
+  const wakeups = createClaimWakeups();
+  const heartbeats = createHeartbeatBuffer(fleet);
+  const sweeper = createSweeper(
+    { leases, heartbeats, events, wakeups, log },
+    config.sweepIntervalMs,
+  );
+  const shutdown = new AbortController();
+  let unlisten: (() => Promise<void>) | undefined;
+  return {
+    database,
+    config,
+    log,
+    fleet,
+    tasks,
+    leases,
+    events,
+    wakeups,
+    heartbeats,
+    sweeper,
+    /** Aborted when the server begins to shut down: long polls and streams end. */
+    shutdownSignal: shutdown.signal,
+    /** Subscribes to task-ready notifications and starts the sweeper. */
+    async start(): Promise<void> {
+      unlisten = await database.listen("meshwork_task_ready", () => wakeups.notify());
+      sweeper.start();
+    },
+    /** Ends long polls and streams, stops the sweeper, writes pending heartbeats. */
+    async stop(): Promise<void> {
+      shutdown.abort();
+      await sweeper.stop();
+      await unlisten?.();
+      await heartbeats.flush().catch(() => {});
+    },
+  };
+}
+
+export type App = ReturnType<typeof createApp>;

@@ -1,0 +1,40 @@
+import { ConfigError, loadConfig, serveUsage } from "../config.js";
+import { serve } from "../main.js";
+
+const usage = `Usage: meshwork <command> [flags]
+
+Commands:
+  serve     run the coordinator (default flags: embedded database in ./.meshwork, 127.0.0.1:8080)
+
+Run 'meshwork serve --help' for the serve flags.
+`;
+
+/** The `meshwork` command line. */
+export async function run(argv: string[]): Promise<number> {
+  const [command, ...rest] = argv;
+  if (command === undefined || command === "help" || command === "--help" || command === "-h") {
+    process.stdout.write(usage);
+    return command === undefined ? 2 : 0;
+  }
+  if (command === "serve") {
+    if (rest.includes("--help") || rest.includes("-h")) {
+      process.stdout.write(serveUsage);
+      return 0;
+    }
+    try {
+      await serve(loadConfig(rest));
+    } catch (error) {
+      if (error instanceof ConfigError) {
+        process.stderr.write(`meshwork serve: ${error.message}\n`);
+        return 2;
+      }
+      throw error;
+    }
+    return -1; // keeps running until a signal
+  }
+  process.stderr.write(`meshwork: unknown command ${JSON.stringify(command)}\n\n${usage}`);
+  return 2;
+}
+
+const code = await run(process.argv.slice(2));
+if (code >= 0) process.exit(code);

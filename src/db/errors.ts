@@ -1,0 +1,36 @@
+/** The kinds of refusal a store can answer with; rpc/ maps each to a Connect code. */
+export type StoreErrorKind =
+  | "invalid_argument"
+  | "not_found"
+  | "already_exists"
+  | "aborted"
+  | "failed_precondition"
+  | "resource_exhausted";
+
+/**
+ * The one error type stores throw. `reason` is the machine-readable cause
+ * (e.g. STALE_ATTEMPT); the message is safe to show a client: it never holds
+ * SQL, parameters, paths or tokens.
+ */
+export class StoreError extends Error {
+  override readonly name = "StoreError";
+  constructor(
+    readonly kind: StoreErrorKind,
+    readonly reason: string,
+    message: string,
+    readonly details: { taskId?: string; currentAttempt?: number } = {},
+  ) {
+    super(message);
+  }
+}
+
+/** SQLSTATE of a driver error (postgres.js and PGlite both expose `code`). */
+export function sqlState(error: unknown): string | undefined {
+  let e: unknown = error;
+  for (let i = 0; i < 3 && e && typeof e === "object"; i++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) return code;
+    e = (e as { cause?: unknown }).cause;
+  }
+  return undefined;
+}

@@ -1,0 +1,139 @@
+import { sql } from "drizzle-orm";
+import {
+  bigint,
+  boolean,
+  doublePrecision,
+  index,
+  integer,
+  jsonb,
+  pgTable,
+  text,
+  timestamp,
+  uniqueIndex,
+  uuid,
+} from "drizzle-orm/pg-core";
+
+// Millisecond precision, so that a time read into a JS Date and sent back (page
+// tokens, comparisons) is exactly the stored one.
+const timestamptz = (name: string) =>
+  timestamp(name, { withTimezone: true, mode: "date", precision: 3 });
+
+/** Registered workers. `state` (ACTIVE/LOST) is derived from last_heartbeat_at on read. */
+export const workers = pgTable(
+  "workers",
+  {
+    id: uuid("id").primaryKey(),
+    name: text("name").notNull().default(""),
+    capabilities: text("capabilities").array().notNull().default(sql`'{}'::text[]`),
+    labels: jsonb("labels").$type<Record<string, string>>().notNull().default({}),
+    cpuCount: integer("cpu_count").notNull().default(0),
+    memoryMb: bigint("memory_mb", { mode: "number" }).notNull().default(0),
+    apiBaseUrl: text("api_base_url").notNull().default(""),
+    maxConcurrency: integer("max_concurrency").notNull().default(1),
+    drained: boolean("drained").notNull().default(false),
+    queueDepth: integer("queue_depth").notNull().default(0),
+    registeredAt: timestamptz("registered_at").notNull().defaultNow(),
+    lastHeartbeatAt: timestamptz("last_heartbeat_at").notNull().defaultNow(),
+  },
+  (t) => [index("workers_registered_idx").on(t.registeredAt, t.id)],
+);
+
+/** Stored form of an ArtifactRef (input or result). */
+export interface ArtifactRefJson {
+  artifactId: string;
+  uri: string;
+  sha256: string;
+  sizeBytes: number;
+  contentType: string;
+}
+
+/**
+ * Tasks and their current lease. A lease is (id, attempt) held by
+ * lease_worker_id until lease_expires_at; the lease columns are kept after
+ * the task finishes so that a repeated completion can be recognised.
+ */
+export const tasks = pgTable(
+  "tasks",
+  {
+    id: uuid("id").primaryKey(),
+    name: text("name").notNull().default(""),
+    workload: text("workload").notNull(),
+    requiredCapabilities: text("required_capabilities")
+      .array()
+      .notNull()
+      .default(sql`'{}'::text[]`),
+    affinity: jsonb("affinity").$type<Record<string, string>>().notNull().default({}),
+    priority: integer("priority").notNull().default(0),
+    deadline: timestamptz("deadline"),
+    parameters: jsonb("parameters").$type<Record<string, unknown>>(),
+    input: jsonb("input").$type<ArtifactRefJson>(),
+    steps: integer("steps"),
+    state: text("state").$type<TaskStateName>().notNull(),
+    attempt: integer("attempt").notNull().default(0),
+    // Attempts given back by ReleaseTask: they do not count against max_attempts.
+    releases: integer("releases").notNull().default(0),
+    maxAttempts: integer("max_attempts").notNull(),
+    leaseSeconds: integer("lease_seconds").notNull(),
+    backoffInitialMs: integer("backoff_initial_ms").notNull(),
+    backoffMaxMs: integer("backoff_max_ms").notNull(),
+    backoffMultiplier: doublePrecision("backoff_multiplier").notNull(),
+    idempotencyKey: text("idempotency_key"),
+    // SHA-256 of the normalised create request, to tell a retry from a conflict.
+    requestHash: text("request_hash"),
+    correlationId: text("correlation_id").notNull().default(""),
+    assignedWorkerId: uuid("assigned_worker_id"),
+    assignedApiBaseUrl: text("assigned_api_base_url").notNull().default(""),
+    scheduleIdempotencyKey: text("schedule_idempotency_key"),
+    leaseWorkerId: uuid("lease_worker_id"),
+    leaseToken: text("lease_token"),
+    leaseExpiresAt: timestamptz("lease_expires_at"),
+    checkpointHandle: text("checkpoint_handle").notNull().default(""),
+    progressSteps: integer("progress_steps").notNull().default(0),
+    progressMessage: text("progress_message").notNull().default(""),
+    result: jsonb("result").$type<ArtifactRefJson>(),
+    resultSummary: text("result_summary").notNull().default(""),
+    metrics: jsonb("metrics").$type<Record<string, number>>().notNull().default({}),
+    // SHA-256 of the accepted completion manifest, to tell a repeat from a conflict.
+    completionHash: text("completion_hash"),
+    errorCode: text("error_code").notNull().default(""),
+    errorMessage: text("error_message").notNull().default(""),
+    cancelRequested: boolean("cancel_requested").notNull().default(false),
+    notBefore: timestamptz("not_before"),
+    createdAt: timestamptz("created_at").notNull().defaultNow(),
+    updatedAt: timestamptz("updated_at").notNull().defaultNow(),
+    startedAt: timestamptz("started_at"),
+    finishedAt: timestamptz("finished_at"),
+  },
+  (t) => [
+    uniqueIndex("tasks_idempotency_key_idx")
+      .on(t.idempotencyKey)
+      .where(sql`${t.idempotencyKey} is not null`),
+    // The claim scan: PENDING tasks in claim order.
+    index("tasks_claim_idx")
+      .on(t.priority.desc(), t.deadline.asc().nullsLast(), t.createdAt.asc())
+      .where(sql`${t.state} = 'PENDING'`),
+    // Expired-lease scans (claims and the sweeper).
+    index("tasks_lease_expiry_idx")
+      .on(t.leaseExpiresAt)
+      .where(sql`${t.state} in ('ASSIGNED', 'RUNNING')`),
+    index("tasks_lease_worker_idx")
+      .on(t.leaseWorkerId)
+      .where(sql`${t.state} in ('ASSIGNED', 'RUNNING')`),
+    index("tasks_deadline_idx")
+      .on(t.deadline)
+      .where(sql`${t.state} = 'PENDING' and ${t.deadline} is not null`),
+    index("tasks_created_idx").on(t.createdAt.desc(), t.id.desc()),
+    index("tasks_correlation_idx").on(t.correlationId),
+    index("tasks_workload_state_idx").on(t.workload, t.state),
+  ],
+);
+
+export type TaskStateName =
+  | "PENDING"
+  | "ASSIGNED"
+  | "RUNNING"
+  | "SUCCEEDED"
+  | "FAILED"
+  | "CANCELED";
+export type TaskRow = typeof tasks.$inferSelect;
+export type WorkerRow = typeof workers.$inferSelect;

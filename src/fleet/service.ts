@@ -1,0 +1,153 @@
+import { create } from "@bufbuild/protobuf";
+import { durationFromMs, timestampFromDate } from "@bufbuild/protobuf/wkt";
+import type { ServiceImpl } from "@connectrpc/connect";
+import {
+  type FleetService,
+  type RegisterWorkerRequest,
+  TaskStateCountSchema,
+  WorkerState,
+} from "../../gen/meshwork/v1/fleet_pb.js";
+import type { App } from "../app.js";
+import { decodeCursor, pageSize } from "../db/paging.js";
+import type { TaskStateName } from "../db/schema/index.js";
+import { createLeaseStore } from "../leases/store.js";
+import { invalid } from "../rpc/errors.js";
+import { uuidField } from "../rpc/validate.js";
+import { intInRange, stringList, stringMap, text, toTaskState } from "../tasks/convert.js";
+import { toWorker } from "./convert.js";
+import { createFleetStore, type WorkerInput } from "./store.js";
+
+const allStates: TaskStateName[] = [
+  "PENDING",
+  "ASSIGNED",
+  "RUNNING",
+  "SUCCEEDED",
+  "FAILED",
+  "CANCELED",
+];
+
+function workerInput(req: RegisterWorkerRequest): WorkerInput {
+  if (req.apiBaseUrl !== "") {
+    let url: URL;
+    try {
+      url = new URL(req.apiBaseUrl);
+    } catch {
+      throw invalid("api_base_url must be an absolute http(s) URL");
+    }
+    if (url.protocol !== "http:" && url.protocol !== "https:") {
+      throw invalid("api_base_url must be an absolute http(s) URL");
+    }
+    if (req.apiBaseUrl.length > 2048) throw invalid("api_base_url is longer than 2048 characters");
+  }
+  const memoryMb = Number(req.memoryMb);
+  if (memoryMb < 0 || !Number.isSafeInteger(memoryMb))
+    throw invalid("memory_mb must not be negative");
+  return {
+    name: text("name", req.name, { optional: true }),
+    capabilities: stringList("capabilities", req.capabilities, 1000),
+    labels: stringMap("labels", req.labels),
+    cpuCount: intInRange("cpu_count", req.cpuCount, 0, 1_000_000),
+    memoryMb,
+    apiBaseUrl: req.apiBaseUrl,
+    maxConcurrency:
+      req.maxConcurrency === undefined
+        ? undefined
+        : intInRange("max_concurrency", req.maxConcurrency, 1, 10_000),
+  };
+}
+
+/** FleetService: the worker registry and the fleet's status. */
+export function createFleetService(app: App): ServiceImpl<typeof FleetService> {
+  const interval = app.config.heartbeatIntervalSeconds;
+  return {
+    async registerWorker(req) {
+      const input = workerInput(req);
+      const worker = await app.fleet.register(
+        input,
+        req.workerId === "" ? undefined : uuidField("worker_id", req.workerId),
+      );
+      return { workerId: worker.id, heartbeatIntervalSeconds: interval, worker: toWorker(worker) };
+    },
+
+    async getWorker(req) {
+      return { worker: toWorker(await app.fleet.get(uuidField("worker_id", req.workerId))) };
+    },
+
+    async listWorkers(req) {
+      if (req.state !== WorkerState.UNSPECIFIED && !(req.state in WorkerState)) {
+        throw invalid(`state ${req.state} is not a worker state`);
+      }
+      const page = await app.fleet.list(
+        {
+          capability: req.capability === "" ? undefined : text("capability", req.capability),
+          labels: stringMap("label_selector", req.labelSelector),
+          lost: req.state === WorkerState.UNSPECIFIED ? undefined : req.state === WorkerState.LOST,
+          drained: req.drained,
+        },
+        pageSize(req.pageSize),
+        decodeCursor(req.pageToken),
+      );
+      return { workers: page.rows.map(toWorker), nextPageToken: page.next };
+    },
+
+    async heartbeat(req) {
+      const id = uuidField("worker_id", req.workerId);
+      const depth =
+        req.queueDepth === undefined
+          ? undefined
+          : intInRange("queue_depth", req.queueDepth, 0, 2_000_000_000);
+      const { drained } = await app.fleet.heartbeat(id, depth);
+      return { heartbeatIntervalSeconds: interval, drained };
+    },
+
+    async drainWorker(req) {
+      const worker = await app.fleet.drain(uuidField("worker_id", req.workerId), req.drained);
+      return { worker: toWorker(worker) };
+    },
+
+    async deregisterWorker(req) {
+      const id = uuidField("worker_id", req.workerId);
+      await app.fleet.get(id);
+      // Release and removal commit together: no lease outlives its worker.
+      const released = await app.database.db.transaction(async (tx) => {
+        const ids = await createLeaseStore(tx).releaseWorker(id);
+        await createFleetStore(tx, interval).remove(id);
+        return ids;
+      });
+      app.events.emit(released);
+      return { releasedTaskIds: released };
+    },
+
+    async getFleetStatus() {
+      const [counts, backlog, workers] = await Promise.all([
+        app.tasks.countByState(),
+        app.tasks.backlog(),
+        app.fleet.all(),
+      ]);
+      return {
+        taskCounts: allStates.map((s) =>
+          create(TaskStateCountSchema, {
+            state: toTaskState(s),
+            count: BigInt(counts.get(s) ?? 0),
+          }),
+        ),
+        backlog: backlog.map((b) => ({
+          workload: b.workload,
+          pendingCount: BigInt(b.count),
+          oldestCreatedAt: timestampFromDate(b.oldest),
+          oldestAge: durationFromMs(Math.max(0, b.now.getTime() - b.oldest.getTime())),
+        })),
+        workers: workers.map((w) => ({
+          workerId: w.id,
+          name: w.name,
+          state: w.lost ? WorkerState.LOST : WorkerState.ACTIVE,
+          drained: w.drained,
+          queueDepth: w.queueDepth,
+          activeLeases: w.activeLeases,
+          maxConcurrency: w.maxConcurrency,
+          freeSlots: Math.max(0, w.maxConcurrency - w.activeLeases),
+        })),
+      };
+    },
+  };
+}

@@ -1,0 +1,205 @@
+import { randomUUID } from "node:crypto";
+import { and, asc, eq, gt, inArray, or, type SQL, sql } from "drizzle-orm";
+import type { Db } from "../db/database.js";
+import { StoreError } from "../db/errors.js";
+import { type Cursor, encodeCursor } from "../db/paging.js";
+import { tasks, type WorkerRow, workers } from "../db/schema/index.js";
+
+export interface WorkerInput {
+  name: string;
+  capabilities: string[];
+  labels: Record<string, string>;
+  cpuCount: number;
+  memoryMb: number;
+  apiBaseUrl: string;
+  maxConcurrency: number | undefined;
+}
+
+/** A worker as read: the row plus what is derived from it by the database clock. */
+export interface WorkerView extends WorkerRow {
+  lost: boolean;
+  activeLeases: number;
+}
+
+export interface WorkerFilter {
+  capability?: string | undefined;
+  labels?: Record<string, string> | undefined;
+  lost?: boolean | undefined;
+  drained?: boolean | undefined;
+}
+
+/** Worker registry. LOST is derived: no heartbeat for 3 intervals, by the database clock. */
+export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
+  const lost = sql<boolean>`(${workers.lastHeartbeatAt} < now() - make_interval(secs => ${3 * heartbeatIntervalSeconds}))`;
+  const activeLeases = sql<number>`(select count(*)::int from ${tasks}
+    where ${tasks.leaseWorkerId} = ${workers.id} and ${tasks.state} in ('ASSIGNED', 'RUNNING')
+    and ${tasks.leaseExpiresAt} > now())`;
+  const view = { ...tableColumns(), lost, activeLeases };
+
+  async function read(where: SQL | undefined): Promise<WorkerView[]> {
+    const rows = await db.select(view).from(workers).where(where);
+    return rows.map(normalise);
+  }
+
+  return {
+    /** Registers a new worker, or updates the one named by `id`. */
+    async register(input: WorkerInput, id?: string): Promise<WorkerView> {
+      const fields = {
+        name: input.name,
+        capabilities: input.capabilities,
+        labels: input.labels,
+        cpuCount: input.cpuCount,
+        memoryMb: input.memoryMb,
+        apiBaseUrl: input.apiBaseUrl,
+        ...(input.maxConcurrency !== undefined && { maxConcurrency: input.maxConcurrency }),
+        lastHeartbeatAt: sql`now()`,
+      };
+      if (id === undefined) {
+        const newId = randomUUID();
+        await db.insert(workers).values({ id: newId, ...fields });
+        return this.get(newId);
+      }
+      const updated = await db
+        .update(workers)
+        .set(fields)
+        .where(eq(workers.id, id))
+        .returning({ id: workers.id });
+      if (updated.length === 0) throw notFound(id);
+      return this.get(id);
+    },
+
+    async get(id: string): Promise<WorkerView> {
+      const [row] = await read(eq(workers.id, id));
+      if (!row) throw notFound(id);
+      return row;
+    },
+
+    /** One page, oldest registration first. */
+    async list(
+      filter: WorkerFilter,
+      size: number,
+      after: Cursor | undefined,
+    ): Promise<{ rows: WorkerView[]; next: string }> {
+      const rows = await db
+        .select(view)
+        .from(workers)
+        .where(
+          and(
+            filter.capability
+              ? sql`${filter.capability}::text = any(${workers.capabilities})`
+              : undefined,
+            filter.labels && Object.keys(filter.labels).length > 0
+              ? sql`${workers.labels} @> ${JSON.stringify(filter.labels)}::jsonb`
+              : undefined,
+            filter.lost === undefined ? undefined : filter.lost ? lost : sql`not ${lost}`,
+            filter.drained === undefined ? undefined : eq(workers.drained, filter.drained),
+            after
+              ? or(
+                  gt(workers.registeredAt, after.at),
+                  and(eq(workers.registeredAt, after.at), gt(workers.id, after.id)),
+                )
+              : undefined,
+          ),
+        )
+        .orderBy(asc(workers.registeredAt), asc(workers.id))
+        .limit(size + 1);
+      const page = rows.slice(0, size).map(normalise);
+      const last = page[page.length - 1];
+      return {
+        rows: page,
+        next:
+          rows.length > size && last ? encodeCursor({ at: last.registeredAt, id: last.id }) : "",
+      };
+    },
+
+    /** Records a heartbeat now; returns whether the worker is drained. */
+    async heartbeat(id: string, queueDepth: number | undefined): Promise<{ drained: boolean }> {
+      const [row] = await db
+        .update(workers)
+        .set({
+          lastHeartbeatAt: sql`now()`,
+          ...(queueDepth !== undefined && { queueDepth }),
+        })
+        .where(eq(workers.id, id))
+        .returning({ drained: workers.drained });
+      if (!row) throw notFound(id);
+      return row;
+    },
+
+    /**
+     * Records heartbeats of many workers in one statement (the calls workers
+     * made for themselves since the last flush).
+     */
+    async heartbeatMany(beats: Map<string, number | undefined>): Promise<void> {
+      if (beats.size === 0) return;
+      const json = JSON.stringify([...beats].map(([id, depth]) => ({ id, depth: depth ?? null })));
+      await db
+        .update(workers)
+        .set({
+          lastHeartbeatAt: sql`now()`,
+          queueDepth: sql`coalesce(v.depth, ${workers.queueDepth})`,
+        })
+        .from(sql`jsonb_to_recordset(${json}::jsonb) as v(id uuid, depth int)`)
+        .where(sql`${workers.id} = v.id`);
+    },
+
+    async drain(id: string, drained: boolean): Promise<WorkerView> {
+      const updated = await db
+        .update(workers)
+        .set({ drained })
+        .where(eq(workers.id, id))
+        .returning({ id: workers.id });
+      if (updated.length === 0) throw notFound(id);
+      return this.get(id);
+    },
+
+    async remove(id: string): Promise<void> {
+      const removed = await db
+        .delete(workers)
+        .where(eq(workers.id, id))
+        .returning({ id: workers.id });
+      if (removed.length === 0) throw notFound(id);
+    },
+
+    /** All workers, for fleet status. */
+    async all(): Promise<WorkerView[]> {
+      return read(undefined);
+    },
+
+    async existing(ids: string[]): Promise<Set<string>> {
+      if (ids.length === 0) return new Set();
+      const rows = await db
+        .select({ id: workers.id })
+        .from(workers)
+        .where(inArray(workers.id, ids));
+      return new Set(rows.map((r) => r.id));
+    },
+  };
+}
+
+export type FleetStore = ReturnType<typeof createFleetStore>;
+
+function tableColumns() {
+  return {
+    id: workers.id,
+    name: workers.name,
+    capabilities: workers.capabilities,
+    labels: workers.labels,
+    cpuCount: workers.cpuCount,
+    memoryMb: workers.memoryMb,
+    apiBaseUrl: workers.apiBaseUrl,
+    maxConcurrency: workers.maxConcurrency,
+    drained: workers.drained,
+    queueDepth: workers.queueDepth,
+    registeredAt: workers.registeredAt,
+    lastHeartbeatAt: workers.lastHeartbeatAt,
+  };
+}
+
+function normalise(r: WorkerRow & { lost: unknown; activeLeases: unknown }): WorkerView {
+  return { ...r, lost: r.lost === true || r.lost === "t", activeLeases: Number(r.activeLeases) };
+}
+
+export function notFound(id: string): StoreError {
+  return new StoreError("not_found", "NOT_FOUND", `worker ${id} not found`);
+}

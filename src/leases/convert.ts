@@ -1,0 +1,23 @@
+import { create } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { type Claim, ClaimSchema } from "../../gen/meshwork/v1/lease_pb.js";
+import type { TaskRow } from "../db/schema/index.js";
+import { toArtifactRef } from "../tasks/convert.js";
+
+/** What a worker needs to run a task it just claimed, with the lease token. */
+export function toClaim(row: TaskRow): Claim {
+  return create(ClaimSchema, {
+    taskId: row.id,
+    attempt: row.attempt,
+    leaseToken: row.leaseToken ?? "",
+    leaseExpiresAt: row.leaseExpiresAt ? timestampFromDate(row.leaseExpiresAt) : undefined,
+    workload: row.workload,
+    input: toArtifactRef(row.input),
+    parameters: (row.parameters ?? undefined) as Claim["parameters"],
+    checkpointHandle: row.checkpointHandle,
+    correlationId: row.correlationId,
+    steps: row.steps ?? undefined,
+    name: row.name,
+    leaseSeconds: row.leaseSeconds,
+  });
+}

@@ -1,0 +1,287 @@
+import { create } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { Code, type ServiceImpl } from "@connectrpc/connect";
+import type { ArtifactRef } from "../../gen/meshwork/v1/artifact_pb.js";
+import {
+  type CompleteTaskRequest,
+  type CompletionResult,
+  CompletionResultSchema,
+  type LeaseService,
+  LeaseStatus,
+  type LeaseUpdate,
+  LeaseUpdateSchema,
+} from "../../gen/meshwork/v1/lease_pb.js";
+import type { Progress as ProgressMessage } from "../../gen/meshwork/v1/task_pb.js";
+import type { App } from "../app.js";
+import { StoreError } from "../db/errors.js";
+import type { ArtifactRefJson } from "../db/schema/index.js";
+import { codeOfKind, invalid } from "../rpc/errors.js";
+import { uuidField } from "../rpc/validate.js";
+import { intInRange, stringList, text, toTask } from "../tasks/convert.js";
+import { toClaim } from "./convert.js";
+import { sanitizeMessage } from "./sanitize.js";
+import type { Completion, LeaseRef, Progress } from "./store.js";
+
+/** How long a StreamLeases stream trusts the drained flag it last read. */
+const drainedRecheckMs = 5000;
+
+interface LeaseFields {
+  taskId: string;
+  workerId: string;
+  attempt: number;
+  leaseToken: string;
+}
+
+function leaseRef(req: LeaseFields, field = ""): LeaseRef {
+  if (req.leaseToken.length > 256) throw invalid(`${field}lease_token is too long`);
+  return {
+    taskId: uuidField(`${field}task_id`, req.taskId),
+    workerId: uuidField(`${field}worker_id`, req.workerId),
+    attempt: intInRange(`${field}attempt`, req.attempt, 1, 2_000_000_000),
+    token: req.leaseToken,
+  };
+}
+
+function progressOf(p: ProgressMessage | undefined): Progress | undefined {
+  if (!p) return undefined;
+  return {
+    completedSteps: intInRange("progress.completed_steps", p.completedSteps, 0, 2_000_000_000),
+    message: p.message.slice(0, 1024),
+  };
+}
+
+/**
+ * A result must name coordinator-owned bytes: the `uri` is the download URL
+ * this coordinator issues for `artifact_id`. Host paths, `file://`,
+ * `worker://` and other hosts are refused. (Checking that the artifact exists
+ * and belongs to this attempt arrives with ArtifactService.)
+ */
+function resultRef(
+  ref: ArtifactRef | undefined,
+  publicUrl: string,
+  field: string,
+): ArtifactRefJson | null {
+  if (!ref) return null;
+  const id = uuidField(`${field}result.artifact_id`, ref.artifactId);
+  const issued = `${publicUrl}/artifacts/${id}/download`;
+  if (ref.uri !== issued) {
+    throw invalid(
+      `${field}result.uri must be the coordinator-issued download URL ${issued}`,
+      "FOREIGN_URI",
+    );
+  }
+  if (!/^[0-9a-f]{64}$/.test(ref.sha256))
+    throw invalid(`${field}result.sha256 must be 64 lowercase hex digits`);
+  if (ref.sizeBytes < 0n) throw invalid(`${field}result.size_bytes must not be negative`);
+  return {
+    artifactId: id,
+    uri: ref.uri,
+    sha256: ref.sha256,
+    sizeBytes: Number(ref.sizeBytes),
+    contentType: text(`${field}result.content_type`, ref.contentType, { optional: true }),
+  };
+}
+
+function completionOf(req: CompleteTaskRequest, publicUrl: string, field = ""): Completion {
+  const metrics = Object.entries(req.metrics);
+  if (metrics.length > 100) throw invalid(`${field}metrics has more than 100 entries`);
+  for (const [k, v] of metrics) {
+    text(`${field}metrics key`, k);
+    if (!Number.isFinite(v)) throw invalid(`${field}metrics[${k}] must be a finite number`);
+  }
+  if (req.resultSummary.length > 4096)
+    throw invalid(`${field}result_summary is longer than 4096 characters`);
+  return {
+    ...leaseRef(req, field),
+    result: resultRef(req.result, publicUrl, field),
+    summary: req.resultSummary,
+    metrics: req.metrics,
+  };
+}
+
+function errorResult(error: StoreError): CompletionResult {
+  return create(CompletionResultSchema, {
+    outcome: {
+      case: "error",
+      value: {
+        code: codeName(codeOfKind[error.kind]),
+        reason: error.reason,
+        message: error.message,
+      },
+    },
+  });
+}
+
+/** Connect's lower_snake code name, e.g. `already_exists`. */
+function codeName(code: Code): string {
+  return Code[code].replace(/([a-z])([A-Z])/g, "$1_$2").toLowerCase();
+}
+
+/**
+ * LeaseService, pull mode: claims with long polling, renewals (unary and
+ * streamed), completions (one or a batch), failures and releases. StartTask
+ * (push mode) is not implemented yet and answers `unimplemented`.
+ */
+export function createLeaseService(app: App): Partial<ServiceImpl<typeof LeaseService>> {
+  const publicUrl = app.config.publicUrl;
+  return {
+    async claimTasks(req, ctx) {
+      const workerId = uuidField("worker_id", req.workerId);
+      const max = req.maxTasks === 0 ? 1 : intInRange("max_tasks", req.maxTasks, 1, 100);
+      const waitSeconds = intInRange("wait_seconds", req.waitSeconds, 0, 30);
+      const capabilities = stringList("capabilities", req.capabilities, 1000);
+      const worker = await app.fleet.get(workerId);
+      app.heartbeats.touch(workerId);
+      if (worker.drained) return { claims: [] };
+      const claiming = {
+        id: workerId,
+        capabilities: capabilities.length > 0 ? capabilities : worker.capabilities,
+        labels: worker.labels,
+      };
+      const signal = AbortSignal.any([ctx.signal, app.shutdownSignal]);
+      const deadline = Date.now() + waitSeconds * 1000;
+      for (;;) {
+        // Armed before the claim: a task created while it runs still wakes us.
+        const armed = app.wakeups.arm(deadline - Date.now(), signal);
+        const rows = await app.leases.claim(claiming, max);
+        if (rows.length > 0 || Date.now() >= deadline || signal.aborted) {
+          armed.cancel();
+          app.events.emit(rows.map((r) => r.id));
+          return { claims: rows.map(toClaim) };
+        }
+        await armed.fired;
+        if (Date.now() >= deadline || signal.aborted) {
+          // One last look, so that a wake-up at the deadline is not wasted.
+          const last = await app.leases.claim(claiming, max);
+          app.events.emit(last.map((r) => r.id));
+          return { claims: last.map(toClaim) };
+        }
+      }
+    },
+
+    async renewLease(req) {
+      const lease = leaseRef(req);
+      const extend =
+        req.extendSeconds === undefined
+          ? undefined
+          : intInRange("extend_seconds", req.extendSeconds, 60, 86_400);
+      const progress = progressOf(req.progress);
+      app.heartbeats.touch(lease.workerId);
+      const renewed = await app.leases.renew(lease, extend, progress);
+      if (progress) app.events.emit([lease.taskId]);
+      return {
+        leaseExpiresAt: timestampFromDate(renewed.expiresAt),
+        cancelRequested: renewed.cancelRequested,
+      };
+    },
+
+    async *streamLeases(requests, ctx) {
+      let workerId: string | undefined;
+      let drained = false;
+      let drainedReadAt = 0;
+      const signal = AbortSignal.any([ctx.signal, app.shutdownSignal]);
+      for await (const req of requests) {
+        if (signal.aborted) return;
+        const id = uuidField("worker_id", req.workerId);
+        if (workerId !== undefined && id !== workerId) {
+          throw invalid("worker_id must stay the same on one stream");
+        }
+        if (req.leases.length > 1000) throw invalid("leases must hold at most 1000 entries");
+        const queueDepth =
+          req.queueDepth === undefined
+            ? undefined
+            : intInRange("queue_depth", req.queueDepth, 0, 2_000_000_000);
+        if (workerId === undefined || Date.now() - drainedReadAt > drainedRecheckMs) {
+          drained = (await app.fleet.get(id)).drained;
+          drainedReadAt = Date.now();
+          workerId = id;
+        }
+        app.heartbeats.touch(id, queueDepth);
+        const items = req.leases.map((l, i) => ({
+          taskId: uuidField(`leases[${i}].task_id`, l.taskId),
+          attempt: intInRange(`leases[${i}].attempt`, l.attempt, 1, 2_000_000_000),
+          token: l.leaseToken.slice(0, 256),
+          progress: progressOf(l.progress),
+        }));
+        const outcomes = await app.leases.renewMany(id, items);
+        const leases: LeaseUpdate[] = outcomes.map((o, i) => {
+          const { taskId, attempt } = items[i] as (typeof items)[number];
+          if ("ok" in o) {
+            return create(LeaseUpdateSchema, {
+              taskId,
+              attempt,
+              status: LeaseStatus.RENEWED,
+              expiresAt: timestampFromDate(o.ok),
+            });
+          }
+          const canceled = o.error.reason === "TASK_CANCELED";
+          return create(LeaseUpdateSchema, {
+            taskId,
+            attempt,
+            status: canceled ? LeaseStatus.CANCELED : LeaseStatus.LOST,
+            reason: o.error.reason,
+          });
+        });
+        app.events.emit(items.filter((i) => i.progress).map((i) => i.taskId));
+        yield { leases, drained };
+      }
+    },
+
+    async completeTask(req) {
+      const [outcome] = await app.leases.complete([completionOf(req, publicUrl)]);
+      if (!outcome) throw new Error("complete returned no outcome");
+      if ("error" in outcome) throw outcome.error;
+      app.events.emit([outcome.ok.id]);
+      return { task: toTask(outcome.ok) };
+    },
+
+    async completeTasks(req) {
+      if (req.completions.length === 0 || req.completions.length > 1000) {
+        throw invalid(`completions must hold 1 to 1000 entries, not ${req.completions.length}`);
+      }
+      const parsed = req.completions.map((c, i) => {
+        try {
+          return completionOf(c, publicUrl, `completions[${i}].`);
+        } catch (error) {
+          if (error instanceof StoreError) return error;
+          throw error;
+        }
+      });
+      const valid = parsed.filter((p): p is Completion => !(p instanceof StoreError));
+      const outcomes = await app.leases.complete(valid);
+      let next = 0;
+      const results = parsed.map((p) => {
+        if (p instanceof StoreError) return errorResult(p);
+        const o = outcomes[next++];
+        if (!o) throw new Error("complete returned too few outcomes");
+        return "error" in o
+          ? errorResult(o.error)
+          : create(CompletionResultSchema, { outcome: { case: "task", value: toTask(o.ok) } });
+      });
+      app.events.emit(valid.map((c) => c.taskId));
+      return { results };
+    },
+
+    async failTask(req) {
+      const lease = leaseRef(req);
+      const code = text("error_code", req.errorCode, { optional: true }).slice(0, 128) || "ERROR";
+      const row = await app.leases.fail(
+        lease,
+        code,
+        sanitizeMessage(req.errorMessage),
+        req.retryable ?? true,
+      );
+      app.events.emit([row.id]);
+      return { task: toTask(row) };
+    },
+
+    async releaseTask(req) {
+      const lease = leaseRef(req);
+      if (req.checkpointHandle.length > 4096)
+        throw invalid("checkpoint_handle is longer than 4096 characters");
+      const row = await app.leases.release(lease, req.checkpointHandle);
+      app.events.emit([row.id]);
+      return { task: toTask(row) };
+    },
+  };
+}

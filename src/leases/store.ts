@@ -1,0 +1,475 @@
+import { createHash, timingSafeEqual } from "node:crypto";
+import { and, eq, getTableColumns, inArray, type SQL, sql } from "drizzle-orm";
+import type { Db } from "../db/database.js";
+import { StoreError } from "../db/errors.js";
+import { type ArtifactRefJson, type TaskRow, tasks } from "../db/schema/index.js";
+import { activeStates, canonicalJson } from "../tasks/store.js";
+
+/** What a lease-bound request names: (task_id, attempt) held by worker_id, maybe with its token. */
+export interface LeaseRef {
+  taskId: string;
+  workerId: string;
+  attempt: number;
+  /** Empty when the caller did not send one. */
+  token: string;
+}
+
+export interface Progress {
+  completedSteps: number;
+  message: string;
+}
+
+export interface Completion extends LeaseRef {
+  result: ArtifactRefJson | null;
+  summary: string;
+  metrics: Record<string, number>;
+}
+
+/** The outcome of one item of a batch: the task, or why it was refused. */
+export type Outcome<T = TaskRow> = { ok: T } | { error: StoreError };
+
+export interface ClaimingWorker {
+  id: string;
+  capabilities: string[];
+  labels: Record<string, string>;
+}
+
+/** A 256-bit random token from the database's CSPRNG (gen_random_uuid). */
+const newToken = sql`replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '')`;
+
+/** Failures counted against max_attempts: attempts minus those given back by release. */
+const failures = sql`(${tasks.attempt} - ${tasks.releases})`;
+
+/** The lease check of SPEC section 3, as a WHERE clause on one row. */
+function leaseHeld(l: LeaseRef): SQL | undefined {
+  return and(
+    eq(tasks.id, l.taskId),
+    inArray(tasks.state, activeStates),
+    eq(tasks.attempt, l.attempt),
+    eq(tasks.leaseWorkerId, l.workerId),
+    sql`${tasks.leaseExpiresAt} > now()`,
+    l.token === "" ? undefined : eq(tasks.leaseToken, l.token),
+  );
+}
+
+/** The manifest identity of a completion: a repeat with the same hash is the same completion. */
+export function completionHash(c: Completion): string {
+  return createHash("sha256")
+    .update(canonicalJson({ result: c.result, summary: c.summary, metrics: c.metrics }))
+    .digest("hex");
+}
+
+function sameToken(a: string, b: string | null): boolean {
+  if (b === null) return false;
+  const x = Buffer.from(a);
+  const y = Buffer.from(b);
+  return x.length === y.length && timingSafeEqual(x, y);
+}
+
+/**
+ * Why a lease-bound request matched no row, decided from the row as it is
+ * now. The check itself ran in the conditional UPDATE; this only names the
+ * reason (SPEC section 3).
+ */
+export function leaseRefusal(row: TaskRow | undefined, l: LeaseRef): StoreError {
+  if (!row) {
+    return new StoreError("not_found", "NOT_FOUND", `task ${l.taskId} not found`, {
+      taskId: l.taskId,
+    });
+  }
+  const details = { taskId: row.id, currentAttempt: row.attempt };
+  const refuse = (reason: string, message: string) =>
+    new StoreError("aborted", reason, message, details);
+  if (row.state === "CANCELED") return refuse("TASK_CANCELED", `task ${row.id} was cancelled`);
+  if (row.attempt !== l.attempt) {
+    return refuse(
+      "STALE_ATTEMPT",
+      `attempt ${l.attempt} of task ${row.id} is stale: the current attempt is ${row.attempt}`,
+    );
+  }
+  if (row.leaseWorkerId !== l.workerId) {
+    return refuse(
+      "FOREIGN_WORKER",
+      `attempt ${l.attempt} of task ${row.id} is leased to another worker`,
+    );
+  }
+  if (!activeStates.includes(row.state)) {
+    if (row.errorCode === "LEASE_EXPIRED" && row.state === "PENDING") {
+      return refuse("LEASE_EXPIRED", `the lease on attempt ${l.attempt} of task ${row.id} expired`);
+    }
+    return refuse(
+      "NOT_LEASED",
+      `task ${row.id} is ${row.state}: attempt ${l.attempt} holds no lease`,
+    );
+  }
+  if (l.token !== "" && !sameToken(l.token, row.leaseToken)) {
+    return refuse(
+      "TOKEN_MISMATCH",
+      `the lease token does not match attempt ${l.attempt} of task ${row.id}`,
+    );
+  }
+  return refuse("LEASE_EXPIRED", `the lease on attempt ${l.attempt} of task ${row.id} expired`);
+}
+
+/** Every lease transition: claims, renewals, completions, failures, releases, expiry. */
+export function createLeaseStore(db: Db) {
+  async function rowsById(ids: string[]): Promise<Map<string, TaskRow>> {
+    if (ids.length === 0) return new Map();
+    const rows = await db.select().from(tasks).where(inArray(tasks.id, ids));
+    return new Map(rows.map((r) => [r.id, r]));
+  }
+
+  async function refuse(l: LeaseRef): Promise<never> {
+    const [row] = await db.select().from(tasks).where(eq(tasks.id, l.taskId));
+    throw leaseRefusal(row, l);
+  }
+
+  return {
+    /**
+     * Leases up to `max` claimable tasks to the worker in one statement:
+     * PENDING (past not_before, before deadline), workload and required
+     * capabilities advertised, affinity ⊆ labels; highest priority, then
+     * earliest deadline, then oldest. `SKIP LOCKED` lets concurrent claimers
+     * take disjoint rows. Expired leases are first returned to PENDING, so
+     * they are claimable at once without waiting for the sweeper.
+     */
+    async claim(worker: ClaimingWorker, max: number): Promise<TaskRow[]> {
+      await this.expireLeases(1000);
+      const caps = sql.param(worker.capabilities);
+      const candidates = db
+        .select({ id: tasks.id })
+        .from(tasks)
+        .where(
+          and(
+            eq(tasks.state, "PENDING"),
+            sql`(${tasks.notBefore} is null or ${tasks.notBefore} <= now())`,
+            sql`(${tasks.deadline} is null or ${tasks.deadline} > now())`,
+            sql`${tasks.workload} = any(${caps}::text[])`,
+            sql`${tasks.requiredCapabilities} <@ ${caps}::text[]`,
+            sql`${tasks.affinity} <@ ${JSON.stringify(worker.labels)}::jsonb`,
+          ),
+        )
+        // Must match tasks_claim_idx exactly for an ordered index scan.
+        .orderBy(
+          sql`${tasks.priority} desc nulls last, ${tasks.deadline} asc nulls last, ${tasks.createdAt} asc`,
+        )
+        .limit(max)
+        .for("update", { skipLocked: true });
+      const rows = await db
+        .update(tasks)
+        .set({
+          state: "RUNNING",
+          attempt: sql`${tasks.attempt} + 1`,
+          leaseWorkerId: worker.id,
+          leaseToken: newToken,
+          leaseExpiresAt: sql`now() + make_interval(secs => ${tasks.leaseSeconds})`,
+          assignedWorkerId: null,
+          assignedApiBaseUrl: "",
+          notBefore: null,
+          cancelRequested: false,
+          startedAt: sql`coalesce(${tasks.startedAt}, now())`,
+          updatedAt: sql`now()`,
+        })
+        .where(and(inArray(tasks.id, candidates), eq(tasks.state, "PENDING")))
+        .returning();
+      return rows.sort(claimOrder);
+    },
+
+    /**
+     * Returns expired ASSIGNED/RUNNING tasks to PENDING, or FAILED with
+     * LEASE_EXPIRED when their attempts are used up. The UPDATE re-checks
+     * state and expiry, so a completion that committed first is never overwritten.
+     */
+    async expireLeases(limit: number): Promise<{ id: string; state: string }[]> {
+      const expired = db
+        .select({ id: tasks.id })
+        .from(tasks)
+        .where(and(inArray(tasks.state, activeStates), sql`${tasks.leaseExpiresAt} <= now()`))
+        .orderBy(tasks.leaseExpiresAt)
+        .limit(limit)
+        .for("update", { skipLocked: true });
+      const exhausted = sql`${failures} >= ${tasks.maxAttempts}`;
+      return db
+        .update(tasks)
+        .set({
+          state: sql`case when ${exhausted} then 'FAILED' else 'PENDING' end`,
+          errorCode: "LEASE_EXPIRED",
+          errorMessage: sql`'the lease on attempt ' || ${tasks.attempt} || ' expired'`,
+          finishedAt: sql`case when ${exhausted} then now() end`,
+          assignedWorkerId: null,
+          assignedApiBaseUrl: "",
+          updatedAt: sql`now()`,
+        })
+        .where(
+          and(
+            inArray(tasks.id, expired),
+            inArray(tasks.state, activeStates),
+            sql`${tasks.leaseExpiresAt} <= now()`,
+          ),
+        )
+        .returning({ id: tasks.id, state: tasks.state });
+    },
+
+    /** Fails PENDING tasks whose deadline has passed (DEADLINE_EXCEEDED). */
+    async failPastDeadline(limit: number): Promise<string[]> {
+      const due = db
+        .select({ id: tasks.id })
+        .from(tasks)
+        .where(and(eq(tasks.state, "PENDING"), sql`${tasks.deadline} <= now()`))
+        .limit(limit)
+        .for("update", { skipLocked: true });
+      const rows = await db
+        .update(tasks)
+        .set({
+          state: "FAILED",
+          errorCode: "DEADLINE_EXCEEDED",
+          errorMessage: "the deadline passed before the task could run",
+          finishedAt: sql`now()`,
+          updatedAt: sql`now()`,
+        })
+        .where(
+          and(inArray(tasks.id, due), eq(tasks.state, "PENDING"), sql`${tasks.deadline} <= now()`),
+        )
+        .returning({ id: tasks.id });
+      return rows.map((r) => r.id);
+    },
+
+    /**
+     * Whether a PENDING task's not_before passed within the last `windowMs`
+     * (database clock): a retry just became claimable.
+     */
+    async retriesDue(windowMs: number): Promise<boolean> {
+      const [row] = await db
+        .select({ id: tasks.id })
+        .from(tasks)
+        .where(
+          and(
+            eq(tasks.state, "PENDING"),
+            sql`${tasks.notBefore} > now() - make_interval(secs => ${windowMs / 1000})`,
+            sql`${tasks.notBefore} <= now()`,
+          ),
+        )
+        .limit(1);
+      return row !== undefined;
+    },
+
+    /** ASSIGNED → RUNNING for the lease holder. */
+    async start(l: LeaseRef): Promise<TaskRow> {
+      const [row] = await db
+        .update(tasks)
+        .set({
+          state: "RUNNING",
+          updatedAt: sql`now()`,
+          startedAt: sql`coalesce(${tasks.startedAt}, now())`,
+        })
+        .where(and(leaseHeld(l), eq(tasks.state, "ASSIGNED")))
+        .returning();
+      return row ?? refuse(l);
+    },
+
+    /** Renews one lease: expires_at = now() + (extend_seconds or lease_seconds). */
+    async renew(
+      l: LeaseRef,
+      extendSeconds: number | undefined,
+      progress: Progress | undefined,
+    ): Promise<{ expiresAt: Date; cancelRequested: boolean }> {
+      const secs = extendSeconds === undefined ? tasks.leaseSeconds : sql`${extendSeconds}::int`;
+      const [row] = await db
+        .update(tasks)
+        .set({
+          leaseExpiresAt: sql`now() + make_interval(secs => ${secs})`,
+          ...(progress && {
+            progressSteps: progress.completedSteps,
+            progressMessage: progress.message,
+          }),
+          updatedAt: sql`now()`,
+        })
+        .where(leaseHeld(l))
+        .returning({ expiresAt: tasks.leaseExpiresAt, cancelRequested: tasks.cancelRequested });
+      if (!row) return refuse(l);
+      return { expiresAt: row.expiresAt as Date, cancelRequested: row.cancelRequested };
+    },
+
+    /**
+     * Renews a worker's leases in one statement (one StreamLeases message).
+     * Answers each in order with its new expiry or why it is lost.
+     */
+    async renewMany(
+      workerId: string,
+      items: { taskId: string; attempt: number; token: string; progress?: Progress | undefined }[],
+    ): Promise<Outcome<Date>[]> {
+      if (items.length === 0) return [];
+      const json = JSON.stringify(
+        items.map((i) => ({
+          id: i.taskId,
+          attempt: i.attempt,
+          token: i.token,
+          steps: i.progress?.completedSteps ?? null,
+          message: i.progress?.message ?? null,
+        })),
+      );
+      const renewed = await db
+        .update(tasks)
+        .set({
+          leaseExpiresAt: sql`now() + make_interval(secs => ${tasks.leaseSeconds})`,
+          progressSteps: sql`coalesce(v.steps, ${tasks.progressSteps})`,
+          progressMessage: sql`coalesce(v.message, ${tasks.progressMessage})`,
+          updatedAt: sql`now()`,
+        })
+        .from(
+          sql`jsonb_to_recordset(${json}::jsonb) as v(id uuid, attempt int, token text, steps int, message text)`,
+        )
+        .where(
+          sql`${tasks.id} = v.id and ${tasks.state} in ('ASSIGNED', 'RUNNING') and ${tasks.attempt} = v.attempt
+            and ${tasks.leaseWorkerId} = ${workerId} and ${tasks.leaseExpiresAt} > now()
+            and (v.token = '' or ${tasks.leaseToken} = v.token)`,
+        )
+        .returning({ id: tasks.id, attempt: tasks.attempt, expiresAt: tasks.leaseExpiresAt });
+      const byId = new Map(renewed.map((r) => [r.id, r]));
+      const lost = items.filter((i) => byId.get(i.taskId)?.attempt !== i.attempt);
+      const rows = await rowsById([...new Set(lost.map((i) => i.taskId))]);
+      return items.map((i) => {
+        const r = byId.get(i.taskId);
+        if (r && r.attempt === i.attempt) return { ok: r.expiresAt as Date };
+        return { error: leaseRefusal(rows.get(i.taskId), { ...i, workerId }) };
+      });
+    },
+
+    /**
+     * Completes attempts: the accepted ones in one statement, each judged on
+     * its own. An identical repeat of an accepted completion succeeds again;
+     * a different manifest for the same attempt is `already_exists`.
+     */
+    async complete(items: Completion[]): Promise<Outcome[]> {
+      if (items.length === 0) return [];
+      const hashes = items.map(completionHash);
+      const json = JSON.stringify(
+        items.map((c, i) => ({
+          id: c.taskId,
+          attempt: c.attempt,
+          worker_id: c.workerId,
+          token: c.token,
+          result: c.result,
+          summary: c.summary,
+          metrics: c.metrics,
+          hash: hashes[i],
+        })),
+      );
+      const done = await db
+        .update(tasks)
+        .set({
+          state: "SUCCEEDED",
+          result: sql`v.result`,
+          resultSummary: sql`v.summary`,
+          metrics: sql`v.metrics`,
+          completionHash: sql`v.hash`,
+          errorCode: "",
+          errorMessage: "",
+          finishedAt: sql`now()`,
+          updatedAt: sql`now()`,
+        })
+        .from(
+          sql`jsonb_to_recordset(${json}::jsonb) as v(id uuid, attempt int, worker_id uuid, token text, result jsonb, summary text, metrics jsonb, hash text)`,
+        )
+        .where(
+          sql`${tasks.id} = v.id and ${tasks.state} in ('ASSIGNED', 'RUNNING') and ${tasks.attempt} = v.attempt
+            and ${tasks.leaseWorkerId} = v.worker_id and ${tasks.leaseExpiresAt} > now()
+            and (v.token = '' or ${tasks.leaseToken} = v.token)`,
+        )
+        .returning(getTableColumns(tasks));
+      const byId = new Map(done.map((r) => [r.id, r]));
+      const unsettled = items.filter((c, i) => byId.get(c.taskId)?.completionHash !== hashes[i]);
+      const current = await rowsById(
+        [...new Set(unsettled.map((c) => c.taskId))].filter((id) => !byId.has(id)),
+      );
+      return items.map((c, i) => {
+        const row = byId.get(c.taskId) ?? current.get(c.taskId);
+        if (
+          row?.state === "SUCCEEDED" &&
+          row.attempt === c.attempt &&
+          row.leaseWorkerId === c.workerId
+        ) {
+          if (row.completionHash === hashes[i]) return { ok: row };
+          return {
+            error: new StoreError(
+              "already_exists",
+              "COMPLETION_CONFLICT",
+              `attempt ${c.attempt} of task ${c.taskId} was already completed with a different manifest`,
+              { taskId: c.taskId, currentAttempt: row.attempt },
+            ),
+          };
+        }
+        return { error: leaseRefusal(row, c) };
+      });
+    },
+
+    /**
+     * Records a failed attempt: PENDING again with not_before = now() +
+     * backoff while it is retryable and attempts remain, else FAILED.
+     */
+    async fail(l: LeaseRef, code: string, message: string, retryable: boolean): Promise<TaskRow> {
+      const retry = sql`(${retryable} and ${failures} < ${tasks.maxAttempts})`;
+      const backoffMs = sql`least(${tasks.backoffMaxMs}, ${tasks.backoffInitialMs} * power(${tasks.backoffMultiplier}, greatest(${failures} - 1, 0)))`;
+      const [row] = await db
+        .update(tasks)
+        .set({
+          state: sql`case when ${retry} then 'PENDING' else 'FAILED' end`,
+          notBefore: sql`case when ${retry} then now() + ${backoffMs} * interval '1 millisecond' end`,
+          finishedAt: sql`case when ${retry} then null else now() end`,
+          errorCode: code,
+          errorMessage: message,
+          assignedWorkerId: null,
+          assignedApiBaseUrl: "",
+          updatedAt: sql`now()`,
+        })
+        .where(leaseHeld(l))
+        .returning();
+      return row ?? refuse(l);
+    },
+
+    /** Gives the task back (PENDING) without counting a failure, keeping the checkpoint. */
+    async release(l: LeaseRef, checkpointHandle: string): Promise<TaskRow> {
+      const [row] = await db
+        .update(tasks)
+        .set({
+          state: "PENDING",
+          releases: sql`${tasks.releases} + 1`,
+          checkpointHandle,
+          notBefore: null,
+          assignedWorkerId: null,
+          assignedApiBaseUrl: "",
+          updatedAt: sql`now()`,
+        })
+        .where(leaseHeld(l))
+        .returning();
+      return row ?? refuse(l);
+    },
+
+    /** Releases every live lease of a worker (deregistration): PENDING, attempt kept, no failure counted. */
+    async releaseWorker(workerId: string): Promise<string[]> {
+      const rows = await db
+        .update(tasks)
+        .set({
+          state: "PENDING",
+          releases: sql`${tasks.releases} + 1`,
+          notBefore: null,
+          assignedWorkerId: null,
+          assignedApiBaseUrl: "",
+          updatedAt: sql`now()`,
+        })
+        .where(and(eq(tasks.leaseWorkerId, workerId), inArray(tasks.state, activeStates)))
+        .returning({ id: tasks.id });
+      return rows.map((r) => r.id);
+    },
+  };
+}
+
+export type LeaseStore = ReturnType<typeof createLeaseStore>;
+
+function claimOrder(a: TaskRow, b: TaskRow): number {
+  if (a.priority !== b.priority) return b.priority - a.priority;
+  const da = a.deadline?.getTime() ?? Number.POSITIVE_INFINITY;
+  const db = b.deadline?.getTime() ?? Number.POSITIVE_INFINITY;
+  if (da !== db) return da - db;
+  return a.createdAt.getTime() - b.createdAt.getTime();
+}

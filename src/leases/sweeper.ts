@@ -1,0 +1,68 @@
+import type { HeartbeatBuffer } from "../fleet/heartbeats.js";
+import type { Logger } from "../log.js";
+import type { TaskEvents } from "../tasks/events.js";
+import type { LeaseStore } from "./store.js";
+import type { ClaimWakeups } from "./wakeup.js";
+
+export interface SweeperDeps {
+  leases: LeaseStore;
+  heartbeats: HeartbeatBuffer;
+  events: TaskEvents;
+  wakeups: ClaimWakeups;
+  log: Logger;
+}
+
+/**
+ * The once-a-second housekeeping every replica runs: writes buffered
+ * heartbeats, returns expired leases to PENDING (or FAILED when attempts are
+ * used up), fails PENDING tasks past their deadline, and wakes claimers when
+ * a retry's backoff has passed. Each step is a `SKIP LOCKED` conditional
+ * UPDATE, safe beside other replicas and racing completions.
+ */
+export function createSweeper(deps: SweeperDeps, intervalMs: number) {
+  let timer: NodeJS.Timeout | undefined;
+  let running: Promise<void> | undefined;
+
+  async function sweep(): Promise<void> {
+    await deps.heartbeats.flush();
+    const expired = await deps.leases.expireLeases(1000);
+    const overdue = await deps.leases.failPastDeadline(1000);
+    const changed = [...expired.map((r) => r.id), ...overdue];
+    if (changed.length > 0) {
+      deps.events.emit(changed);
+      deps.log.info({ expired: expired.length, deadline: overdue.length }, "sweeper moved tasks");
+    }
+    // The window overlaps the previous sweep's: a spurious wake-up costs one
+    // empty claim, a missed one a whole long poll.
+    if (
+      expired.some((r) => r.state === "PENDING") ||
+      (await deps.leases.retriesDue(2 * intervalMs))
+    ) {
+      deps.wakeups.notify();
+    }
+  }
+
+  return {
+    /** Runs one sweep now (tests call this instead of waiting). */
+    async runOnce(): Promise<void> {
+      while (running) await running;
+      running = sweep().finally(() => {
+        running = undefined;
+      });
+      return running;
+    },
+    start(): void {
+      timer = setInterval(() => {
+        if (running) return;
+        this.runOnce().catch((error: unknown) => deps.log.error({ err: error }, "sweep failed"));
+      }, intervalMs);
+      timer.unref();
+    },
+    async stop(): Promise<void> {
+      clearInterval(timer);
+      while (running) await running.catch(() => {});
+    },
+  };
+}
+
+export type Sweeper = ReturnType<typeof createSweeper>;

@@ -1,0 +1,50 @@
+import { Code, ConnectError, type ServiceImpl } from "@connectrpc/connect";
+import {
+  type Health,
+  HealthCheckResponse_ServingStatus as Status,
+} from "../../gen/grpc/health/v1/health_pb.js";
+
+/**
+ * grpc.health.v1.Health. The overall status ("") and each named service are
+ * SERVING while the database answers, NOT_SERVING otherwise; an unknown
+ * service name is `not_found`, as the protocol asks.
+ */
+export function createHealthService(
+  services: string[],
+  databaseReady: () => Promise<boolean>,
+  shutdownSignal: AbortSignal,
+): ServiceImpl<typeof Health> {
+  const known = new Set(["", ...services]);
+  const status = async (service: string) => {
+    if (!known.has(service)) throw new ConnectError(`unknown service ${service}`, Code.NotFound);
+    if (shutdownSignal.aborted) return Status.NOT_SERVING;
+    return (await databaseReady()) ? Status.SERVING : Status.NOT_SERVING;
+  };
+  return {
+    async check(req) {
+      return { status: await status(req.service) };
+    },
+    async *watch(req, ctx) {
+      const signal = AbortSignal.any([ctx.signal, shutdownSignal]);
+      let last: Status | undefined;
+      while (!signal.aborted) {
+        const now = known.has(req.service) ? await status(req.service) : Status.SERVICE_UNKNOWN;
+        if (now !== last) {
+          last = now;
+          yield { status: now };
+        }
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, 5000);
+          signal.addEventListener(
+            "abort",
+            () => {
+              clearTimeout(timer);
+              resolve();
+            },
+            { once: true },
+          );
+        });
+      }
+    },
+  };
+}

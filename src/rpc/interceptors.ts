@@ -1,0 +1,55 @@
+import type { Interceptor } from "@connectrpc/connect";
+import type { Logger } from "../log.js";
+import { kCorrelationId } from "./context.js";
+import { toClientError } from "./errors.js";
+
+/**
+ * Logs every RPC with its correlation id, method, code and duration, and
+ * turns whatever a handler throws into what a client may see (rpc/errors.ts):
+ * store refusals keep their code and reason, anything unexpected becomes
+ * `internal error` and is logged in full, never sent. Streaming responses
+ * are wrapped too, since their errors surface while the stream is read.
+ */
+export function createRpcInterceptor(log: Logger): Interceptor {
+  return (next) => async (req) => {
+    const started = performance.now();
+    const rpcLog = log.child({
+      correlation_id: req.contextValues.get(kCorrelationId),
+      rpc: `${req.service.typeName}/${req.method.name}`,
+    });
+    const finish = (error: unknown) => {
+      const ms = Math.round((performance.now() - started) * 10) / 10;
+      if (error === undefined) {
+        rpcLog.debug({ code: "ok", ms }, "rpc");
+        return undefined;
+      }
+      const mapped = toClientError(error);
+      if (mapped.unexpected) rpcLog.error({ err: error, code: "internal", ms }, "rpc failed");
+      else
+        rpcLog.info({ code: mapped.error.code, reason: mapped.error.message, ms }, "rpc refused");
+      return mapped.error;
+    };
+    let res: Awaited<ReturnType<typeof next>>;
+    try {
+      res = await next(req);
+    } catch (error) {
+      throw finish(error);
+    }
+    if (!res.stream) {
+      finish(undefined);
+      return res;
+    }
+    const messages = res.message;
+    return {
+      ...res,
+      message: (async function* () {
+        try {
+          yield* messages;
+        } catch (error) {
+          throw finish(error);
+        }
+        finish(undefined);
+      })(),
+    } as typeof res;
+  };
+}

@@ -1,0 +1,195 @@
+import { randomUUID } from "node:crypto";
+import type * as http from "node:http";
+import type * as http2 from "node:http2";
+import type { AddressInfo, Socket } from "node:net";
+import { create, createFileRegistry, type DescFile, type FileRegistry } from "@bufbuild/protobuf";
+import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
+import { type ConnectRouter, createContextValues } from "@connectrpc/connect";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
+import * as httpolyglot from "@httptoolkit/httpolyglot";
+import { file_grpc_health_v1_health, Health } from "../gen/grpc/health/v1/health_pb.js";
+import { ArtifactService, file_meshwork_v1_artifact } from "../gen/meshwork/v1/artifact_pb.js";
+import { file_meshwork_v1_errors } from "../gen/meshwork/v1/errors_pb.js";
+import { FleetService, file_meshwork_v1_fleet } from "../gen/meshwork/v1/fleet_pb.js";
+import { file_meshwork_v1_knowledge, KnowledgeService } from "../gen/meshwork/v1/knowledge_pb.js";
+import { file_meshwork_v1_lease, LeaseService } from "../gen/meshwork/v1/lease_pb.js";
+import { file_meshwork_v1_task, TaskService } from "../gen/meshwork/v1/task_pb.js";
+import type { App } from "./app.js";
+import { splitHostPort } from "./config.js";
+import { createFleetService } from "./fleet/service.js";
+import { createLeaseService } from "./leases/service.js";
+import { kCorrelationId } from "./rpc/context.js";
+import { createHealthService } from "./rpc/health.js";
+import { createRpcInterceptor } from "./rpc/interceptors.js";
+import { registerReflection } from "./rpc/reflection.js";
+import { createTaskService } from "./tasks/service.js";
+
+type Request = http.IncomingMessage | http2.Http2ServerRequest;
+type Response = http.ServerResponse | http2.Http2ServerResponse;
+
+const meshworkServices = [
+  FleetService,
+  TaskService,
+  LeaseService,
+  ArtifactService,
+  KnowledgeService,
+];
+
+/** The request's correlation id, set by the listener before any handler runs. */
+const correlationIds = new WeakMap<Request, string>();
+
+/** A caller's x-correlation-id when it is sane (printable, ≤ 128 characters), else a new UUID. */
+function correlationIdOf(req: Request): string {
+  const given = req.headers["x-correlation-id"] ?? req.headers["x-ashlar-correlation-id"];
+  const value = Array.isArray(given) ? given[0] : given;
+  return value && /^[\x21-\x7e]{1,128}$/.test(value) ? value : randomUUID();
+}
+
+function sendJson(res: Response, status: number, body: unknown): void {
+  const text = JSON.stringify(body);
+  (res as http.ServerResponse).writeHead(status, {
+    "content-type": "application/json",
+    "content-length": Buffer.byteLength(text),
+  });
+  res.end(text);
+}
+
+/** A registry of the given files and everything they import. */
+function registryOf(files: DescFile[]): FileRegistry {
+  const ordered = new Map<string, DescFile>();
+  const visit = (f: DescFile) => {
+    if (ordered.has(f.name)) return;
+    f.dependencies.forEach(visit);
+    ordered.set(f.name, f);
+  };
+  files.forEach(visit);
+  return createFileRegistry(
+    create(FileDescriptorSetSchema, { file: [...ordered.values()].map((f) => f.proto) }),
+  );
+}
+
+/**
+ * The request handler: Connect, gRPC and gRPC-Web for every service, the
+ * standard health and reflection services, and the plain HTTP routes. It has
+ * no side effects until a request arrives.
+ */
+export function createHandler(app: App) {
+  const registry = registryOf([
+    file_meshwork_v1_fleet,
+    file_meshwork_v1_task,
+    file_meshwork_v1_lease,
+    file_meshwork_v1_artifact,
+    file_meshwork_v1_knowledge,
+    file_meshwork_v1_errors,
+    file_grpc_health_v1_health,
+  ]);
+  const routes = (router: ConnectRouter) => {
+    router.service(FleetService, createFleetService(app));
+    router.service(TaskService, createTaskService(app));
+    router.service(LeaseService, createLeaseService(app));
+    router.service(ArtifactService, {});
+    router.service(KnowledgeService, {});
+    router.service(
+      Health,
+      createHealthService(
+        meshworkServices.map((s) => s.typeName),
+        () =>
+          app.database.ping().then(
+            () => true,
+            () => false,
+          ),
+        app.shutdownSignal,
+      ),
+    );
+    registerReflection(router, registry, [...meshworkServices, Health]);
+  };
+  const connect = connectNodeAdapter({
+    routes,
+    interceptors: [createRpcInterceptor(app.log)],
+    readMaxBytes: app.config.readMaxBytes,
+    shutdownSignal: app.shutdownSignal,
+    contextValues: (req) =>
+      createContextValues().set(kCorrelationId, correlationIds.get(req) ?? randomUUID()),
+  });
+  return (req: Request, res: Response) => {
+    const correlationId = correlationIdOf(req);
+    correlationIds.set(req, correlationId);
+    res.setHeader("x-correlation-id", correlationId);
+    const path = (req.url ?? "/").split("?", 1)[0];
+    if (req.method === "GET" && path === "/healthz") {
+      return sendJson(res, 200, { status: "ok" });
+    }
+    if (req.method === "GET" && path === "/readyz") {
+      app.database.ping().then(
+        () => sendJson(res, 200, { status: "ready" }),
+        () => sendJson(res, 503, { status: "database unreachable" }),
+      );
+      return;
+    }
+    connect(req as http.IncomingMessage, res as http.ServerResponse);
+  };
+}
+
+export interface RunningServer {
+  /** The bound address, e.g. http://127.0.0.1:43127. */
+  url: string;
+  port: number;
+  /** Stops accepting, lets in-flight requests finish (bounded grace), ends streams. */
+  close(): Promise<void>;
+}
+
+/**
+ * Listens on one port for HTTP/1.1 and cleartext HTTP/2 (the preface is
+ * sniffed by httpolyglot), with TCP_NODELAY on every connection (a sniffing
+ * server loses it otherwise: ~40 ms per gRPC call). Starts the app's
+ * sweeper and notifications.
+ */
+export async function listen(app: App, listenAddress: string): Promise<RunningServer> {
+  const handler = createHandler(app);
+  let inFlight = 0;
+  let idle: (() => void) | undefined;
+  const server = httpolyglot.createServer((req, res) => {
+    inFlight++;
+    res.on("close", () => {
+      inFlight--;
+      if (inFlight === 0) idle?.();
+    });
+    handler(req, res);
+  });
+  const sockets = new Set<Socket>();
+  server.on("connection", (socket: Socket) => {
+    socket.setNoDelay(true);
+    sockets.add(socket);
+    socket.on("close", () => sockets.delete(socket));
+  });
+  await app.start();
+  const { host, port } = splitHostPort(listenAddress);
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => {
+      server.off("error", reject);
+      resolve();
+    });
+  });
+  const bound = (server.address() as AddressInfo).port;
+  const urlHost = host.includes(":") ? `[${host}]` : host;
+  return {
+    url: `http://${urlHost}:${bound}`,
+    port: bound,
+    async close() {
+      const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+      await app.stop();
+      if (inFlight > 0) {
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, app.config.shutdownGraceMs);
+          idle = () => {
+            clearTimeout(timer);
+            resolve();
+          };
+        });
+      }
+      for (const s of sockets) s.destroy();
+      await closed;
+    },
+  };
+}

@@ -1,0 +1,196 @@
+import { create } from "@bufbuild/protobuf";
+import type { Timestamp } from "@bufbuild/protobuf/wkt";
+import {
+  durationFromMs,
+  durationMs,
+  timestampDate,
+  timestampFromDate,
+} from "@bufbuild/protobuf/wkt";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { type ArtifactRef, ArtifactRefSchema } from "../../gen/meshwork/v1/artifact_pb.js";
+import {
+  type CreateTaskRequest,
+  type Task,
+  TaskSchema,
+  TaskState,
+} from "../../gen/meshwork/v1/task_pb.js";
+import type { ArtifactRefJson, TaskRow, TaskStateName } from "../db/schema/index.js";
+import { invalid } from "../rpc/errors.js";
+import type { NewTask } from "./store.js";
+
+export const defaults = {
+  maxAttempts: 3,
+  leaseSeconds: 60,
+  backoff: { initialMs: 1000, maxMs: 5 * 60_000, multiplier: 2 },
+} as const;
+
+const maxText = 256;
+
+export function toTaskState(name: TaskStateName): TaskState {
+  return TaskState[name];
+}
+
+/** The state a filter names, or undefined for UNSPECIFIED. */
+export function fromTaskState(state: TaskState): TaskStateName | undefined {
+  if (state === TaskState.UNSPECIFIED) return undefined;
+  const name = TaskState[state] as TaskStateName | undefined;
+  if (name === undefined) throw invalid(`state ${state} is not a task state`);
+  return name;
+}
+
+export function toArtifactRef(ref: ArtifactRefJson | null): ArtifactRef | undefined {
+  if (!ref) return undefined;
+  return create(ArtifactRefSchema, { ...ref, sizeBytes: BigInt(ref.sizeBytes) });
+}
+
+const ts = (d: Date | null): Timestamp | undefined => (d ? timestampFromDate(d) : undefined);
+
+/**
+ * The public form of a task. The lease token is included only when
+ * `withToken` (the response that grants the lease); reads never show it.
+ */
+export function toTask(row: TaskRow, withToken = false): Task {
+  return create(TaskSchema, {
+    taskId: row.id,
+    name: row.name,
+    workload: row.workload,
+    requiredCapabilities: row.requiredCapabilities,
+    affinity: row.affinity,
+    priority: row.priority,
+    deadline: ts(row.deadline),
+    parameters: (row.parameters ?? undefined) as Task["parameters"],
+    input: toArtifactRef(row.input),
+    steps: row.steps ?? undefined,
+    state: toTaskState(row.state),
+    attempt: row.attempt,
+    maxAttempts: row.maxAttempts,
+    leaseSeconds: row.leaseSeconds,
+    retryBackoff: {
+      initial: durationFromMs(row.backoffInitialMs),
+      max: durationFromMs(row.backoffMaxMs),
+      multiplier: row.backoffMultiplier,
+    },
+    idempotencyKey: row.idempotencyKey ?? "",
+    correlationId: row.correlationId,
+    assignedWorkerId: row.assignedWorkerId ?? "",
+    assignedApiBaseUrl: row.assignedApiBaseUrl,
+    lease: row.leaseWorkerId
+      ? {
+          workerId: row.leaseWorkerId,
+          attempt: row.attempt,
+          leaseToken: withToken ? (row.leaseToken ?? "") : "",
+          expiresAt: ts(row.leaseExpiresAt),
+        }
+      : undefined,
+    checkpointHandle: row.checkpointHandle,
+    progress: { completedSteps: row.progressSteps, message: row.progressMessage },
+    result: toArtifactRef(row.result),
+    resultSummary: row.resultSummary,
+    metrics: row.metrics,
+    error: row.errorCode ? { code: row.errorCode, message: row.errorMessage } : undefined,
+    cancelRequested: row.cancelRequested,
+    notBefore: ts(row.notBefore),
+    createdAt: ts(row.createdAt),
+    updatedAt: ts(row.updatedAt),
+    startedAt: ts(row.startedAt),
+    finishedAt: ts(row.finishedAt),
+  });
+}
+
+/** Checks an identifier-like string: non-empty unless `optional`, at most 256 characters. */
+export function text(field: string, value: string, { optional = false } = {}): string {
+  if (!optional && value.trim() === "") throw invalid(`${field} is required`);
+  if (value.length > maxText) throw invalid(`${field} is longer than ${maxText} characters`);
+  return value;
+}
+
+/** Checks a whole number within [min, max]. */
+export function intInRange(field: string, value: number, min: number, max: number): number {
+  if (!Number.isInteger(value) || value < min || value > max) {
+    throw invalid(`${field} must be from ${min} to ${max}, not ${value}`);
+  }
+  return value;
+}
+
+export function stringList(field: string, values: string[], maxItems = 100): string[] {
+  if (values.length > maxItems) throw invalid(`${field} has more than ${maxItems} entries`);
+  for (const v of values) text(`${field} entry`, v);
+  return [...new Set(values)];
+}
+
+export function stringMap(field: string, map: Record<string, string>, maxItems = 100) {
+  const entries = Object.entries(map);
+  if (entries.length > maxItems) throw invalid(`${field} has more than ${maxItems} entries`);
+  for (const [k, v] of entries) {
+    text(`${field} key`, k);
+    text(`${field}[${k}]`, v, { optional: true });
+  }
+  return map;
+}
+
+function validTimestamp(field: string, t: Timestamp): Date {
+  const d = timestampDate(t);
+  if (Number.isNaN(d.getTime()) || t.nanos < 0 || t.nanos > 999_999_999) {
+    throw invalid(`${field} is not a valid time`);
+  }
+  return d;
+}
+
+/** Validates and defaults a CreateTaskRequest. `field` prefixes messages (e.g. "tasks[3].") in batches. */
+export function fromCreateRequest(
+  req: CreateTaskRequest,
+  correlationId: string,
+  field = "",
+): NewTask {
+  if (req.input.case !== undefined) {
+    throw new ConnectError(
+      `${field}${req.input.case === "inputData" ? "input_data" : "input_artifact_id"}: task inputs arrive with ArtifactService, which is not implemented yet`,
+      Code.Unimplemented,
+    );
+  }
+  const b = req.retryBackoff;
+  const backoff = {
+    initialMs: b?.initial ? durationMs(b.initial) : defaults.backoff.initialMs,
+    maxMs: b?.max ? durationMs(b.max) : defaults.backoff.maxMs,
+    multiplier: b && b.multiplier !== 0 ? b.multiplier : defaults.backoff.multiplier,
+  };
+  const day = 86_400_000;
+  if (!Number.isInteger(backoff.initialMs) || backoff.initialMs < 0 || backoff.initialMs > day) {
+    throw invalid(`${field}retry_backoff.initial must be from 0 to 24h`);
+  }
+  if (
+    !Number.isInteger(backoff.maxMs) ||
+    backoff.maxMs < backoff.initialMs ||
+    backoff.maxMs > day
+  ) {
+    throw invalid(`${field}retry_backoff.max must be from retry_backoff.initial to 24h`);
+  }
+  if (!(backoff.multiplier >= 1 && backoff.multiplier <= 100)) {
+    throw invalid(`${field}retry_backoff.multiplier must be from 1 to 100`);
+  }
+  return {
+    name: text(`${field}name`, req.name, { optional: true }),
+    workload: text(`${field}workload`, req.workload),
+    requiredCapabilities: stringList(`${field}required_capabilities`, req.requiredCapabilities),
+    affinity: stringMap(`${field}affinity`, req.affinity),
+    priority: req.priority,
+    deadline: req.deadline ? validTimestamp(`${field}deadline`, req.deadline) : null,
+    parameters: (req.parameters as Record<string, unknown> | undefined) ?? null,
+    steps:
+      req.steps === undefined ? null : intInRange(`${field}steps`, req.steps, 0, 1_000_000_000),
+    maxAttempts:
+      req.maxAttempts === undefined
+        ? defaults.maxAttempts
+        : intInRange(`${field}max_attempts`, req.maxAttempts, 1, 100),
+    leaseSeconds:
+      req.leaseSeconds === undefined
+        ? defaults.leaseSeconds
+        : intInRange(`${field}lease_seconds`, req.leaseSeconds, 5, 86_400),
+    backoff,
+    idempotencyKey:
+      req.idempotencyKey === "" ? null : text(`${field}idempotency_key`, req.idempotencyKey),
+    correlationId: text(`${field}correlation_id`, req.correlationId || correlationId, {
+      optional: true,
+    }),
+  };
+}

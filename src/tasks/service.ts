@@ -1,0 +1,103 @@
+import type { ServiceImpl } from "@connectrpc/connect";
+import type { TaskService } from "../../gen/meshwork/v1/task_pb.js";
+import type { App } from "../app.js";
+import { decodeCursor, pageSize } from "../db/paging.js";
+import { kCorrelationId } from "../rpc/context.js";
+import { invalid } from "../rpc/errors.js";
+import { uuidField } from "../rpc/validate.js";
+import { fromCreateRequest, fromTaskState, text, toTask } from "./convert.js";
+import { canonicalJson, terminalStates } from "./store.js";
+
+/** How often a watcher re-reads its task when nothing happened on this replica. */
+const watchRecheckMs = 5000;
+
+/**
+ * TaskService: create, read, watch, cancel. ScheduleTask and RetryTask (push
+ * placement) are not implemented yet and answer `unimplemented`.
+ */
+export function createTaskService(app: App): Partial<ServiceImpl<typeof TaskService>> {
+  return {
+    async createTask(req, ctx) {
+      const [row] = await app.tasks.create([
+        fromCreateRequest(req, ctx.values.get(kCorrelationId)),
+      ]);
+      if (!row) throw new Error("create returned no task");
+      return { task: toTask(row) };
+    },
+
+    async createTasks(req, ctx) {
+      if (req.tasks.length === 0 || req.tasks.length > 1000) {
+        throw invalid(`tasks must hold 1 to 1000 tasks, not ${req.tasks.length}`);
+      }
+      const correlationId = ctx.values.get(kCorrelationId);
+      const input = req.tasks.map((t, i) => fromCreateRequest(t, correlationId, `tasks[${i}].`));
+      const rows = await app.tasks.create(input);
+      return { tasks: rows.map((r) => toTask(r)) };
+    },
+
+    async getTask(req) {
+      return { task: toTask(await app.tasks.get(uuidField("task_id", req.taskId))) };
+    },
+
+    async listTasks(req) {
+      const page = await app.tasks.list(
+        {
+          state: fromTaskState(req.state),
+          workload: req.workload === "" ? undefined : text("workload", req.workload),
+          correlationId:
+            req.correlationId === "" ? undefined : text("correlation_id", req.correlationId),
+          workerId: req.workerId === "" ? undefined : uuidField("worker_id", req.workerId),
+        },
+        pageSize(req.pageSize),
+        decodeCursor(req.pageToken),
+      );
+      return { tasks: page.rows.map((r) => toTask(r)), nextPageToken: page.next };
+    },
+
+    async *watchTask(req, ctx) {
+      const id = uuidField("task_id", req.taskId);
+      const signal = AbortSignal.any([ctx.signal, app.shutdownSignal]);
+      let changed = false;
+      let wake: (() => void) | undefined;
+      const unsubscribe = app.events.subscribe(id, () => {
+        changed = true;
+        wake?.();
+      });
+      try {
+        let last = "";
+        while (!signal.aborted) {
+          changed = false;
+          const row = await app.tasks.get(id);
+          const seen = canonicalJson(row);
+          if (seen !== last) {
+            last = seen;
+            yield { task: toTask(row) };
+          }
+          if (terminalStates.includes(row.state)) return;
+          if (changed) continue;
+          await new Promise<void>((resolve) => {
+            const timer = setTimeout(done, watchRecheckMs);
+            signal.addEventListener("abort", done, { once: true });
+            wake = done;
+            function done() {
+              clearTimeout(timer);
+              signal.removeEventListener("abort", done);
+              wake = undefined;
+              resolve();
+            }
+          });
+        }
+      } finally {
+        unsubscribe();
+      }
+    },
+
+    async cancelTask(req) {
+      const id = uuidField("task_id", req.taskId);
+      const reason = req.reason === "" ? "cancelled by a client" : req.reason.slice(0, 2048);
+      const row = await app.tasks.cancel(id, reason);
+      app.events.emit([id]);
+      return { task: toTask(row) };
+    },
+  };
+}

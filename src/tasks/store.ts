@@ -1,0 +1,238 @@
+import { createHash, randomUUID } from "node:crypto";
+import { and, desc, eq, inArray, lt, or, sql } from "drizzle-orm";
+import type { Db } from "../db/database.js";
+import { StoreError } from "../db/errors.js";
+import { type Cursor, encodeCursor } from "../db/paging.js";
+import { type TaskRow, type TaskStateName, tasks } from "../db/schema/index.js";
+
+/** A validated, defaulted task to create. */
+export interface NewTask {
+  name: string;
+  workload: string;
+  requiredCapabilities: string[];
+  affinity: Record<string, string>;
+  priority: number;
+  deadline: Date | null;
+  parameters: Record<string, unknown> | null;
+  steps: number | null;
+  maxAttempts: number;
+  leaseSeconds: number;
+  backoff: { initialMs: number; maxMs: number; multiplier: number };
+  idempotencyKey: string | null;
+  correlationId: string;
+}
+
+export interface TaskFilter {
+  state?: TaskStateName | undefined;
+  workload?: string | undefined;
+  correlationId?: string | undefined;
+  workerId?: string | undefined;
+}
+
+export const activeStates: TaskStateName[] = ["ASSIGNED", "RUNNING"];
+export const terminalStates: TaskStateName[] = ["SUCCEEDED", "FAILED", "CANCELED"];
+
+/**
+ * What identifies a create request for idempotency: everything but the
+ * correlation id (tracing metadata that differs between retries).
+ */
+export function requestHash(t: NewTask): string {
+  const { correlationId: _, ...rest } = t;
+  return createHash("sha256").update(canonicalJson(rest)).digest("hex");
+}
+
+/** JSON with object keys sorted, so equal values hash equally. */
+export function canonicalJson(value: unknown): string {
+  return JSON.stringify(value, (_key, v) => {
+    if (v instanceof Date) return v.toISOString();
+    if (v && typeof v === "object" && !Array.isArray(v)) {
+      return Object.fromEntries(Object.entries(v).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+    }
+    return v;
+  });
+}
+
+/** Task reads and client-side writes. Lease transitions live in leases/store.ts. */
+export function createTaskStore(db: Db) {
+  return {
+    /**
+     * Creates tasks in one transaction, all or none, returned in input
+     * order. A task whose idempotency key exists returns the existing task
+     * when the request is the same, else the whole call is `already_exists`.
+     */
+    async create(input: NewTask[]): Promise<TaskRow[]> {
+      const values = input.map((t) => ({
+        id: randomUUID(),
+        name: t.name,
+        workload: t.workload,
+        requiredCapabilities: t.requiredCapabilities,
+        affinity: t.affinity,
+        priority: t.priority,
+        deadline: t.deadline,
+        parameters: t.parameters,
+        steps: t.steps,
+        state: "PENDING" as const,
+        maxAttempts: t.maxAttempts,
+        leaseSeconds: t.leaseSeconds,
+        backoffInitialMs: t.backoff.initialMs,
+        backoffMaxMs: t.backoff.maxMs,
+        backoffMultiplier: t.backoff.multiplier,
+        idempotencyKey: t.idempotencyKey,
+        requestHash: t.idempotencyKey === null ? null : requestHash(t),
+        correlationId: t.correlationId,
+      }));
+      if (values.every((v) => v.idempotencyKey === null)) {
+        const rows = await db.insert(tasks).values(values).returning();
+        return inOrder(values, rows);
+      }
+      return db.transaction(async (tx) => {
+        const inserted = await tx
+          .insert(tasks)
+          .values(values)
+          .onConflictDoNothing({
+            target: tasks.idempotencyKey,
+            where: sql`${tasks.idempotencyKey} is not null`,
+          })
+          .returning();
+        const byId = new Map(inserted.map((r) => [r.id, r]));
+        const missingKeys = values
+          .filter((v) => !byId.has(v.id) && v.idempotencyKey !== null)
+          .map((v) => v.idempotencyKey as string);
+        const existing =
+          missingKeys.length === 0
+            ? []
+            : await tx.select().from(tasks).where(inArray(tasks.idempotencyKey, missingKeys));
+        const byKey = new Map(existing.map((r) => [r.idempotencyKey, r]));
+        for (const r of inserted) if (r.idempotencyKey) byKey.set(r.idempotencyKey, r);
+        return values.map((v) => {
+          const row =
+            byId.get(v.id) ?? (v.idempotencyKey ? byKey.get(v.idempotencyKey) : undefined);
+          if (!row) throw new Error("task neither inserted nor found");
+          if (row.id !== v.id && row.requestHash !== v.requestHash) {
+            throw new StoreError(
+              "already_exists",
+              "IDEMPOTENCY_KEY_REUSED",
+              `idempotency_key ${JSON.stringify(v.idempotencyKey)} was used for a different request (task ${row.id})`,
+              { taskId: row.id },
+            );
+          }
+          return row;
+        });
+      });
+    },
+
+    async get(id: string): Promise<TaskRow> {
+      const [row] = await db.select().from(tasks).where(eq(tasks.id, id));
+      if (!row) throw notFound(id);
+      return row;
+    },
+
+    /** One page, newest first, and the token of the next page ("" at the end). */
+    async list(
+      filter: TaskFilter,
+      size: number,
+      after: Cursor | undefined,
+    ): Promise<{ rows: TaskRow[]; next: string }> {
+      const where = and(
+        filter.state ? eq(tasks.state, filter.state) : undefined,
+        filter.workload ? eq(tasks.workload, filter.workload) : undefined,
+        filter.correlationId ? eq(tasks.correlationId, filter.correlationId) : undefined,
+        filter.workerId
+          ? or(
+              eq(tasks.leaseWorkerId, filter.workerId),
+              eq(tasks.assignedWorkerId, filter.workerId),
+            )
+          : undefined,
+        after
+          ? or(
+              lt(tasks.createdAt, after.at),
+              and(eq(tasks.createdAt, after.at), lt(tasks.id, after.id)),
+            )
+          : undefined,
+      );
+      const rows = await db
+        .select()
+        .from(tasks)
+        .where(where)
+        .orderBy(desc(tasks.createdAt), desc(tasks.id))
+        .limit(size + 1);
+      const page = rows.slice(0, size);
+      const last = page[page.length - 1];
+      const next =
+        rows.length > size && last ? encodeCursor({ at: last.createdAt, id: last.id }) : "";
+      return { rows: page, next };
+    },
+
+    /**
+     * PENDING/ASSIGNED/RUNNING → CANCELED, revoking any lease at once: the
+     * holder's next renewal or completion is `aborted`/TASK_CANCELED.
+     */
+    async cancel(id: string, reason: string): Promise<TaskRow> {
+      const [row] = await db
+        .update(tasks)
+        .set({
+          state: "CANCELED",
+          cancelRequested: true,
+          errorCode: "CANCELED",
+          errorMessage: reason,
+          finishedAt: sql`now()`,
+          updatedAt: sql`now()`,
+        })
+        .where(and(eq(tasks.id, id), inArray(tasks.state, ["PENDING", "ASSIGNED", "RUNNING"])))
+        .returning();
+      if (row) return row;
+      const current = await this.get(id);
+      throw new StoreError(
+        "failed_precondition",
+        "INVALID_STATE",
+        `task ${id} is ${current.state} and cannot be cancelled`,
+        { taskId: id },
+      );
+    },
+
+    /** Task counts by state (states with no task are absent). */
+    async countByState(): Promise<Map<TaskStateName, number>> {
+      const rows = await db
+        .select({ state: tasks.state, count: sql<number>`count(*)::int` })
+        .from(tasks)
+        .groupBy(tasks.state);
+      return new Map(rows.map((r) => [r.state, Number(r.count)]));
+    },
+
+    /** PENDING backlog per workload: count and oldest creation, with the database's now. */
+    async backlog(): Promise<{ workload: string; count: number; oldest: Date; now: Date }[]> {
+      const rows = await db
+        .select({
+          workload: tasks.workload,
+          count: sql<number>`count(*)::int`,
+          oldest: sql<string>`min(${tasks.createdAt})`.mapWith(tasks.createdAt),
+          now: sql<string>`now()`.mapWith(tasks.createdAt),
+        })
+        .from(tasks)
+        .where(eq(tasks.state, "PENDING"))
+        .groupBy(tasks.workload)
+        .orderBy(desc(sql`count(*)`), tasks.workload);
+      return rows.map((r) => ({
+        workload: r.workload,
+        count: Number(r.count),
+        oldest: r.oldest as unknown as Date,
+        now: r.now as unknown as Date,
+      }));
+    },
+  };
+}
+
+export type TaskStore = ReturnType<typeof createTaskStore>;
+
+export function notFound(id: string): StoreError {
+  return new StoreError("not_found", "NOT_FOUND", `task ${id} not found`, { taskId: id });
+}
+
+function inOrder(values: { id: string }[], rows: TaskRow[]): TaskRow[] {
+  const byId = new Map(rows.map((r) => [r.id, r]));
+  return values.map((v) => {
+    const row = byId.get(v.id);
+    if (!row) throw new Error("inserted task missing from RETURNING");
+    return row;
+  });
+}
