@@ -40,9 +40,9 @@ export function createApp(database: Database, config: Config, log: Logger) {
     /** Aborted when the server begins to shut down: long polls and streams end. */
     shutdownSignal: shutdown.signal,
     /** Subscribes to task-ready notifications and starts the sweeper. */
-    async start(): Promise<void> {
+    async start(options: { sweeper?: boolean } = {}): Promise<void> {
       unlisten = await database.listen("meshwork_task_ready", () => wakeups.notify());
-      sweeper.start();
+      if (options.sweeper !== false) sweeper.start();
     },
     /** Ends long polls and streams, stops the sweeper, writes pending heartbeats. */
     async stop(): Promise<void> {

@@ -68,12 +68,8 @@ function registryOf(files: DescFile[]): FileRegistry {
   );
 }
 
-/**
- * The request handler: Connect, gRPC and gRPC-Web for every service, the
- * standard health and reflection services, and the plain HTTP routes. It has
- * no side effects until a request arrives.
- */
-export function createHandler(app: App) {
+/** Every RPC service Meshwork serves, for the Connect adapter and for in-memory test transports. */
+export function createRoutes(app: App): (router: ConnectRouter) => void {
   const registry = registryOf([
     file_meshwork_v1_fleet,
     file_meshwork_v1_task,
@@ -83,7 +79,7 @@ export function createHandler(app: App) {
     file_meshwork_v1_errors,
     file_grpc_health_v1_health,
   ]);
-  const routes = (router: ConnectRouter) => {
+  return (router: ConnectRouter) => {
     router.service(FleetService, createFleetService(app));
     router.service(TaskService, createTaskService(app));
     router.service(LeaseService, createLeaseService(app));
@@ -103,6 +99,15 @@ export function createHandler(app: App) {
     );
     registerReflection(router, registry, [...meshworkServices, Health]);
   };
+}
+
+/**
+ * The request handler: Connect, gRPC and gRPC-Web for every service, the
+ * standard health and reflection services, and the plain HTTP routes. It has
+ * no side effects until a request arrives.
+ */
+export function createHandler(app: App) {
+  const routes = createRoutes(app);
   const connect = connectNodeAdapter({
     routes,
     interceptors: [createRpcInterceptor(app.log)],

@@ -1,5 +1,5 @@
 import { createHash, timingSafeEqual } from "node:crypto";
-import { and, eq, getTableColumns, inArray, type SQL, sql } from "drizzle-orm";
+import { and, eq, getTableColumns, inArray, type SQL, type SQLWrapper, sql } from "drizzle-orm";
 import type { Db } from "../db/database.js";
 import { StoreError } from "../db/errors.js";
 import { type ArtifactRefJson, type TaskRow, tasks } from "../db/schema/index.js";
@@ -50,6 +50,17 @@ function leaseHeld(l: LeaseRef): SQL | undefined {
     sql`${tasks.leaseExpiresAt} > now()`,
     l.token === "" ? undefined : eq(tasks.leaseToken, l.token),
   );
+}
+
+/**
+ * A FROM item of the ids a `SKIP LOCKED` select picked, computed once.
+ * MATERIALIZED matters: the planner may rescan a plain subquery once per
+ * outer row, and each rescan skips the rows this statement already updated,
+ * so a claim of `max` tasks took more (seen here; Oban warns of the same).
+ * A materialized CTE is computed once and rewound on rescan.
+ */
+function picked(select: SQLWrapper): SQL {
+  return sql`(with c as materialized (${select}) select id from c) as picked`;
 }
 
 /** The manifest identity of a completion: a repeat with the same hash is the same completion. */
@@ -170,8 +181,9 @@ export function createLeaseStore(db: Db) {
           startedAt: sql`coalesce(${tasks.startedAt}, now())`,
           updatedAt: sql`now()`,
         })
-        .where(and(inArray(tasks.id, candidates), eq(tasks.state, "PENDING")))
-        .returning();
+        .from(picked(candidates))
+        .where(and(sql`${tasks.id} = picked.id`, eq(tasks.state, "PENDING")))
+        .returning(getTableColumns(tasks));
       return rows.sort(claimOrder);
     },
 
@@ -200,9 +212,10 @@ export function createLeaseStore(db: Db) {
           assignedApiBaseUrl: "",
           updatedAt: sql`now()`,
         })
+        .from(picked(expired))
         .where(
           and(
-            inArray(tasks.id, expired),
+            sql`${tasks.id} = picked.id`,
             inArray(tasks.state, activeStates),
             sql`${tasks.leaseExpiresAt} <= now()`,
           ),
@@ -227,8 +240,13 @@ export function createLeaseStore(db: Db) {
           finishedAt: sql`now()`,
           updatedAt: sql`now()`,
         })
+        .from(picked(due))
         .where(
-          and(inArray(tasks.id, due), eq(tasks.state, "PENDING"), sql`${tasks.deadline} <= now()`),
+          and(
+            sql`${tasks.id} = picked.id`,
+            eq(tasks.state, "PENDING"),
+            sql`${tasks.deadline} <= now()`,
+          ),
         )
         .returning({ id: tasks.id });
       return rows.map((r) => r.id);

@@ -1,0 +1,40 @@
+import { eq, sql } from "drizzle-orm";
+import type { Db } from "../../src/db/database.js";
+import { tasks } from "../../src/db/schema/index.js";
+import type { NewTask } from "../../src/tasks/store.js";
+
+/** A valid NewTask with partial overrides. */
+export function newTask(overrides: Partial<NewTask> = {}): NewTask {
+  return {
+    name: "t",
+    workload: "work",
+    requiredCapabilities: [],
+    affinity: {},
+    priority: 0,
+    deadline: null,
+    parameters: { n: 1 },
+    steps: null,
+    maxAttempts: 3,
+    leaseSeconds: 60,
+    backoff: { initialMs: 1000, maxMs: 300_000, multiplier: 2 },
+    idempotencyKey: null,
+    correlationId: "",
+    ...overrides,
+  };
+}
+
+/** Moves a task's lease into the past, as if its TTL had run out (no sleeping). */
+export async function expireLease(db: Db, taskId: string): Promise<void> {
+  await db
+    .update(tasks)
+    .set({ leaseExpiresAt: sql`now() - interval '1 second'` })
+    .where(eq(tasks.id, taskId));
+}
+
+/** Moves a retried task's not_before into the past. */
+export async function endBackoff(db: Db, taskId: string): Promise<void> {
+  await db
+    .update(tasks)
+    .set({ notBefore: sql`now() - interval '1 millisecond'` })
+    .where(eq(tasks.id, taskId));
+}

@@ -1,0 +1,86 @@
+import { randomUUID } from "node:crypto";
+import { type Client, createClient, createRouterTransport } from "@connectrpc/connect";
+import { pino } from "pino";
+import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
+import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
+import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
+import { type App, createApp } from "../../src/app.js";
+import type { Config } from "../../src/config.js";
+import type { Database } from "../../src/db/database.js";
+import { createRpcInterceptor } from "../../src/rpc/interceptors.js";
+import { createRoutes } from "../../src/server.js";
+import { createTestDatabase, type TestDatabase } from "./database.js";
+
+export function testConfig(overrides: Partial<Config> = {}): Config {
+  return {
+    listen: "127.0.0.1:0",
+    dataDir: "memory://",
+    databaseUrl: "",
+    publicUrl: "http://127.0.0.1:8080",
+    auth: "off",
+    blobDir: "",
+    logLevel: "silent",
+    heartbeatIntervalSeconds: 15,
+    sweepIntervalMs: 1000,
+    shutdownGraceMs: 2000,
+    readMaxBytes: 4 * 1024 * 1024,
+    ...overrides,
+  };
+}
+
+export interface Harness {
+  db: TestDatabase;
+  app: App;
+  fleet: Client<typeof FleetService>;
+  tasks: Client<typeof TaskService>;
+  leases: Client<typeof LeaseService>;
+  close(): Promise<void>;
+}
+
+/**
+ * An app on a fresh database with clients that go through the real handlers
+ * and interceptors (in memory, no socket). The sweeper does not run on its
+ * own: tests call `app.sweeper.runOnce()`.
+ */
+export async function createHarness(overrides: Partial<Config> = {}): Promise<Harness> {
+  const db = await createTestDatabase();
+  const app = appOn(db.database, overrides);
+  await app.start({ sweeper: false });
+  const transport = createRouterTransport(createRoutes(app), {
+    router: { interceptors: [createRpcInterceptor(app.log)] },
+  });
+  return {
+    db,
+    app,
+    fleet: createClient(FleetService, transport),
+    tasks: createClient(TaskService, transport),
+    leases: createClient(LeaseService, transport),
+    async close() {
+      await app.stop();
+      await db.drop();
+    },
+  };
+}
+
+export function appOn(database: Database, overrides: Partial<Config> = {}): App {
+  return createApp(database, testConfig(overrides), pino({ level: "silent" }));
+}
+
+/** A workload name no other test uses, so tests sharing a database never claim each other's tasks. */
+export function uniqueWorkload(prefix = "work"): string {
+  return `${prefix}-${randomUUID().slice(0, 8)}`;
+}
+
+/** Registers a worker for `workload` and returns its id. */
+export async function registerWorker(
+  h: Pick<Harness, "fleet">,
+  capabilities: string[],
+  extra: { labels?: Record<string, string>; name?: string } = {},
+): Promise<string> {
+  const res = await h.fleet.registerWorker({
+    name: extra.name ?? "worker",
+    capabilities,
+    labels: extra.labels ?? {},
+  });
+  return res.workerId;
+}
