@@ -1,9 +1,9 @@
 import { randomUUID } from "node:crypto";
-import { and, asc, eq, gt, inArray, or, type SQL, sql } from "drizzle-orm";
+import { and, asc, eq, getTableColumns, gt, inArray, or, type SQL, sql } from "drizzle-orm";
 import type { Db } from "../db/database.js";
 import { StoreError } from "../db/errors.js";
 import { type Cursor, encodeCursor } from "../db/paging.js";
-import { tasks, type WorkerRow, workers } from "../db/schema/index.js";
+import { type WorkerRow, workers } from "../db/schema/index.js";
 
 export interface WorkerInput {
   name: string;
@@ -31,10 +31,12 @@ export interface WorkerFilter {
 /** Worker registry. LOST is derived: no heartbeat for 3 intervals, by the database clock. */
 export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
   const lost = sql<boolean>`(${workers.lastHeartbeatAt} < now() - make_interval(secs => ${3 * heartbeatIntervalSeconds}))`;
-  const activeLeases = sql<number>`(select count(*)::int from ${tasks}
-    where ${tasks.leaseWorkerId} = ${workers.id} and ${tasks.state} in ('ASSIGNED', 'RUNNING')
-    and ${tasks.leaseExpiresAt} > now())`;
-  const view = { ...tableColumns(), lost, activeLeases };
+  // Spelled out: in a select list Drizzle leaves column names unqualified,
+  // which inside this subquery would bind to tasks.id instead of workers.id.
+  const activeLeases = sql<number>`(select count(*)::int from tasks t
+    where t.lease_worker_id = workers.id and t.state in ('ASSIGNED', 'RUNNING')
+    and t.lease_expires_at > now())`;
+  const view = { ...getTableColumns(workers), lost, activeLeases };
 
   async function read(where: SQL | undefined): Promise<WorkerView[]> {
     const rows = await db.select(view).from(workers).where(where);
@@ -178,23 +180,6 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
 }
 
 export type FleetStore = ReturnType<typeof createFleetStore>;
-
-function tableColumns() {
-  return {
-    id: workers.id,
-    name: workers.name,
-    capabilities: workers.capabilities,
-    labels: workers.labels,
-    cpuCount: workers.cpuCount,
-    memoryMb: workers.memoryMb,
-    apiBaseUrl: workers.apiBaseUrl,
-    maxConcurrency: workers.maxConcurrency,
-    drained: workers.drained,
-    queueDepth: workers.queueDepth,
-    registeredAt: workers.registeredAt,
-    lastHeartbeatAt: workers.lastHeartbeatAt,
-  };
-}
 
 function normalise(r: WorkerRow & { lost: unknown; activeLeases: unknown }): WorkerView {
   return { ...r, lost: r.lost === true || r.lost === "t", activeLeases: Number(r.activeLeases) };
