@@ -1,0 +1,250 @@
+import { randomUUID } from "node:crypto";
+import { createClient, createRouterTransport } from "@connectrpc/connect";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
+import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
+import { TaskState } from "../../gen/meshwork/v1/task_pb.js";
+import { createRpcInterceptor } from "../../src/rpc/interceptors.js";
+import { createRoutes } from "../../src/server.js";
+import { createTestDatabase } from "../support/database.js";
+import { outcome } from "../support/errors.js";
+import { expireLease } from "../support/fixtures.js";
+import {
+  appOn,
+  createHarness,
+  type Harness,
+  registerWorker,
+  uniqueWorkload,
+} from "../support/harness.js";
+
+let h: Harness;
+beforeAll(async () => {
+  h = await createHarness();
+});
+afterAll(() => h.close());
+
+const unknownId = "00000000-0000-4000-8000-000000000000";
+
+/** A claimed task and a lease-bound request template for it. */
+async function leased() {
+  const workload = uniqueWorkload();
+  const workerId = await registerWorker(h, [workload]);
+  await h.tasks.createTask({ workload });
+  const { claims } = await h.leases.claimTasks({ workerId });
+  const claim = claims[0];
+  if (!claim) throw new Error("nothing claimed");
+  const lease = {
+    taskId: claim.taskId,
+    workerId,
+    attempt: claim.attempt,
+    leaseToken: claim.leaseToken,
+  };
+  const snapshot = async () => (await h.tasks.getTask({ taskId: claim.taskId })).task;
+  return { workload, workerId, claim, lease, snapshot };
+}
+
+async function tasksWithCorrelation(correlationId: string) {
+  return (await h.tasks.listTasks({ correlationId })).tasks.length;
+}
+
+describe("bad input: each refused with its code, nothing changed", () => {
+  it("empty workload is invalid_argument and creates nothing", async () => {
+    const correlationId = randomUUID();
+    expect(await outcome(h.tasks.createTask({ workload: "", correlationId }))).toMatchObject({
+      code: "InvalidArgument",
+      message: "workload is required",
+    });
+    expect(await tasksWithCorrelation(correlationId)).toBe(0);
+  });
+
+  it.each([4, 86_401])(
+    "lease_seconds %i is out of range and creates nothing",
+    async (leaseSeconds) => {
+      const correlationId = randomUUID();
+      const res = await outcome(h.tasks.createTask({ workload: "w", leaseSeconds, correlationId }));
+      expect(res.code).toBe("InvalidArgument");
+      expect(res.message).toContain("lease_seconds");
+      expect(await tasksWithCorrelation(correlationId)).toBe(0);
+    },
+  );
+
+  it("a batch with one bad task creates none of it", async () => {
+    const correlationId = randomUUID();
+    const res = await outcome(
+      h.tasks.createTasks({
+        tasks: [
+          { workload: "w", correlationId },
+          { workload: "w", correlationId, maxAttempts: 0 },
+        ],
+      }),
+    );
+    expect(res).toMatchObject({ code: "InvalidArgument" });
+    expect(res.message).toContain("tasks[1].max_attempts");
+    expect(await tasksWithCorrelation(correlationId)).toBe(0);
+    const tooMany = Array.from({ length: 1001 }, () => ({ workload: "w", correlationId }));
+    expect((await outcome(h.tasks.createTasks({ tasks: tooMany }))).code).toBe("InvalidArgument");
+    expect(await tasksWithCorrelation(correlationId)).toBe(0);
+  });
+
+  it("an idempotency key reused with other content is already_exists; the first task stands", async () => {
+    const key = randomUUID();
+    const correlationId = randomUUID();
+    const { task } = await h.tasks.createTask({
+      workload: "w",
+      idempotencyKey: key,
+      priority: 1,
+      correlationId,
+    });
+    const same = await h.tasks.createTask({
+      workload: "w",
+      idempotencyKey: key,
+      priority: 1,
+      correlationId,
+    });
+    expect(same.task?.taskId).toBe(task?.taskId);
+    const other = await outcome(
+      h.tasks.createTask({ workload: "w", idempotencyKey: key, priority: 2, correlationId }),
+    );
+    expect(other).toMatchObject({ code: "AlreadyExists", reason: "IDEMPOTENCY_KEY_REUSED" });
+    expect(await tasksWithCorrelation(correlationId)).toBe(1);
+  });
+
+  it.each([101, -1])("max_tasks %i is out of range; the task stays PENDING", async (maxTasks) => {
+    const workload = uniqueWorkload();
+    const workerId = await registerWorker(h, [workload]);
+    const { task } = await h.tasks.createTask({ workload });
+    expect((await outcome(h.leases.claimTasks({ workerId, maxTasks }))).code).toBe(
+      "InvalidArgument",
+    );
+    expect((await outcome(h.leases.claimTasks({ workerId, waitSeconds: 31 }))).code).toBe(
+      "InvalidArgument",
+    );
+    expect((await h.tasks.getTask({ taskId: task?.taskId ?? "" })).task?.state).toBe(
+      TaskState.PENDING,
+    );
+  });
+
+  it("unknown and malformed ids are not_found and invalid_argument", async () => {
+    expect((await outcome(h.tasks.getTask({ taskId: unknownId }))).code).toBe("NotFound");
+    expect((await outcome(h.tasks.getTask({ taskId: "42" }))).code).toBe("InvalidArgument");
+    expect((await outcome(h.leases.claimTasks({ workerId: unknownId }))).code).toBe("NotFound");
+    expect((await outcome(h.fleet.heartbeat({ workerId: unknownId }))).code).toBe("NotFound");
+    expect((await outcome(h.tasks.cancelTask({ taskId: unknownId }))).code).toBe("NotFound");
+    expect(
+      (await outcome(h.leases.completeTask({ taskId: unknownId, workerId: unknownId, attempt: 1 })))
+        .code,
+    ).toBe("NotFound");
+  });
+
+  it("a stale attempt, a foreign worker and a wrong token are aborted with their reasons", async () => {
+    const { lease, snapshot } = await leased();
+    const before = await snapshot();
+    const other = await registerWorker(h, ["x"]);
+    const cases = [
+      [{ ...lease, attempt: 2 }, "STALE_ATTEMPT"],
+      [{ ...lease, workerId: other }, "FOREIGN_WORKER"],
+      [{ ...lease, leaseToken: "0".repeat(64) }, "TOKEN_MISMATCH"],
+    ] as const;
+    for (const [req, reason] of cases) {
+      expect(await outcome(h.leases.renewLease(req))).toMatchObject({ code: "Aborted", reason });
+      expect(await outcome(h.leases.completeTask(req))).toMatchObject({ code: "Aborted", reason });
+      expect(await outcome(h.leases.failTask(req))).toMatchObject({ code: "Aborted", reason });
+      expect(await outcome(h.leases.releaseTask(req))).toMatchObject({ code: "Aborted", reason });
+    }
+    expect(await snapshot()).toEqual(before);
+  });
+
+  it("an expired lease is aborted (LEASE_EXPIRED) and the completion is not applied", async () => {
+    const { lease, snapshot } = await leased();
+    await expireLease(h.app.database.db, lease.taskId);
+    const before = await snapshot();
+    expect(await outcome(h.leases.completeTask({ ...lease, resultSummary: "late" }))).toMatchObject(
+      {
+        code: "Aborted",
+        reason: "LEASE_EXPIRED",
+      },
+    );
+    expect(await snapshot()).toEqual(before);
+  });
+
+  it("a cancelled task refuses its worker (TASK_CANCELED) and cannot be cancelled again", async () => {
+    const { lease, snapshot } = await leased();
+    await h.tasks.cancelTask({ taskId: lease.taskId });
+    const before = await snapshot();
+    expect(await outcome(h.leases.completeTask(lease))).toMatchObject({
+      code: "Aborted",
+      reason: "TASK_CANCELED",
+    });
+    expect(await outcome(h.tasks.cancelTask({ taskId: lease.taskId }))).toMatchObject({
+      code: "FailedPrecondition",
+    });
+    expect(await snapshot()).toEqual(before);
+  });
+
+  it("completing a terminal task with another manifest is already_exists; the first result stands", async () => {
+    const { lease, snapshot } = await leased();
+    await h.leases.completeTask({ ...lease, resultSummary: "first" });
+    const before = await snapshot();
+    expect((await h.leases.completeTask({ ...lease, resultSummary: "first" })).task?.state).toBe(
+      TaskState.SUCCEEDED,
+    );
+    expect(
+      await outcome(h.leases.completeTask({ ...lease, resultSummary: "second" })),
+    ).toMatchObject({
+      code: "AlreadyExists",
+      reason: "COMPLETION_CONFLICT",
+    });
+    expect(await snapshot()).toEqual(before);
+  });
+
+  it("a result uri the coordinator did not issue is invalid_argument", async () => {
+    const { lease, snapshot } = await leased();
+    const before = await snapshot();
+    const artifactId = randomUUID();
+    for (const uri of [
+      "file:///etc/passwd",
+      `worker://w1/${artifactId}`,
+      `http://elsewhere.example/artifacts/${artifactId}/download`,
+    ]) {
+      const res = await outcome(
+        h.leases.completeTask({ ...lease, result: { artifactId, uri, sha256: "a".repeat(64) } }),
+      );
+      expect(res).toMatchObject({ code: "InvalidArgument", reason: "FOREIGN_URI" });
+    }
+    expect(await snapshot()).toEqual(before);
+  });
+
+  it("renewal extend_seconds outside 60–86400 is invalid_argument", async () => {
+    const { lease, snapshot } = await leased();
+    const before = await snapshot();
+    expect((await outcome(h.leases.renewLease({ ...lease, extendSeconds: 59 }))).code).toBe(
+      "InvalidArgument",
+    );
+    expect(await snapshot()).toEqual(before);
+  });
+
+  it("RPCs of later releases answer unimplemented", async () => {
+    expect((await outcome(h.tasks.scheduleTask({ taskId: unknownId }))).code).toBe("Unimplemented");
+    expect((await outcome(h.leases.startTask({ taskId: unknownId }))).code).toBe("Unimplemented");
+    const transport = createRouterTransport(createRoutes(h.app));
+    const artifacts = createClient(ArtifactService, transport);
+    const knowledge = createClient(KnowledgeService, transport);
+    expect((await outcome(artifacts.getArtifact({ artifactId: unknownId }))).code).toBe(
+      "Unimplemented",
+    );
+    expect((await outcome(knowledge.getEntry({ kind: "k", key: "k" }))).code).toBe("Unimplemented");
+  });
+
+  it("a database failure reaches the client as `internal error`, with no driver detail", async () => {
+    const tdb = await createTestDatabase();
+    const app = appOn(tdb.database);
+    const transport = createRouterTransport(createRoutes(app), {
+      router: { interceptors: [createRpcInterceptor(app.log)] },
+    });
+    const { TaskService } = await import("../../gen/meshwork/v1/task_pb.js");
+    const client = createClient(TaskService, transport);
+    await tdb.drop(); // the database goes away under the running app
+    const res = await outcome(client.getTask({ taskId: unknownId }));
+    expect(res).toEqual({ code: "Internal", reason: "", message: "internal error" });
+  });
+});
