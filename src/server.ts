@@ -112,6 +112,8 @@ export function createHandler(app: App) {
     routes,
     interceptors: [createRpcInterceptor(app.log)],
     readMaxBytes: app.config.readMaxBytes,
+    // A misspelt field in Connect JSON is an error, not silently dropped.
+    jsonOptions: { ignoreUnknownFields: false },
     shutdownSignal: app.shutdownSignal,
     contextValues: (req) =>
       createContextValues().set(kCorrelationId, correlationIds.get(req) ?? randomUUID()),
