@@ -1,0 +1,131 @@
+import { sql } from "drizzle-orm";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { Database } from "../../src/db/database.js";
+import { tasks } from "../../src/db/schema/index.js";
+import { createLeaseStore } from "../../src/leases/store.js";
+import { createTaskStore } from "../../src/tasks/store.js";
+import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
+import { newTask } from "../support/fixtures.js";
+import { uniqueWorkload } from "../support/harness.js";
+
+// SKIP LOCKED races only mean something with real concurrent connections:
+// PGlite is one connection and serialises every transaction.
+describe.skipIf(!onPostgres)("PostgreSQL races", () => {
+  let tdb: TestDatabase;
+  let replica: Database;
+  beforeAll(async () => {
+    tdb = await createTestDatabase();
+    replica = await tdb.reopen(); // a second coordinator's pool on the same database
+  });
+  afterAll(() => tdb.drop());
+
+  it("8 concurrent claimers on two replicas drain 2,000 tasks: each claimed once, none lost", async () => {
+    const workload = uniqueWorkload();
+    const taskStore = createTaskStore(tdb.database.db);
+    for (let i = 0; i < 2; i++) {
+      await taskStore.create(Array.from({ length: 1000 }, () => newTask({ workload })));
+    }
+    const claimed: string[] = [];
+    const claimers = Array.from({ length: 8 }, async (_, i) => {
+      const leases = createLeaseStore((i % 2 === 0 ? tdb.database : replica).db);
+      const workerId = `c0000000-0000-4000-8000-00000000000${i}`;
+      for (;;) {
+        const rows = await leases.claim(
+          { id: workerId, capabilities: [workload], labels: {} },
+          1 + (i % 4) * 8,
+        );
+        if (rows.length === 0) return;
+        for (const r of rows) claimed.push(`${r.id}#${r.attempt}`);
+        const outcomes = await leases.complete(
+          rows.map((r) => ({
+            taskId: r.id,
+            workerId,
+            attempt: r.attempt,
+            token: r.leaseToken ?? "",
+            result: null,
+            summary: "",
+            metrics: {},
+          })),
+        );
+        expect(outcomes.every((o) => "ok" in o)).toBe(true);
+      }
+    });
+    await Promise.all(claimers);
+    expect(claimed).toHaveLength(2000);
+    expect(new Set(claimed).size).toBe(2000);
+    const counts = await tdb.database.db
+      .select({ state: tasks.state, n: sql<number>`count(*)::int` })
+      .from(tasks)
+      .where(sql`${tasks.workload} = ${workload}`)
+      .groupBy(tasks.state);
+    expect(counts).toEqual([{ state: "SUCCEEDED", n: 2000 }]);
+  });
+
+  it("a sweeper racing completions never overwrites an acknowledged completion", async () => {
+    const workload = uniqueWorkload();
+    const taskStore = createTaskStore(tdb.database.db);
+    const leases = createLeaseStore(tdb.database.db);
+    const sweeperLeases = createLeaseStore(replica.db);
+    await taskStore.create(
+      Array.from({ length: 400 }, () => newTask({ workload, maxAttempts: 1 })),
+    );
+    const workerId = "d0000000-0000-4000-8000-000000000001";
+    const rows = await leases
+      .claim({ id: workerId, capabilities: [workload], labels: {} }, 100)
+      .then(async (a) => [
+        ...a,
+        ...(await leases.claim({ id: workerId, capabilities: [workload], labels: {} }, 100)),
+      ])
+      .then(async (a) => [
+        ...a,
+        ...(await leases.claim({ id: workerId, capabilities: [workload], labels: {} }, 100)),
+      ])
+      .then(async (a) => [
+        ...a,
+        ...(await leases.claim({ id: workerId, capabilities: [workload], labels: {} }, 100)),
+      ]);
+    expect(rows).toHaveLength(400);
+    // Every lease runs out at some moment in the next 500 ms, while completions arrive over the same 500 ms.
+    await tdb.database.db.execute(
+      sql`update tasks set lease_expires_at = now() + random() * interval '500 milliseconds' where workload = ${workload}`,
+    );
+    let sweeping = true;
+    const sweeper = (async () => {
+      while (sweeping) await sweeperLeases.expireLeases(50);
+    })();
+    const acknowledged: string[] = [];
+    await Promise.all(
+      rows.map(async (r, i) => {
+        await new Promise((resolve) => setTimeout(resolve, i % 500));
+        const [o] = await leases.complete([
+          {
+            taskId: r.id,
+            workerId,
+            attempt: r.attempt,
+            token: "",
+            result: null,
+            summary: "",
+            metrics: {},
+          },
+        ]);
+        if (o && "ok" in o) acknowledged.push(r.id);
+        else expect(o?.error.reason).toMatch(/LEASE_EXPIRED|NOT_LEASED/);
+      }),
+    );
+    sweeping = false;
+    await sweeper;
+    await sweeperLeases.expireLeases(1000);
+    const final = await tdb.database.db
+      .select({ id: tasks.id, state: tasks.state })
+      .from(tasks)
+      .where(sql`${tasks.workload} = ${workload}`);
+    const byId = new Map(final.map((r) => [r.id, r.state]));
+    // The race is real: some completions won, some leases ran out first.
+    expect(acknowledged.length).toBeGreaterThan(0);
+    expect(acknowledged.length).toBeLessThan(400);
+    for (const id of acknowledged) expect(byId.get(id)).toBe("SUCCEEDED");
+    const succeeded = final.filter((r) => r.state === "SUCCEEDED").length;
+    expect(succeeded).toBe(acknowledged.length);
+    expect(final.filter((r) => r.state === "FAILED").length).toBe(400 - acknowledged.length);
+  });
+});
