@@ -1,3 +1,4 @@
+import { setMaxListeners } from "node:events";
 import type { Config } from "./config.js";
 import type { Database } from "./db/database.js";
 import { createHeartbeatBuffer } from "./fleet/heartbeats.js";
@@ -25,6 +26,8 @@ export function createApp(database: Database, config: Config, log: Logger) {
     config.sweepIntervalMs,
   );
   const shutdown = new AbortController();
+  // Every in-flight request listens for shutdown: no listener limit applies.
+  setMaxListeners(0, shutdown.signal);
   let unlisten: (() => Promise<void>) | undefined;
   return {
     database,

@@ -6,7 +6,6 @@ import { create, createFileRegistry, type DescFile, type FileRegistry } from "@b
 import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
 import { type ConnectRouter, createContextValues } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
-import * as httpolyglot from "@httptoolkit/httpolyglot";
 import { file_grpc_health_v1_health, Health } from "../gen/grpc/health/v1/health_pb.js";
 import { ArtifactService, file_meshwork_v1_artifact } from "../gen/meshwork/v1/artifact_pb.js";
 import { file_meshwork_v1_errors } from "../gen/meshwork/v1/errors_pb.js";
@@ -17,6 +16,7 @@ import { file_meshwork_v1_task, TaskService } from "../gen/meshwork/v1/task_pb.j
 import type { App } from "./app.js";
 import { splitHostPort } from "./config.js";
 import { createFleetService } from "./fleet/service.js";
+import { createListener } from "./http/listener.js";
 import { createLeaseService } from "./leases/service.js";
 import { kCorrelationId } from "./rpc/context.js";
 import { createHealthService } from "./rpc/health.js";
@@ -146,16 +146,14 @@ export interface RunningServer {
 }
 
 /**
- * Listens on one port for HTTP/1.1 and cleartext HTTP/2 (the preface is
- * sniffed by httpolyglot), with TCP_NODELAY on every connection (a sniffing
- * server loses it otherwise: ~40 ms per gRPC call). Starts the app's
- * sweeper and notifications.
+ * Listens on one port for HTTP/1.1 and cleartext HTTP/2 (http/listener.ts).
+ * Starts the app's sweeper and notifications.
  */
 export async function listen(app: App, listenAddress: string): Promise<RunningServer> {
   const handler = createHandler(app);
   let inFlight = 0;
   let idle: (() => void) | undefined;
-  const server = httpolyglot.createServer((req, res) => {
+  const server = createListener((req, res) => {
     inFlight++;
     res.on("close", () => {
       inFlight--;
@@ -165,7 +163,6 @@ export async function listen(app: App, listenAddress: string): Promise<RunningSe
   });
   const sockets = new Set<Socket>();
   server.on("connection", (socket: Socket) => {
-    socket.setNoDelay(true);
     sockets.add(socket);
     socket.on("close", () => sockets.delete(socket));
   });

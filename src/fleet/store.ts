@@ -38,6 +38,15 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
     and t.lease_expires_at > now())`;
   const view = { ...getTableColumns(workers), lost, activeLeases };
 
+  // Prepared once: a worker is read on every claim.
+  let byId:
+    | {
+        execute(params: {
+          id: string;
+        }): Promise<(WorkerRow & { lost: unknown; activeLeases: unknown })[]>;
+      }
+    | undefined;
+
   async function read(where: SQL | undefined): Promise<WorkerView[]> {
     const rows = await db.select(view).from(workers).where(where);
     return rows.map(normalise);
@@ -71,9 +80,14 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
     },
 
     async get(id: string): Promise<WorkerView> {
-      const [row] = await read(eq(workers.id, id));
+      byId ??= db
+        .select(view)
+        .from(workers)
+        .where(sql`${workers.id} = ${sql.placeholder("id")}::uuid`)
+        .prepare("meshwork_worker_by_id");
+      const [row] = await byId.execute({ id });
       if (!row) throw notFound(id);
-      return row;
+      return normalise(row);
     },
 
     /** One page, oldest registration first. */

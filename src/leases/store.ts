@@ -3,7 +3,7 @@ import { and, eq, getTableColumns, inArray, type SQL, type SQLWrapper, sql } fro
 import type { Db } from "../db/database.js";
 import { StoreError } from "../db/errors.js";
 import { type ArtifactRefJson, type TaskRow, tasks } from "../db/schema/index.js";
-import { activeStates, canonicalJson } from "../tasks/store.js";
+import { activeStates, canonicalJson, stateIs } from "../tasks/store.js";
 
 /** What a lease-bound request names: (task_id, attempt) held by worker_id, maybe with its token. */
 export interface LeaseRef {
@@ -40,16 +40,32 @@ const newToken = sql`replace(gen_random_uuid()::text, '-', '') || replace(gen_ra
 /** Failures counted against max_attempts: attempts minus those given back by release. */
 const failures = sql`(${tasks.attempt} - ${tasks.releases})`;
 
-/** The lease check of SPEC section 3, as a WHERE clause on one row. */
-function leaseHeld(l: LeaseRef): SQL | undefined {
-  return and(
-    eq(tasks.id, l.taskId),
-    inArray(tasks.state, activeStates),
-    eq(tasks.attempt, l.attempt),
-    eq(tasks.leaseWorkerId, l.workerId),
-    sql`${tasks.leaseExpiresAt} > now()`,
-    l.token === "" ? undefined : eq(tasks.leaseToken, l.token),
-  );
+const p = sql.placeholder;
+
+/**
+ * The lease check of SPEC section 3, as a WHERE clause on one row, with
+ * placeholders `id`, `attempt`, `worker` and `token` ("" when not sent).
+ */
+const leaseHeld = and(
+  sql`${tasks.id} = ${p("id")}::uuid`,
+  stateIs("ASSIGNED", "RUNNING"),
+  sql`${tasks.attempt} = ${p("attempt")}::int`,
+  sql`${tasks.leaseWorkerId} = ${p("worker")}::uuid`,
+  sql`${tasks.leaseExpiresAt} > now()`,
+  sql`(${p("token")}::text = '' or ${tasks.leaseToken} = ${p("token")}::text)`,
+);
+
+function leaseParams(l: LeaseRef) {
+  return { id: l.taskId, attempt: l.attempt, worker: l.workerId, token: l.token };
+}
+
+/** Builds a prepared statement on first use: Drizzle's query building costs more than the query. */
+function once<T>(build: () => T): () => T {
+  let built: T | undefined;
+  return () => {
+    built ??= build();
+    return built;
+  };
 }
 
 /**
@@ -122,83 +138,111 @@ export function leaseRefusal(row: TaskRow | undefined, l: LeaseRef): StoreError 
   return refuse("LEASE_EXPIRED", `the lease on attempt ${l.attempt} of task ${row.id} expired`);
 }
 
-/** Every lease transition: claims, renewals, completions, failures, releases, expiry. */
+/**
+ * Every lease transition: claims, renewals, completions, failures, releases,
+ * expiry. The hot statements are prepared once per store (named
+ * `meshwork_*`): building a Drizzle query cost ~5× the query itself.
+ */
 export function createLeaseStore(db: Db) {
-  async function rowsById(ids: string[]): Promise<Map<string, TaskRow>> {
-    if (ids.length === 0) return new Map();
-    const rows = await db.select().from(tasks).where(inArray(tasks.id, ids));
-    return new Map(rows.map((r) => [r.id, r]));
-  }
-
-  async function refuse(l: LeaseRef): Promise<never> {
-    const [row] = await db.select().from(tasks).where(eq(tasks.id, l.taskId));
-    throw leaseRefusal(row, l);
-  }
-
-  return {
-    /**
-     * Leases up to `max` claimable tasks to the worker in one statement:
-     * PENDING (past not_before, before deadline), workload and required
-     * capabilities advertised, affinity ⊆ labels; highest priority, then
-     * earliest deadline, then oldest. `SKIP LOCKED` lets concurrent claimers
-     * take disjoint rows. Expired leases are first returned to PENDING, so
-     * they are claimable at once without waiting for the sweeper.
-     */
-    async claim(worker: ClaimingWorker, max: number): Promise<TaskRow[]> {
-      await this.expireLeases(1000);
-      const caps = sql.param(worker.capabilities);
-      const candidates = db
-        .select({ id: tasks.id })
+  const columns = getTableColumns(tasks);
+  const q = {
+    row: once(() =>
+      db
+        .select()
+        .from(tasks)
+        .where(sql`${tasks.id} = ${p("id")}::uuid`)
+        .prepare("meshwork_task_row"),
+    ),
+    claim: once(() => {
+      const caps = sql`${p("caps")}::text[]`;
+      const matches = and(
+        sql`(${tasks.deadline} is null or ${tasks.deadline} > now())`,
+        sql`${tasks.workload} = any(${caps})`,
+        sql`${tasks.requiredCapabilities} <@ ${caps}`,
+        sql`${tasks.affinity} <@ ${p("labels")}::jsonb`,
+      );
+      const order = sql`priority desc nulls last, deadline asc nulls last, created_at asc`;
+      const key = {
+        id: tasks.id,
+        priority: tasks.priority,
+        deadline: tasks.deadline,
+        createdAt: tasks.createdAt,
+      };
+      const pending = db
+        .select(key)
         .from(tasks)
         .where(
           and(
-            eq(tasks.state, "PENDING"),
+            stateIs("PENDING"),
             sql`(${tasks.notBefore} is null or ${tasks.notBefore} <= now())`,
-            sql`(${tasks.deadline} is null or ${tasks.deadline} > now())`,
-            sql`${tasks.workload} = any(${caps}::text[])`,
-            sql`${tasks.requiredCapabilities} <@ ${caps}::text[]`,
-            sql`${tasks.affinity} <@ ${JSON.stringify(worker.labels)}::jsonb`,
+            matches,
           ),
         )
         // Must match tasks_claim_idx exactly for an ordered index scan.
         .orderBy(
           sql`${tasks.priority} desc nulls last, ${tasks.deadline} asc nulls last, ${tasks.createdAt} asc`,
         )
-        .limit(max)
+        .limit(p("max"))
         .for("update", { skipLocked: true });
-      const rows = await db
-        .update(tasks)
-        .set({
-          state: "RUNNING",
-          attempt: sql`${tasks.attempt} + 1`,
-          leaseWorkerId: worker.id,
-          leaseToken: newToken,
-          leaseExpiresAt: sql`now() + make_interval(secs => ${tasks.leaseSeconds})`,
-          assignedWorkerId: null,
-          assignedApiBaseUrl: "",
-          notBefore: null,
-          cancelRequested: false,
-          startedAt: sql`coalesce(${tasks.startedAt}, now())`,
-          updatedAt: sql`now()`,
-        })
-        .from(picked(candidates))
-        .where(and(sql`${tasks.id} = picked.id`, eq(tasks.state, "PENDING")))
-        .returning(getTableColumns(tasks));
-      return rows.sort(claimOrder);
-    },
-
-    /**
-     * Returns expired ASSIGNED/RUNNING tasks to PENDING, or FAILED with
-     * LEASE_EXPIRED when their attempts are used up. The UPDATE re-checks
-     * state and expiry, so a completion that committed first is never overwritten.
-     */
-    async expireLeases(limit: number): Promise<{ id: string; state: string }[]> {
+      // Leases that ran out are claimable at once, without waiting for the
+      // sweeper (those out of attempts are left to it, to be FAILED).
+      const expired = db
+        .select(key)
+        .from(tasks)
+        .where(
+          and(
+            stateIs("ASSIGNED", "RUNNING"),
+            sql`${tasks.leaseExpiresAt} <= now()`,
+            sql`${failures} < ${tasks.maxAttempts}`,
+            matches,
+          ),
+        )
+        .orderBy(tasks.leaseExpiresAt)
+        .limit(p("max"))
+        .for("update", { skipLocked: true });
+      const wasExpired = sql`${tasks.state} <> 'PENDING'`;
+      return (
+        db
+          .update(tasks)
+          .set({
+            state: "RUNNING",
+            attempt: sql`${tasks.attempt} + 1`,
+            leaseWorkerId: sql`${p("worker")}::uuid`,
+            leaseToken: newToken,
+            leaseExpiresAt: sql`now() + make_interval(secs => ${tasks.leaseSeconds})`,
+            errorCode: sql`case when ${wasExpired} then 'LEASE_EXPIRED' else ${tasks.errorCode} end`,
+            errorMessage: sql`case when ${wasExpired} then 'the lease on attempt ' || ${tasks.attempt} || ' expired' else ${tasks.errorMessage} end`,
+            assignedWorkerId: null,
+            assignedApiBaseUrl: "",
+            notBefore: null,
+            cancelRequested: false,
+            startedAt: sql`coalesce(${tasks.startedAt}, now())`,
+            updatedAt: sql`now()`,
+          })
+          // Both candidate sets are MATERIALIZED (see `picked`); the best
+          // `max` of them are taken.
+          .from(
+            sql`(with pending as materialized (${pending}), expired as materialized (${expired})
+            select id from (select * from pending union all select * from expired) candidates
+            order by ${order} limit ${p("max")}) as picked`,
+          )
+          .where(
+            and(
+              sql`${tasks.id} = picked.id`,
+              sql`(${stateIs("PENDING")} or (${stateIs("ASSIGNED", "RUNNING")} and ${tasks.leaseExpiresAt} <= now()))`,
+            ),
+          )
+          .returning(columns)
+          .prepare("meshwork_claim")
+      );
+    }),
+    expire: once(() => {
       const expired = db
         .select({ id: tasks.id })
         .from(tasks)
-        .where(and(inArray(tasks.state, activeStates), sql`${tasks.leaseExpiresAt} <= now()`))
+        .where(and(stateIs("ASSIGNED", "RUNNING"), sql`${tasks.leaseExpiresAt} <= now()`))
         .orderBy(tasks.leaseExpiresAt)
-        .limit(limit)
+        .limit(p("limit"))
         .for("update", { skipLocked: true });
       const exhausted = sql`${failures} >= ${tasks.maxAttempts}`;
       return db
@@ -216,11 +260,145 @@ export function createLeaseStore(db: Db) {
         .where(
           and(
             sql`${tasks.id} = picked.id`,
-            inArray(tasks.state, activeStates),
+            stateIs("ASSIGNED", "RUNNING"),
             sql`${tasks.leaseExpiresAt} <= now()`,
           ),
         )
-        .returning({ id: tasks.id, state: tasks.state });
+        .returning({ id: tasks.id, state: tasks.state })
+        .prepare("meshwork_expire_leases");
+    }),
+    renew: once(() =>
+      db
+        .update(tasks)
+        .set({
+          leaseExpiresAt: sql`now() + make_interval(secs => coalesce(${p("extend")}::int, ${tasks.leaseSeconds}))`,
+          progressSteps: sql`coalesce(${p("steps")}::int, ${tasks.progressSteps})`,
+          progressMessage: sql`coalesce(${p("message")}::text, ${tasks.progressMessage})`,
+          updatedAt: sql`now()`,
+        })
+        .where(leaseHeld)
+        .returning({ expiresAt: tasks.leaseExpiresAt, cancelRequested: tasks.cancelRequested })
+        .prepare("meshwork_renew"),
+    ),
+    renewMany: once(() =>
+      db
+        .update(tasks)
+        .set({
+          leaseExpiresAt: sql`now() + make_interval(secs => ${tasks.leaseSeconds})`,
+          progressSteps: sql`coalesce(v.steps, ${tasks.progressSteps})`,
+          progressMessage: sql`coalesce(v.message, ${tasks.progressMessage})`,
+          updatedAt: sql`now()`,
+        })
+        .from(
+          sql`jsonb_to_recordset(${p("items")}::jsonb) as v(id uuid, attempt int, token text, steps int, message text)`,
+        )
+        .where(
+          sql`${tasks.id} = v.id and ${stateIs("ASSIGNED", "RUNNING")} and ${tasks.attempt} = v.attempt
+            and ${tasks.leaseWorkerId} = ${p("worker")}::uuid and ${tasks.leaseExpiresAt} > now()
+            and (v.token = '' or ${tasks.leaseToken} = v.token)`,
+        )
+        .returning({ id: tasks.id, attempt: tasks.attempt, expiresAt: tasks.leaseExpiresAt })
+        .prepare("meshwork_renew_many"),
+    ),
+    complete: once(() =>
+      db
+        .update(tasks)
+        .set({
+          state: "SUCCEEDED",
+          result: sql`v.result`,
+          resultSummary: sql`v.summary`,
+          metrics: sql`v.metrics`,
+          completionHash: sql`v.hash`,
+          errorCode: "",
+          errorMessage: "",
+          finishedAt: sql`now()`,
+          updatedAt: sql`now()`,
+        })
+        .from(
+          sql`jsonb_to_recordset(${p("items")}::jsonb) as v(id uuid, attempt int, worker_id uuid, token text, result jsonb, summary text, metrics jsonb, hash text)`,
+        )
+        .where(
+          sql`${tasks.id} = v.id and ${stateIs("ASSIGNED", "RUNNING")} and ${tasks.attempt} = v.attempt
+            and ${tasks.leaseWorkerId} = v.worker_id and ${tasks.leaseExpiresAt} > now()
+            and (v.token = '' or ${tasks.leaseToken} = v.token)`,
+        )
+        .returning(columns)
+        .prepare("meshwork_complete"),
+    ),
+    fail: once(() => {
+      const retry = sql`(${p("retryable")}::boolean and ${failures} < ${tasks.maxAttempts})`;
+      const backoffMs = sql`least(${tasks.backoffMaxMs}, ${tasks.backoffInitialMs} * power(${tasks.backoffMultiplier}, greatest(${failures} - 1, 0)))`;
+      return db
+        .update(tasks)
+        .set({
+          state: sql`case when ${retry} then 'PENDING' else 'FAILED' end`,
+          notBefore: sql`case when ${retry} then now() + ${backoffMs} * interval '1 millisecond' end`,
+          finishedAt: sql`case when ${retry} then null else now() end`,
+          errorCode: sql`${p("code")}::text`,
+          errorMessage: sql`${p("message")}::text`,
+          assignedWorkerId: null,
+          assignedApiBaseUrl: "",
+          updatedAt: sql`now()`,
+        })
+        .where(leaseHeld)
+        .returning(columns)
+        .prepare("meshwork_fail");
+    }),
+    release: once(() =>
+      db
+        .update(tasks)
+        .set({
+          state: "PENDING",
+          releases: sql`${tasks.releases} + 1`,
+          checkpointHandle: sql`${p("checkpoint")}::text`,
+          notBefore: null,
+          assignedWorkerId: null,
+          assignedApiBaseUrl: "",
+          updatedAt: sql`now()`,
+        })
+        .where(leaseHeld)
+        .returning(columns)
+        .prepare("meshwork_release"),
+    ),
+  };
+
+  async function rowsById(ids: string[]): Promise<Map<string, TaskRow>> {
+    if (ids.length === 0) return new Map();
+    const rows = await db.select().from(tasks).where(inArray(tasks.id, ids));
+    return new Map(rows.map((r) => [r.id, r]));
+  }
+
+  async function refuse(l: LeaseRef): Promise<never> {
+    const [row] = await q.row().execute({ id: l.taskId });
+    throw leaseRefusal(row, l);
+  }
+
+  return {
+    /**
+     * Leases up to `max` claimable tasks to the worker in one statement:
+     * PENDING (past not_before, before deadline), workload and required
+     * capabilities advertised, affinity ⊆ labels; highest priority, then
+     * earliest deadline, then oldest. `SKIP LOCKED` lets concurrent claimers
+     * take disjoint rows. A task whose lease ran out is claimable at once
+     * under its next attempt, without waiting for the sweeper.
+     */
+    async claim(worker: ClaimingWorker, max: number): Promise<TaskRow[]> {
+      const rows = await q.claim().execute({
+        caps: worker.capabilities,
+        labels: JSON.stringify(worker.labels),
+        max,
+        worker: worker.id,
+      });
+      return rows.sort(claimOrder);
+    },
+
+    /**
+     * Returns expired ASSIGNED/RUNNING tasks to PENDING, or FAILED with
+     * LEASE_EXPIRED when their attempts are used up. The UPDATE re-checks
+     * state and expiry, so a completion that committed first is never overwritten.
+     */
+    async expireLeases(limit: number): Promise<{ id: string; state: string }[]> {
+      return q.expire().execute({ limit });
     },
 
     /** Fails PENDING tasks whose deadline has passed (DEADLINE_EXCEEDED). */
@@ -228,7 +406,7 @@ export function createLeaseStore(db: Db) {
       const due = db
         .select({ id: tasks.id })
         .from(tasks)
-        .where(and(eq(tasks.state, "PENDING"), sql`${tasks.deadline} <= now()`))
+        .where(and(stateIs("PENDING"), sql`${tasks.deadline} <= now()`))
         .limit(limit)
         .for("update", { skipLocked: true });
       const rows = await db
@@ -242,11 +420,7 @@ export function createLeaseStore(db: Db) {
         })
         .from(picked(due))
         .where(
-          and(
-            sql`${tasks.id} = picked.id`,
-            eq(tasks.state, "PENDING"),
-            sql`${tasks.deadline} <= now()`,
-          ),
+          and(sql`${tasks.id} = picked.id`, stateIs("PENDING"), sql`${tasks.deadline} <= now()`),
         )
         .returning({ id: tasks.id });
       return rows.map((r) => r.id);
@@ -262,7 +436,7 @@ export function createLeaseStore(db: Db) {
         .from(tasks)
         .where(
           and(
-            eq(tasks.state, "PENDING"),
+            stateIs("PENDING"),
             sql`${tasks.notBefore} > now() - make_interval(secs => ${windowMs / 1000})`,
             sql`${tasks.notBefore} <= now()`,
           ),
@@ -271,39 +445,18 @@ export function createLeaseStore(db: Db) {
       return row !== undefined;
     },
 
-    /** ASSIGNED → RUNNING for the lease holder. */
-    async start(l: LeaseRef): Promise<TaskRow> {
-      const [row] = await db
-        .update(tasks)
-        .set({
-          state: "RUNNING",
-          updatedAt: sql`now()`,
-          startedAt: sql`coalesce(${tasks.startedAt}, now())`,
-        })
-        .where(and(leaseHeld(l), eq(tasks.state, "ASSIGNED")))
-        .returning();
-      return row ?? refuse(l);
-    },
-
     /** Renews one lease: expires_at = now() + (extend_seconds or lease_seconds). */
     async renew(
       l: LeaseRef,
       extendSeconds: number | undefined,
       progress: Progress | undefined,
     ): Promise<{ expiresAt: Date; cancelRequested: boolean }> {
-      const secs = extendSeconds === undefined ? tasks.leaseSeconds : sql`${extendSeconds}::int`;
-      const [row] = await db
-        .update(tasks)
-        .set({
-          leaseExpiresAt: sql`now() + make_interval(secs => ${secs})`,
-          ...(progress && {
-            progressSteps: progress.completedSteps,
-            progressMessage: progress.message,
-          }),
-          updatedAt: sql`now()`,
-        })
-        .where(leaseHeld(l))
-        .returning({ expiresAt: tasks.leaseExpiresAt, cancelRequested: tasks.cancelRequested });
+      const [row] = await q.renew().execute({
+        ...leaseParams(l),
+        extend: extendSeconds ?? null,
+        steps: progress?.completedSteps ?? null,
+        message: progress?.message ?? null,
+      });
       if (!row) return refuse(l);
       return { expiresAt: row.expiresAt as Date, cancelRequested: row.cancelRequested };
     },
@@ -326,23 +479,7 @@ export function createLeaseStore(db: Db) {
           message: i.progress?.message ?? null,
         })),
       );
-      const renewed = await db
-        .update(tasks)
-        .set({
-          leaseExpiresAt: sql`now() + make_interval(secs => ${tasks.leaseSeconds})`,
-          progressSteps: sql`coalesce(v.steps, ${tasks.progressSteps})`,
-          progressMessage: sql`coalesce(v.message, ${tasks.progressMessage})`,
-          updatedAt: sql`now()`,
-        })
-        .from(
-          sql`jsonb_to_recordset(${json}::jsonb) as v(id uuid, attempt int, token text, steps int, message text)`,
-        )
-        .where(
-          sql`${tasks.id} = v.id and ${tasks.state} in ('ASSIGNED', 'RUNNING') and ${tasks.attempt} = v.attempt
-            and ${tasks.leaseWorkerId} = ${workerId} and ${tasks.leaseExpiresAt} > now()
-            and (v.token = '' or ${tasks.leaseToken} = v.token)`,
-        )
-        .returning({ id: tasks.id, attempt: tasks.attempt, expiresAt: tasks.leaseExpiresAt });
+      const renewed = await q.renewMany().execute({ items: json, worker: workerId });
       const byId = new Map(renewed.map((r) => [r.id, r]));
       const lost = items.filter((i) => byId.get(i.taskId)?.attempt !== i.attempt);
       const rows = await rowsById([...new Set(lost.map((i) => i.taskId))]);
@@ -373,28 +510,7 @@ export function createLeaseStore(db: Db) {
           hash: hashes[i],
         })),
       );
-      const done = await db
-        .update(tasks)
-        .set({
-          state: "SUCCEEDED",
-          result: sql`v.result`,
-          resultSummary: sql`v.summary`,
-          metrics: sql`v.metrics`,
-          completionHash: sql`v.hash`,
-          errorCode: "",
-          errorMessage: "",
-          finishedAt: sql`now()`,
-          updatedAt: sql`now()`,
-        })
-        .from(
-          sql`jsonb_to_recordset(${json}::jsonb) as v(id uuid, attempt int, worker_id uuid, token text, result jsonb, summary text, metrics jsonb, hash text)`,
-        )
-        .where(
-          sql`${tasks.id} = v.id and ${tasks.state} in ('ASSIGNED', 'RUNNING') and ${tasks.attempt} = v.attempt
-            and ${tasks.leaseWorkerId} = v.worker_id and ${tasks.leaseExpiresAt} > now()
-            and (v.token = '' or ${tasks.leaseToken} = v.token)`,
-        )
-        .returning(getTableColumns(tasks));
+      const done = await q.complete().execute({ items: json });
       const byId = new Map(done.map((r) => [r.id, r]));
       const unsettled = items.filter((c, i) => byId.get(c.taskId)?.completionHash !== hashes[i]);
       const current = await rowsById(
@@ -426,40 +542,13 @@ export function createLeaseStore(db: Db) {
      * backoff while it is retryable and attempts remain, else FAILED.
      */
     async fail(l: LeaseRef, code: string, message: string, retryable: boolean): Promise<TaskRow> {
-      const retry = sql`(${retryable} and ${failures} < ${tasks.maxAttempts})`;
-      const backoffMs = sql`least(${tasks.backoffMaxMs}, ${tasks.backoffInitialMs} * power(${tasks.backoffMultiplier}, greatest(${failures} - 1, 0)))`;
-      const [row] = await db
-        .update(tasks)
-        .set({
-          state: sql`case when ${retry} then 'PENDING' else 'FAILED' end`,
-          notBefore: sql`case when ${retry} then now() + ${backoffMs} * interval '1 millisecond' end`,
-          finishedAt: sql`case when ${retry} then null else now() end`,
-          errorCode: code,
-          errorMessage: message,
-          assignedWorkerId: null,
-          assignedApiBaseUrl: "",
-          updatedAt: sql`now()`,
-        })
-        .where(leaseHeld(l))
-        .returning();
+      const [row] = await q.fail().execute({ ...leaseParams(l), code, message, retryable });
       return row ?? refuse(l);
     },
 
     /** Gives the task back (PENDING) without counting a failure, keeping the checkpoint. */
     async release(l: LeaseRef, checkpointHandle: string): Promise<TaskRow> {
-      const [row] = await db
-        .update(tasks)
-        .set({
-          state: "PENDING",
-          releases: sql`${tasks.releases} + 1`,
-          checkpointHandle,
-          notBefore: null,
-          assignedWorkerId: null,
-          assignedApiBaseUrl: "",
-          updatedAt: sql`now()`,
-        })
-        .where(leaseHeld(l))
-        .returning();
+      const [row] = await q.release().execute({ ...leaseParams(l), checkpoint: checkpointHandle });
       return row ?? refuse(l);
     },
 
@@ -475,7 +564,7 @@ export function createLeaseStore(db: Db) {
           assignedApiBaseUrl: "",
           updatedAt: sql`now()`,
         })
-        .where(and(eq(tasks.leaseWorkerId, workerId), inArray(tasks.state, activeStates)))
+        .where(and(eq(tasks.leaseWorkerId, workerId), stateIs("ASSIGNED", "RUNNING")))
         .returning({ id: tasks.id });
       return rows.map((r) => r.id);
     },

@@ -1,5 +1,5 @@
 import { createHash, randomUUID } from "node:crypto";
-import { and, desc, eq, inArray, lt, or, sql } from "drizzle-orm";
+import { and, desc, eq, inArray, lt, or, type SQL, sql } from "drizzle-orm";
 import type { Db } from "../db/database.js";
 import { StoreError } from "../db/errors.js";
 import { type Cursor, encodeCursor } from "../db/paging.js";
@@ -33,6 +33,20 @@ export const activeStates: TaskStateName[] = ["ASSIGNED", "RUNNING"];
 export const terminalStates: TaskStateName[] = ["SUCCEEDED", "FAILED", "CANCELED"];
 
 /**
+ * `state = 'X'` / `state in ('X', 'Y')` with the names as SQL literals, not
+ * parameters: the partial indexes (`where state = 'PENDING'`, …) can only
+ * be used when the planner sees the literal. With parameters, the generic
+ * plan of a prepared statement scans the whole table (seen here: claims 50×
+ * slower once PostgreSQL switched to the generic plan).
+ */
+export function stateIs(...names: TaskStateName[]): SQL {
+  const literals = names.map((n) => `'${n}'`).join(", ");
+  return names.length === 1
+    ? sql`${tasks.state} = ${sql.raw(literals)}`
+    : sql`${tasks.state} in (${sql.raw(literals)})`;
+}
+
+/**
  * What identifies a create request for idempotency: everything but the
  * correlation id (tracing metadata that differs between retries).
  */
@@ -54,6 +68,7 @@ export function canonicalJson(value: unknown): string {
 
 /** Task reads and client-side writes. Lease transitions live in leases/store.ts. */
 export function createTaskStore(db: Db) {
+  let byId: { execute(params: { id: string }): Promise<TaskRow[]> } | undefined;
   return {
     /**
      * Creates tasks in one transaction, all or none, returned in input
@@ -122,7 +137,12 @@ export function createTaskStore(db: Db) {
     },
 
     async get(id: string): Promise<TaskRow> {
-      const [row] = await db.select().from(tasks).where(eq(tasks.id, id));
+      byId ??= db
+        .select()
+        .from(tasks)
+        .where(sql`${tasks.id} = ${sql.placeholder("id")}::uuid`)
+        .prepare("meshwork_task_by_id");
+      const [row] = await byId.execute({ id });
       if (!row) throw notFound(id);
       return row;
     },
@@ -178,7 +198,7 @@ export function createTaskStore(db: Db) {
           finishedAt: sql`now()`,
           updatedAt: sql`now()`,
         })
-        .where(and(eq(tasks.id, id), inArray(tasks.state, ["PENDING", "ASSIGNED", "RUNNING"])))
+        .where(and(eq(tasks.id, id), stateIs("PENDING", "ASSIGNED", "RUNNING")))
         .returning();
       if (row) return row;
       const current = await this.get(id);
@@ -209,7 +229,7 @@ export function createTaskStore(db: Db) {
           now: sql<string>`now()`.mapWith(tasks.createdAt),
         })
         .from(tasks)
-        .where(eq(tasks.state, "PENDING"))
+        .where(stateIs("PENDING"))
         .groupBy(tasks.workload)
         .orderBy(desc(sql`count(*)`), tasks.workload);
       return rows.map((r) => ({
