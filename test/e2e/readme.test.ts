@@ -1,0 +1,60 @@
+import { execFile } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { promisify } from "node:util";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { listen, type RunningServer } from "../../src/server.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { appOn } from "../support/harness.js";
+
+const run = promisify(execFile);
+const readme = readFileSync(new URL("../../README.md", import.meta.url), "utf8");
+
+/** The fenced sh block between the two markers. */
+function block(name: string): string {
+  const m = new RegExp(
+    `<!-- ${name}:start -->\\s*\`\`\`sh\\n([\\s\\S]*?)\`\`\`\\s*<!-- ${name}:end -->`,
+  ).exec(readme);
+  if (!m?.[1]) throw new Error(`README has no ${name} block`);
+  return m[1];
+}
+
+let tdb: TestDatabase;
+let server: RunningServer;
+beforeAll(async () => {
+  tdb = await createTestDatabase();
+  server = await listen(appOn(tdb.database), "127.0.0.1:0");
+});
+afterAll(async () => {
+  await server.close();
+  await tdb.drop();
+});
+
+describe("README", () => {
+  it("runs the curl walk-through as written, ending with the task SUCCEEDED", async () => {
+    const { stdout } = await run("bash", ["-euo", "pipefail", "-c", block("walkthrough")], {
+      env: { ...process.env, MW: server.url },
+    });
+    const lines = stdout.trim().split("\n");
+    expect(JSON.parse(lines[0] ?? "").task.correlationId).toBe("readme-demo");
+    expect(JSON.parse(lines[1] ?? "").claims).toHaveLength(1);
+    expect(JSON.parse(lines[lines.length - 1] ?? "").task).toMatchObject({
+      state: "TASK_STATE_SUCCEEDED",
+      resultSummary: "20 hits",
+      progress: { completedSteps: 1, message: "scoring" },
+    });
+  });
+
+  it("lists methods with buf curl through reflection", async () => {
+    const { stdout } = await run("npx", [
+      "buf",
+      "curl",
+      "--protocol",
+      "grpc",
+      "--http2-prior-knowledge",
+      "--list-methods",
+      server.url,
+    ]);
+    expect(stdout).toContain("meshwork.v1.LeaseService/ClaimTasks");
+    expect(stdout).toContain("grpc.health.v1.Health/Check");
+  });
+});
