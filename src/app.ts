@@ -1,9 +1,11 @@
 import { setMaxListeners } from "node:events";
 import type { Config } from "./config.js";
 import type { Database } from "./db/database.js";
+import { createWorkerCache } from "./fleet/cache.js";
 import { createHeartbeatBuffer } from "./fleet/heartbeats.js";
 import { createFleetStore } from "./fleet/store.js";
-import { createLeaseStore } from "./leases/store.js";
+import { createBatcher } from "./leases/batcher.js";
+import { type Completion, createLeaseStore } from "./leases/store.js";
 import { createSweeper } from "./leases/sweeper.js";
 import { createClaimWakeups } from "./leases/wakeup.js";
 import type { Logger } from "./log.js";
@@ -21,6 +23,9 @@ export function createApp(database: Database, config: Config, log: Logger) {
   const events = createTaskEvents();
   const wakeups = createClaimWakeups();
   const heartbeats = createHeartbeatBuffer(fleet);
+  const workerCache = createWorkerCache(fleet);
+  // Concurrent CompleteTask calls share one statement (group commit).
+  const completeOne = createBatcher((items: Completion[]) => leases.complete(items));
   const sweeper = createSweeper(
     { leases, heartbeats, events, wakeups, log },
     config.sweepIntervalMs,
@@ -39,6 +44,8 @@ export function createApp(database: Database, config: Config, log: Logger) {
     events,
     wakeups,
     heartbeats,
+    workerCache,
+    completeOne,
     sweeper,
     /** Aborted when the server begins to shut down: long polls and streams end. */
     shutdownSignal: shutdown.signal,

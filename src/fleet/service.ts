@@ -66,6 +66,7 @@ export function createFleetService(app: App): ServiceImpl<typeof FleetService> {
         input,
         req.workerId === "" ? undefined : uuidField("worker_id", req.workerId),
       );
+      app.workerCache.forget(worker.id);
       return { workerId: worker.id, heartbeatIntervalSeconds: interval, worker: toWorker(worker) };
     },
 
@@ -102,6 +103,7 @@ export function createFleetService(app: App): ServiceImpl<typeof FleetService> {
 
     async drainWorker(req) {
       const worker = await app.fleet.drain(uuidField("worker_id", req.workerId), req.drained);
+      app.workerCache.forget(worker.id);
       return { worker: toWorker(worker) };
     },
 
@@ -114,6 +116,7 @@ export function createFleetService(app: App): ServiceImpl<typeof FleetService> {
         await createFleetStore(tx, interval).remove(id);
         return ids;
       });
+      app.workerCache.forget(id);
       app.events.emit(released);
       return { releasedTaskIds: released };
     },

@@ -130,7 +130,7 @@ export function createLeaseService(app: App): Partial<ServiceImpl<typeof LeaseSe
       const max = req.maxTasks === 0 ? 1 : intInRange("max_tasks", req.maxTasks, 1, 100);
       const waitSeconds = intInRange("wait_seconds", req.waitSeconds, 0, 30);
       const capabilities = stringList("capabilities", req.capabilities, 1000);
-      const worker = await app.fleet.get(workerId);
+      const worker = await app.workerCache.get(workerId);
       app.heartbeats.touch(workerId);
       if (worker.drained) return { claims: [] };
       const claiming = {
@@ -228,8 +228,7 @@ export function createLeaseService(app: App): Partial<ServiceImpl<typeof LeaseSe
     },
 
     async completeTask(req) {
-      const [outcome] = await app.leases.complete([completionOf(req, publicUrl)]);
-      if (!outcome) throw new Error("complete returned no outcome");
+      const outcome = await app.completeOne(completionOf(req, publicUrl));
       if ("error" in outcome) throw outcome.error;
       app.events.emit([outcome.ok.id]);
       return { task: toTask(outcome.ok) };

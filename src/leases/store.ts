@@ -230,6 +230,8 @@ export function createLeaseStore(db: Db) {
             and(
               sql`${tasks.id} = picked.id`,
               sql`(${stateIs("PENDING")} or (${stateIs("ASSIGNED", "RUNNING")} and ${tasks.leaseExpiresAt} <= now()))`,
+              // The worker exists and is not drained, checked in the same statement.
+              sql`exists (select 1 from workers w where w.id = ${p("worker")}::uuid and not w.drained)`,
             ),
           )
           .returning(columns)

@@ -4,7 +4,7 @@ import { tasks } from "../../src/db/schema/index.js";
 import { type Completion, createLeaseStore, type LeaseStore } from "../../src/leases/store.js";
 import { createTaskStore, type TaskStore } from "../../src/tasks/store.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { endBackoff, expireLease, newTask } from "../support/fixtures.js";
+import { endBackoff, expireLease, insertWorker, newTask } from "../support/fixtures.js";
 import { uniqueWorkload } from "../support/harness.js";
 
 let tdb: TestDatabase;
@@ -17,6 +17,8 @@ beforeAll(async () => {
   tdb = await createTestDatabase();
   taskStore = createTaskStore(tdb.database.db);
   leases = createLeaseStore(tdb.database.db);
+  await insertWorker(tdb.database.db, workerA);
+  await insertWorker(tdb.database.db, workerB);
 });
 afterAll(() => tdb.drop());
 
@@ -105,6 +107,18 @@ describe("claims", () => {
     expect(late).toMatchObject({ error: { kind: "aborted", reason: "STALE_ATTEMPT" } });
     const [ok] = await leases.complete([completion(second, workerB)]);
     expect(ok && "ok" in ok && ok.ok.state).toBe("SUCCEEDED");
+  });
+
+  it("gives nothing to a drained or unknown worker", async () => {
+    const workload = uniqueWorkload();
+    await taskStore.create([newTask({ workload })]);
+    const drained = "e0000000-0000-4000-8000-00000000000e";
+    await insertWorker(tdb.database.db, drained, true);
+    expect(await leases.claim(worker(drained, [workload]), 1)).toEqual([]);
+    expect(
+      await leases.claim(worker("f0000000-0000-4000-8000-00000000000f", [workload]), 1),
+    ).toEqual([]);
+    expect(await leases.claim(worker(workerA, [workload]), 1)).toHaveLength(1);
   });
 
   it("does not hand out a task before its not_before or after its deadline", async () => {

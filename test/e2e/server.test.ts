@@ -101,13 +101,24 @@ describe("Connect JSON over HTTP/1.1 with fetch", () => {
     expect(health.headers.get("x-correlation-id")).toBe("hz");
   });
 
-  it("answers malformed JSON and wrong field types with 400 invalid_argument", async () => {
-    const malformed = await call("TaskService/CreateTask", "{not json");
+  it("answers malformed JSON, wrong field types and unknown fields with 400, creating nothing", async () => {
+    const corr = { "x-correlation-id": `bad-json-${Date.now()}` };
+    const malformed = await call("TaskService/CreateTask", "{not json", corr);
     expect(malformed).toMatchObject({ status: 400, body: { code: "invalid_argument" } });
-    const wrongType = await call("TaskService/CreateTask", { workload: 12, priority: "high" });
+    const wrongType = await call(
+      "TaskService/CreateTask",
+      { workload: 12, priority: "high" },
+      corr,
+    );
     expect(wrongType).toMatchObject({ status: 400, body: { code: "invalid_argument" } });
-    const unknownField = await call("TaskService/CreateTask", { workload: "w", flavour: "x" });
-    expect(unknownField.status).toBe(400);
+    const unknownField = await call(
+      "TaskService/CreateTask",
+      { workload: "w", flavour: "x" },
+      corr,
+    );
+    expect(unknownField).toMatchObject({ status: 400, body: { code: "invalid_argument" } });
+    const listed = await call("TaskService/ListTasks", { correlationId: corr["x-correlation-id"] });
+    expect(listed.body.tasks ?? []).toEqual([]);
   });
 
   it("maps refusals to HTTP statuses: 404 unknown, 409 lease conflict", async () => {

@@ -5,7 +5,7 @@ import { tasks } from "../../src/db/schema/index.js";
 import { createLeaseStore } from "../../src/leases/store.js";
 import { createTaskStore } from "../../src/tasks/store.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
-import { newTask } from "../support/fixtures.js";
+import { insertWorker, newTask } from "../support/fixtures.js";
 import { uniqueWorkload } from "../support/harness.js";
 
 // SKIP LOCKED races only mean something with real concurrent connections:
@@ -29,6 +29,7 @@ describe.skipIf(!onPostgres)("PostgreSQL races", () => {
     const claimers = Array.from({ length: 8 }, async (_, i) => {
       const leases = createLeaseStore((i % 2 === 0 ? tdb.database : replica).db);
       const workerId = `c0000000-0000-4000-8000-00000000000${i}`;
+      await insertWorker(tdb.database.db, workerId);
       for (;;) {
         const rows = await leases.claim(
           { id: workerId, capabilities: [workload], labels: {} },
@@ -70,6 +71,7 @@ describe.skipIf(!onPostgres)("PostgreSQL races", () => {
       Array.from({ length: 400 }, () => newTask({ workload, maxAttempts: 1 })),
     );
     const workerId = "d0000000-0000-4000-8000-000000000001";
+    await insertWorker(tdb.database.db, workerId);
     const rows = await leases
       .claim({ id: workerId, capabilities: [workload], labels: {} }, 100)
       .then(async (a) => [

@@ -1,6 +1,6 @@
 import { eq, sql } from "drizzle-orm";
 import type { Db } from "../../src/db/database.js";
-import { tasks } from "../../src/db/schema/index.js";
+import { tasks, workers } from "../../src/db/schema/index.js";
 import type { NewTask } from "../../src/tasks/store.js";
 
 /** A valid NewTask with partial overrides. */
@@ -37,4 +37,9 @@ export async function endBackoff(db: Db, taskId: string): Promise<void> {
     .update(tasks)
     .set({ notBefore: sql`now() - interval '1 millisecond'` })
     .where(eq(tasks.id, taskId));
+}
+
+/** Registers a worker row with a known id (claims only serve registered, undrained workers). */
+export async function insertWorker(db: Db, id: string, drained = false): Promise<void> {
+  await db.insert(workers).values({ id, name: "fixture", drained }).onConflictDoNothing();
 }

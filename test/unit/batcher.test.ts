@@ -1,0 +1,38 @@
+import { describe, expect, it } from "vitest";
+import { createBatcher } from "../../src/leases/batcher.js";
+
+describe("group commit batcher", () => {
+  it("runs a lone call at once and folds calls made meanwhile into the next batch", async () => {
+    const batches: number[][] = [];
+    const double = createBatcher(async (items: number[]) => {
+      batches.push(items);
+      await new Promise((r) => setTimeout(r, 10));
+      return items.map((i) => i * 2);
+    });
+    const results = await Promise.all([1, 2, 3, 4].map((i) => double(i)));
+    expect(results).toEqual([2, 4, 6, 8]);
+    expect(batches).toEqual([[1], [2, 3, 4]]);
+  });
+
+  it("fails every caller of a failed batch, and recovers for the next", async () => {
+    let fail = true;
+    const run = createBatcher(async (items: string[]) => {
+      if (fail) throw new Error("database down");
+      return items;
+    });
+    await expect(run("a")).rejects.toThrow("database down");
+    fail = false;
+    await expect(run("b")).resolves.toBe("b");
+  });
+
+  it("caps a batch at maxBatch items", async () => {
+    const sizes: number[] = [];
+    const run = createBatcher(async (items: number[]) => {
+      sizes.push(items.length);
+      await new Promise((r) => setTimeout(r, 5));
+      return items;
+    }, 2);
+    await Promise.all([1, 2, 3, 4, 5, 6].map((i) => run(i)));
+    expect(sizes).toEqual([1, 2, 2, 1]);
+  });
+});
