@@ -32,6 +32,7 @@ export function createTaskService(app: App): Partial<ServiceImpl<typeof TaskServ
       const correlationId = ctx.values.get(kCorrelationId);
       const input = req.tasks.map((t, i) => fromCreateRequest(t, correlationId, `tasks[${i}].`));
       const rows = await app.tasks.create(input);
+      app.wakeups.notify();
       return { tasks: rows.map((r) => toTask(r)) };
     },
 
