@@ -1,10 +1,8 @@
 import { execFile } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { promisify } from "node:util";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { listen, type RunningServer } from "../../src/server.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { appOn } from "../support/harness.js";
+import { describe, expect, it } from "vitest";
+import { useListeningServer } from "../support/server.js";
 
 const run = promisify(execFile);
 const readme = readFileSync(new URL("../../README.md", import.meta.url), "utf8");
@@ -18,16 +16,7 @@ function block(name: string): string {
   return m[1];
 }
 
-let tdb: TestDatabase;
-let server: RunningServer;
-beforeAll(async () => {
-  tdb = await createTestDatabase();
-  server = await listen(appOn(tdb.database), "127.0.0.1:0");
-});
-afterAll(async () => {
-  await server.close();
-  await tdb.drop();
-});
+const server = useListeningServer();
 
 describe("README", () => {
   it("runs the curl walk-through as written, ending with the task SUCCEEDED", async () => {

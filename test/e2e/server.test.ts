@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { Health, HealthCheckResponse_ServingStatus } from "../../gen/grpc/health/v1/health_pb.js";
 import { ServerReflection } from "../../gen/grpc/reflection/v1/reflection_pb.js";
 import { ServerReflection as ServerReflectionAlpha } from "../../gen/grpc/reflection/v1alpha/reflection_pb.js";
@@ -11,22 +11,13 @@ import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { LeaseService, LeaseStatus } from "../../gen/meshwork/v1/lease_pb.js";
 import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { openDatabase } from "../../src/db/database.js";
-import { listen, type RunningServer } from "../../src/server.js";
-import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
+import { listen } from "../../src/server.js";
+import { createTestDatabase, onPostgres } from "../support/database.js";
 import { outcome } from "../support/errors.js";
 import { appOn, uniqueWorkload } from "../support/harness.js";
+import { useListeningServer } from "../support/server.js";
 
-let tdb: TestDatabase;
-let server: RunningServer;
-
-beforeAll(async () => {
-  tdb = await createTestDatabase();
-  server = await listen(appOn(tdb.database), "127.0.0.1:0");
-});
-afterAll(async () => {
-  await server.close();
-  await tdb.drop();
-});
+const server = useListeningServer();
 
 /** A Connect JSON call with plain fetch over HTTP/1.1, as curl would make it. */
 async function call(path: string, body: unknown, headers: Record<string, string> = {}) {
