@@ -168,22 +168,10 @@ export function createLeaseStore(db: Db) {
         deadline: tasks.deadline,
         createdAt: tasks.createdAt,
       };
-      const pending = db
-        .select(key)
-        .from(tasks)
-        .where(
-          and(
-            stateIs("PENDING"),
-            sql`(${tasks.notBefore} is null or ${tasks.notBefore} <= now())`,
-            matches,
-          ),
-        )
-        // Must match tasks_claim_idx exactly for an ordered index scan.
-        .orderBy(
-          sql`${tasks.priority} desc nulls last, ${tasks.deadline} asc nulls last, ${tasks.createdAt} asc`,
-        )
-        .limit(p("max"))
-        .for("update", { skipLocked: true });
+      // PENDING candidates come from meshwork_claim_candidates (migration
+      // 0002), whose plan is pinned to the ordered index scan.
+      const pending = sql`select task_id as id, task_priority as priority, task_deadline as deadline,
+        task_created_at as created_at from meshwork_claim_candidates(${caps}, ${p("labels")}::jsonb, ${p("max")}::int)`;
       // Leases that ran out are claimable at once, without waiting for the
       // sweeper (those out of attempts are left to it, to be FAILED).
       const expired = db
