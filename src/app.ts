@@ -1,4 +1,6 @@
 import { setMaxListeners } from "node:events";
+import { createFileBlobStore } from "./artifacts/blob-store.js";
+import { createArtifactStore } from "./artifacts/store.js";
 import type { Config } from "./config.js";
 import type { Database } from "./db/database.js";
 import { createWorkerCache } from "./fleet/cache.js";
@@ -19,6 +21,8 @@ import { createTaskStore } from "./tasks/store.js";
 export function createApp(database: Database, config: Config, log: Logger) {
   const fleet = createFleetStore(database.db, config.heartbeatIntervalSeconds);
   const tasks = createTaskStore(database.db);
+  const artifacts = createArtifactStore(database.db);
+  const blobs = createFileBlobStore(config.blobDir);
   const leases = createLeaseStore(database.db);
   const events = createTaskEvents();
   const wakeups = createClaimWakeups();
@@ -41,6 +45,8 @@ export function createApp(database: Database, config: Config, log: Logger) {
     fleet,
     tasks,
     leases,
+    artifacts,
+    blobs,
     events,
     wakeups,
     heartbeats,

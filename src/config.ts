@@ -20,6 +20,8 @@ export interface Config {
   shutdownGraceMs: number;
   /** Largest accepted message, in bytes. */
   readMaxBytes: number;
+  /** Largest artifact, in bytes (default 1 GiB). */
+  maxArtifactBytes: number;
 }
 
 export class ConfigError extends Error {
@@ -36,6 +38,7 @@ const flags = {
   "log-level": { type: "string", env: "MESHWORK_LOG_LEVEL" },
   "heartbeat-interval": { type: "string", env: "MESHWORK_HEARTBEAT_INTERVAL" },
   "read-max-bytes": { type: "string", env: "MESHWORK_READ_MAX_BYTES" },
+  "max-artifact-bytes": { type: "string", env: "MESHWORK_MAX_ARTIFACT_BYTES" },
 } as const;
 
 /** The `meshwork serve` flags, for `--help`. */
@@ -50,6 +53,7 @@ export const serveUsage = `Usage: meshwork serve [flags]
   --log-level LEVEL         MESHWORK_LOG_LEVEL    trace|debug|info|warn|error|silent; default info
   --heartbeat-interval S    MESHWORK_HEARTBEAT_INTERVAL  seconds, default 15
   --read-max-bytes N        MESHWORK_READ_MAX_BYTES      default 4194304
+  --max-artifact-bytes N    MESHWORK_MAX_ARTIFACT_BYTES  default 1073741824
 `;
 
 /** Reads flags first, then the environment, then defaults. Throws ConfigError on a bad value. */
@@ -116,6 +120,13 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
       4 * 1024 * 1024,
       1024,
       1 << 30,
+    ),
+    maxArtifactBytes: intFlag(
+      "--max-artifact-bytes",
+      get("max-artifact-bytes"),
+      1 << 30,
+      1,
+      Number.MAX_SAFE_INTEGER,
     ),
   };
 }

@@ -14,8 +14,10 @@ import { file_meshwork_v1_knowledge, KnowledgeService } from "../gen/meshwork/v1
 import { file_meshwork_v1_lease, LeaseService } from "../gen/meshwork/v1/lease_pb.js";
 import { file_meshwork_v1_task, TaskService } from "../gen/meshwork/v1/task_pb.js";
 import type { App } from "./app.js";
+import { createArtifactService } from "./artifacts/service.js";
 import { splitHostPort } from "./config.js";
 import { createFleetService } from "./fleet/service.js";
+import { handleByteRoute } from "./http/bytes.js";
 import { createListener } from "./http/listener.js";
 import { createLeaseService } from "./leases/service.js";
 import { kCorrelationId } from "./rpc/context.js";
@@ -83,7 +85,7 @@ export function createRoutes(app: App): (router: ConnectRouter) => void {
     router.service(FleetService, createFleetService(app));
     router.service(TaskService, createTaskService(app));
     router.service(LeaseService, createLeaseService(app));
-    router.service(ArtifactService, {});
+    router.service(ArtifactService, createArtifactService(app));
     router.service(KnowledgeService, {});
     router.service(
       Health,
@@ -133,6 +135,7 @@ export function createHandler(app: App) {
       );
       return;
     }
+    if (path && handleByteRoute(app, req, res, path)) return;
     connect(req as http.IncomingMessage, res as http.ServerResponse);
   };
 }

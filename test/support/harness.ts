@@ -1,4 +1,7 @@
 import { randomUUID } from "node:crypto";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { type Client, createClient, createRouterTransport } from "@connectrpc/connect";
 import { pino } from "pino";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
@@ -18,12 +21,13 @@ export function testConfig(overrides: Partial<Config> = {}): Config {
     databaseUrl: "",
     publicUrl: "http://127.0.0.1:8080",
     auth: "off",
-    blobDir: "",
+    blobDir: mkdtempSync(join(tmpdir(), "meshwork-blobs-")),
     logLevel: "silent",
     heartbeatIntervalSeconds: 15,
     sweepIntervalMs: 1000,
     shutdownGraceMs: 2000,
     readMaxBytes: 4 * 1024 * 1024,
+    maxArtifactBytes: 1 << 30,
     ...overrides,
   };
 }

@@ -128,6 +128,31 @@ export const tasks = pgTable(
   ],
 );
 
+/**
+ * Coordinator-owned bytes. The bytes live once per SHA-256 in the blob
+ * store; a row exists only after its blob is durable. `task_id` is null for
+ * an INPUT uploaded before its task.
+ */
+export const artifacts = pgTable(
+  "artifacts",
+  {
+    id: uuid("id").primaryKey(),
+    taskId: uuid("task_id"),
+    attempt: integer("attempt").notNull().default(0),
+    workerId: uuid("worker_id"),
+    filename: text("filename").notNull(),
+    contentType: text("content_type").notNull().default(""),
+    kind: text("kind").$type<ArtifactKindName>().notNull(),
+    sha256: text("sha256").notNull(),
+    sizeBytes: bigint("size_bytes", { mode: "number" }).notNull(),
+    createdAt: timestamptz("created_at").notNull().defaultNow(),
+  },
+  (t) => [index("artifacts_task_idx").on(t.taskId, t.createdAt, t.id)],
+);
+
+export type ArtifactKindName = "INPUT" | "OUTPUT" | "CHECKPOINT";
+export type ArtifactRow = typeof artifacts.$inferSelect;
+
 export type TaskStateName =
   | "PENDING"
   | "ASSIGNED"

@@ -1,0 +1,122 @@
+import { createHash, randomUUID } from "node:crypto";
+import { createReadStream, mkdirSync, type ReadStream, rmSync } from "node:fs";
+import { mkdir, open, readdir, rename, rm, stat } from "node:fs/promises";
+import { dirname, join } from "node:path";
+import { StoreError } from "../db/errors.js";
+
+/** Bytes hashed into a temporary file, not yet in the content-addressed tree. */
+export interface StagedBlob {
+  sha256: string;
+  size: number;
+  /** Makes the bytes durable under their hash (fsync, rename, fsync of the directory). */
+  commit(): Promise<void>;
+  /** Removes the temporary file. */
+  discard(): Promise<void>;
+}
+
+/** Where artifact bytes live. Local files now; object storage can implement the same. */
+export interface BlobStore {
+  /**
+   * Streams `source` into a temporary file while hashing it. Refuses with
+   * `resource_exhausted` as soon as more than `maxBytes` arrive; on any
+   * error the temporary file is removed.
+   */
+  stage(source: AsyncIterable<Uint8Array>, maxBytes: number): Promise<StagedBlob>;
+  /** The bytes of a committed blob, `start`..`end` inclusive when given. */
+  read(sha256: string, range?: { start: number; end: number }): ReadStream;
+  /** Whether a committed blob exists. */
+  has(sha256: string): Promise<boolean>;
+}
+
+/**
+ * Content-addressed files under `root`: `sha256/ab/cd/<hex>`, written through
+ * `tmp/` (cleared at start-up, so a crash leaves nothing half-written in the
+ * tree). The same bytes stored twice are kept once.
+ */
+export function createFileBlobStore(root: string): BlobStore {
+  const tmp = join(root, "tmp");
+  // Synchronous, once at start-up: whatever a crash left half-written goes.
+  rmSync(tmp, { recursive: true, force: true });
+  mkdirSync(tmp, { recursive: true });
+  const pathOf = (sha: string) => join(root, "sha256", sha.slice(0, 2), sha.slice(2, 4), sha);
+
+  async function fsyncDir(dir: string): Promise<void> {
+    const fh = await open(dir, "r");
+    try {
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+  }
+
+  return {
+    async stage(source, maxBytes) {
+      const tempPath = join(tmp, randomUUID());
+      const fh = await open(tempPath, "wx", 0o600);
+      const hash = createHash("sha256");
+      let size = 0;
+      try {
+        for await (const chunk of source) {
+          size += chunk.byteLength;
+          if (size > maxBytes) {
+            throw new StoreError(
+              "resource_exhausted",
+              "ARTIFACT_TOO_LARGE",
+              `the artifact is larger than the limit of ${maxBytes} bytes`,
+            );
+          }
+          hash.update(chunk);
+          let written = 0;
+          while (written < chunk.byteLength) {
+            const { bytesWritten } = await fh.write(chunk, written, chunk.byteLength - written);
+            written += bytesWritten;
+          }
+        }
+        await fh.sync();
+      } catch (error) {
+        await fh.close().catch(() => {});
+        await rm(tempPath, { force: true });
+        throw error;
+      }
+      await fh.close();
+      const sha256 = hash.digest("hex");
+      return {
+        sha256,
+        size,
+        async commit() {
+          const target = pathOf(sha256);
+          if (await exists(target)) {
+            await rm(tempPath, { force: true });
+            return;
+          }
+          await mkdir(dirname(target), { recursive: true });
+          await rename(tempPath, target);
+          await fsyncDir(dirname(target));
+        },
+        discard: () => rm(tempPath, { force: true }),
+      };
+    },
+    read(sha256, range) {
+      return createReadStream(pathOf(sha256), range ? { start: range.start, end: range.end } : {});
+    },
+    has: (sha256) => exists(pathOf(sha256)),
+  };
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await stat(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Files left in `tmp/` (for tests: nothing should remain after any upload). */
+export async function leftovers(root: string): Promise<string[]> {
+  try {
+    return await readdir(join(root, "tmp"));
+  } catch {
+    return [];
+  }
+}

@@ -1,0 +1,118 @@
+import type { ServiceImpl } from "@connectrpc/connect";
+import type {
+  ArtifactService,
+  UploadArtifactHeader,
+  UploadArtifactRequest,
+} from "../../gen/meshwork/v1/artifact_pb.js";
+import type { App } from "../app.js";
+import { decodeCursor, pageSize } from "../db/paging.js";
+import { invalid } from "../rpc/errors.js";
+import { uuidField } from "../rpc/validate.js";
+import { kindName, toArtifact } from "./convert.js";
+import { storeUpload } from "./uploads.js";
+
+/** Bytes per DownloadArtifact message. */
+const chunkBytes = 256 * 1024;
+
+/** ArtifactService: streamed uploads and downloads of coordinator-owned bytes. */
+export function createArtifactService(app: App): ServiceImpl<typeof ArtifactService> {
+  const publicUrl = app.config.publicUrl;
+  return {
+    async uploadArtifact(requests) {
+      const it = requests[Symbol.asyncIterator]();
+      const first = await it.next();
+      if (first.done || first.value.payload.case !== "header") {
+        throw invalid("the first UploadArtifact message must be a header");
+      }
+      const h: UploadArtifactHeader = first.value.payload.value;
+      async function* chunks(): AsyncIterable<Uint8Array> {
+        for (;;) {
+          const next: IteratorResult<UploadArtifactRequest> = await it.next();
+          if (next.done) return;
+          if (next.value.payload.case !== "chunk") {
+            throw invalid("only the first UploadArtifact message may be a header");
+          }
+          yield next.value.payload.value;
+        }
+      }
+      const row = await storeUpload(
+        app,
+        {
+          taskId: h.taskId,
+          workerId: h.workerId,
+          attempt: h.attempt,
+          leaseToken: h.leaseToken,
+          filename: h.filename,
+          contentType: h.contentType,
+          kind: kindName(h.kind),
+          sha256: h.sha256,
+          sizeBytes: h.sizeBytes === undefined ? undefined : Number(h.sizeBytes),
+        },
+        chunks(),
+      );
+      return { artifact: toArtifact(row, publicUrl) };
+    },
+
+    async *downloadArtifact(req, ctx) {
+      const row = await app.artifacts.get(uuidField("artifact_id", req.artifactId));
+      const offset = Number(req.offset);
+      const limit = Number(req.limit);
+      if (offset < 0 || offset > row.sizeBytes) {
+        throw invalid(`offset must be from 0 to ${row.sizeBytes}`);
+      }
+      if (limit < 0) throw invalid("limit must not be negative");
+      const end = limit === 0 ? row.sizeBytes : Math.min(row.sizeBytes, offset + limit);
+      let first = true;
+      if (end > offset) {
+        const stream = app.blobs.read(row.sha256, { start: offset, end: end - 1 });
+        try {
+          let pending: Buffer[] = [];
+          let size = 0;
+          for await (const data of stream as AsyncIterable<Buffer>) {
+            if (ctx.signal.aborted) return;
+            pending.push(data);
+            size += data.byteLength;
+            if (size >= chunkBytes) {
+              yield {
+                artifact: first ? toArtifact(row, publicUrl) : undefined,
+                chunk: Buffer.concat(pending),
+              };
+              first = false;
+              pending = [];
+              size = 0;
+            }
+          }
+          if (size > 0) {
+            yield {
+              artifact: first ? toArtifact(row, publicUrl) : undefined,
+              chunk: Buffer.concat(pending),
+            };
+            first = false;
+          }
+        } finally {
+          stream.destroy();
+        }
+      }
+      if (first) yield { artifact: toArtifact(row, publicUrl), chunk: new Uint8Array() };
+    },
+
+    async getArtifact(req) {
+      const row = await app.artifacts.get(uuidField("artifact_id", req.artifactId));
+      return { artifact: toArtifact(row, publicUrl) };
+    },
+
+    async listArtifacts(req) {
+      const taskId = uuidField("task_id", req.taskId);
+      await app.tasks.get(taskId);
+      const page = await app.artifacts.list(
+        taskId,
+        pageSize(req.pageSize),
+        decodeCursor(req.pageToken),
+      );
+      return {
+        artifacts: page.rows.map((r) => toArtifact(r, publicUrl)),
+        nextPageToken: page.next,
+      };
+    },
+  };
+}

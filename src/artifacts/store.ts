@@ -1,0 +1,103 @@
+import { randomUUID } from "node:crypto";
+import { and, asc, eq, gt, or, sql } from "drizzle-orm";
+import type { Db } from "../db/database.js";
+import { StoreError } from "../db/errors.js";
+import { type Cursor, encodeCursor } from "../db/paging.js";
+import { type ArtifactKindName, type ArtifactRow, artifacts, tasks } from "../db/schema/index.js";
+import { type LeaseRef, leaseRefusal } from "../leases/store.js";
+import { stateIs } from "../tasks/store.js";
+
+export interface NewArtifact {
+  taskId: string | null;
+  attempt: number;
+  workerId: string | null;
+  filename: string;
+  contentType: string;
+  kind: ArtifactKindName;
+  sha256: string;
+  sizeBytes: number;
+}
+
+/** Artifact rows, and the lease checks that guard task artifacts. */
+export function createArtifactStore(db: Db) {
+  /** Throws the lease refusal unless `l` holds a live lease (in `tx`, locking the task row FOR SHARE). */
+  async function assertLease(tx: Db, l: LeaseRef, lock: boolean): Promise<void> {
+    const q = tx
+      .select({ id: tasks.id })
+      .from(tasks)
+      .where(
+        and(
+          eq(tasks.id, l.taskId),
+          stateIs("ASSIGNED", "RUNNING"),
+          eq(tasks.attempt, l.attempt),
+          eq(tasks.leaseWorkerId, l.workerId),
+          sql`${tasks.leaseExpiresAt} > now()`,
+          l.token === "" ? undefined : eq(tasks.leaseToken, l.token),
+        ),
+      );
+    const [held] = lock ? await q.for("share") : await q;
+    if (held) return;
+    const [row] = await tx.select().from(tasks).where(eq(tasks.id, l.taskId));
+    throw leaseRefusal(row, l);
+  }
+
+  return {
+    /** The lease check made before the first byte of an upload is stored. */
+    checkLease: (l: LeaseRef) => assertLease(db, l, false),
+
+    /**
+     * Commits the row of a durable blob. For a task artifact the lease is
+     * checked again in the same transaction, so nothing is kept for a lease
+     * lost during the upload.
+     */
+    async insert(a: NewArtifact, lease: LeaseRef | null): Promise<ArtifactRow> {
+      return db.transaction(async (tx) => {
+        if (lease) await assertLease(tx, lease, true);
+        const [row] = await tx
+          .insert(artifacts)
+          .values({ id: randomUUID(), ...a })
+          .returning();
+        if (!row) throw new Error("artifact insert returned nothing");
+        return row;
+      });
+    },
+
+    async get(id: string): Promise<ArtifactRow> {
+      const [row] = await db.select().from(artifacts).where(eq(artifacts.id, id));
+      if (!row) throw new StoreError("not_found", "NOT_FOUND", `artifact ${id} not found`);
+      return row;
+    },
+
+    /** A task's artifacts, oldest first. */
+    async list(
+      taskId: string,
+      size: number,
+      after: Cursor | undefined,
+    ): Promise<{ rows: ArtifactRow[]; next: string }> {
+      const rows = await db
+        .select()
+        .from(artifacts)
+        .where(
+          and(
+            eq(artifacts.taskId, taskId),
+            after
+              ? or(
+                  gt(artifacts.createdAt, after.at),
+                  and(eq(artifacts.createdAt, after.at), gt(artifacts.id, after.id)),
+                )
+              : undefined,
+          ),
+        )
+        .orderBy(asc(artifacts.createdAt), asc(artifacts.id))
+        .limit(size + 1);
+      const page = rows.slice(0, size);
+      const last = page[page.length - 1];
+      return {
+        rows: page,
+        next: rows.length > size && last ? encodeCursor({ at: last.createdAt, id: last.id }) : "",
+      };
+    },
+  };
+}
+
+export type ArtifactStore = ReturnType<typeof createArtifactStore>;

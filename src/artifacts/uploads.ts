@@ -1,0 +1,115 @@
+import type { App } from "../app.js";
+import { StoreError } from "../db/errors.js";
+import type { ArtifactKindName, ArtifactRow } from "../db/schema/index.js";
+import type { LeaseRef } from "../leases/store.js";
+import { invalid } from "../rpc/errors.js";
+import { uuidField } from "../rpc/validate.js";
+import { intInRange } from "../tasks/convert.js";
+
+/** What an upload says about itself, from an UploadArtifact header or PUT headers. */
+export interface UploadHeader {
+  taskId: string;
+  workerId: string;
+  attempt: number;
+  leaseToken: string;
+  filename: string;
+  contentType: string;
+  kind: ArtifactKindName | undefined;
+  sha256: string;
+  sizeBytes: number | undefined;
+}
+
+const filenamePattern = /^[A-Za-z0-9._-]{1,255}$/;
+
+/** `[A-Za-z0-9._-]`, 1–255 characters, no leading dot: metadata only, never a path. */
+export function validFilename(name: string): string {
+  if (!filenamePattern.test(name) || name.startsWith(".")) {
+    throw invalid(
+      "filename must be 1–255 characters of [A-Za-z0-9._-] and must not start with a dot",
+      "INVALID_FILENAME",
+    );
+  }
+  return name;
+}
+
+/**
+ * Stores an upload: the lease is checked before the first byte, the bytes
+ * stream to a temporary file and are hashed on the way, a declared sha256 or
+ * size must match, then the blob is made durable and the row committed with
+ * the lease checked again in the same transaction. On any refusal nothing is
+ * kept (a blob already made durable for other rows stays, shared).
+ */
+export async function storeUpload(
+  app: App,
+  header: UploadHeader,
+  source: AsyncIterable<Uint8Array>,
+): Promise<ArtifactRow> {
+  const filename = validFilename(header.filename);
+  if (header.contentType.length > 256) throw invalid("content_type is longer than 256 characters");
+  if (header.sha256 !== "" && !/^[0-9a-f]{64}$/.test(header.sha256)) {
+    throw invalid("sha256 must be 64 lowercase hex digits");
+  }
+  if (
+    header.sizeBytes !== undefined &&
+    (header.sizeBytes < 0 || !Number.isSafeInteger(header.sizeBytes))
+  ) {
+    throw invalid("size_bytes must not be negative");
+  }
+  const maxBytes = app.config.maxArtifactBytes;
+  if (header.sizeBytes !== undefined && header.sizeBytes > maxBytes) {
+    throw new StoreError(
+      "resource_exhausted",
+      "ARTIFACT_TOO_LARGE",
+      `the artifact is larger than the limit of ${maxBytes} bytes`,
+    );
+  }
+  let lease: LeaseRef | null = null;
+  let kind = header.kind;
+  if (header.taskId === "") {
+    kind ??= "INPUT";
+    if (kind !== "INPUT") throw invalid("an artifact without task_id must be of kind INPUT");
+  } else {
+    kind ??= "OUTPUT";
+    if (kind === "INPUT") throw invalid("a task artifact must be of kind OUTPUT or CHECKPOINT");
+    lease = {
+      taskId: uuidField("task_id", header.taskId),
+      workerId: uuidField("worker_id", header.workerId),
+      attempt: intInRange("attempt", header.attempt, 1, 2_000_000_000),
+      token: header.leaseToken.slice(0, 256),
+    };
+    await app.artifacts.checkLease(lease);
+  }
+  const staged = await app.blobs.stage(source, maxBytes);
+  let committed = false;
+  try {
+    if (header.sha256 !== "" && header.sha256 !== staged.sha256) {
+      throw invalid(
+        `sha256 mismatch: the bytes received hash to ${staged.sha256}`,
+        "CHECKSUM_MISMATCH",
+      );
+    }
+    if (header.sizeBytes !== undefined && header.sizeBytes !== staged.size) {
+      throw invalid(
+        `size mismatch: ${staged.size} bytes received, ${header.sizeBytes} declared`,
+        "SIZE_MISMATCH",
+      );
+    }
+    await staged.commit();
+    committed = true;
+    return await app.artifacts.insert(
+      {
+        taskId: lease?.taskId ?? null,
+        attempt: lease?.attempt ?? 0,
+        workerId: lease?.workerId ?? null,
+        filename,
+        contentType: header.contentType,
+        kind,
+        sha256: staged.sha256,
+        sizeBytes: staged.size,
+      },
+      lease,
+    );
+  } finally {
+    if (!committed) await staged.discard();
+  }
+}
