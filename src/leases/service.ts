@@ -14,6 +14,7 @@ import {
 import type { Progress as ProgressMessage } from "../../gen/meshwork/v1/task_pb.js";
 import type { App } from "../app.js";
 import { StoreError } from "../db/errors.js";
+import { isUuid } from "../db/paging.js";
 import type { ArtifactRefJson } from "../db/schema/index.js";
 import { codeOfKind, invalid } from "../rpc/errors.js";
 import { uuidField } from "../rpc/validate.js";
@@ -115,6 +116,26 @@ function errorResult(error: StoreError): CompletionResult {
 /** Connect's lower_snake code name, e.g. `already_exists`. */
 function codeName(code: Code): string {
   return Code[code].replace(/([a-z])([A-Z])/g, "$1_$2").toLowerCase();
+}
+
+/**
+ * A checkpoint handle that names an artifact must name a CHECKPOINT of this
+ * task; any other string is opaque and kept as it is.
+ */
+async function checkCheckpoint(app: App, lease: LeaseRef, handle: string): Promise<void> {
+  if (!isUuid(handle)) return;
+  const row = await app.artifacts.get(handle.toLowerCase()).catch((error: unknown) => {
+    if (error instanceof StoreError && error.kind === "not_found") return undefined;
+    throw error;
+  });
+  if (row && (row.taskId !== lease.taskId || row.kind !== "CHECKPOINT")) {
+    throw new StoreError(
+      "aborted",
+      "ARTIFACT_MISMATCH",
+      `checkpoint_handle names artifact ${row.id}, which is not a CHECKPOINT of task ${lease.taskId}`,
+      { taskId: lease.taskId },
+    );
+  }
 }
 
 /**
@@ -276,8 +297,10 @@ export function createLeaseService(app: App): Partial<ServiceImpl<typeof LeaseSe
 
     async releaseTask(req) {
       const lease = leaseRef(req);
-      if (req.checkpointHandle.length > 4096)
+      if (req.checkpointHandle.length > 4096) {
         throw invalid("checkpoint_handle is longer than 4096 characters");
+      }
+      await checkCheckpoint(app, lease, req.checkpointHandle);
       const row = await app.leases.release(lease, req.checkpointHandle);
       app.events.emit([row.id]);
       return { task: toTask(row) };

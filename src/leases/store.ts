@@ -138,6 +138,17 @@ export function leaseRefusal(row: TaskRow | undefined, l: LeaseRef): StoreError 
   return refuse("LEASE_EXPIRED", `the lease on attempt ${l.attempt} of task ${row.id} expired`);
 }
 
+/** Whether `l` held the lease on `row` when it was read (the UPDATE decided; this names why it refused). */
+function leaseLooksHeld(row: TaskRow, l: LeaseRef): boolean {
+  return (
+    activeStates.includes(row.state) &&
+    row.attempt === l.attempt &&
+    row.leaseWorkerId === l.workerId &&
+    (l.token === "" || sameToken(l.token, row.leaseToken)) &&
+    (row.leaseExpiresAt?.getTime() ?? 0) > Date.now()
+  );
+}
+
 /**
  * Every lease transition: claims, renewals, completions, failures, releases,
  * expiry. The hot statements are prepared once per store (named
@@ -295,7 +306,11 @@ export function createLeaseStore(db: Db) {
         .update(tasks)
         .set({
           state: "SUCCEEDED",
-          result: sql`v.result`,
+          // The stored result is the coordinator's record of the artifact.
+          result: sql`case when v.result is null then null else (
+            select jsonb_build_object('artifactId', a.id, 'uri', v.result->>'uri', 'sha256', a.sha256,
+              'sizeBytes', a.size_bytes, 'contentType', a.content_type)
+            from artifacts a where a.id = (v.result->>'artifactId')::uuid) end`,
           resultSummary: sql`v.summary`,
           metrics: sql`v.metrics`,
           completionHash: sql`v.hash`,
@@ -310,7 +325,10 @@ export function createLeaseStore(db: Db) {
         .where(
           sql`${tasks.id} = v.id and ${stateIs("ASSIGNED", "RUNNING")} and ${tasks.attempt} = v.attempt
             and ${tasks.leaseWorkerId} = v.worker_id and ${tasks.leaseExpiresAt} > now()
-            and (v.token = '' or ${tasks.leaseToken} = v.token)`,
+            and (v.token = '' or ${tasks.leaseToken} = v.token)
+            and (v.result is null or exists (select 1 from artifacts a
+              where a.id = (v.result->>'artifactId')::uuid and a.task_id = v.id
+              and a.attempt = v.attempt and a.sha256 = v.result->>'sha256'))`,
         )
         .returning(columns)
         .prepare("meshwork_complete"),
@@ -519,6 +537,16 @@ export function createLeaseStore(db: Db) {
               "already_exists",
               "COMPLETION_CONFLICT",
               `attempt ${c.attempt} of task ${c.taskId} was already completed with a different manifest`,
+              { taskId: c.taskId, currentAttempt: row.attempt },
+            ),
+          };
+        }
+        if (c.result && row && leaseLooksHeld(row, c)) {
+          return {
+            error: new StoreError(
+              "aborted",
+              "ARTIFACT_MISMATCH",
+              `result artifact ${c.result.artifactId} is not an artifact of attempt ${c.attempt} of task ${c.taskId} with sha256 ${c.result.sha256}`,
               { taskId: c.taskId, currentAttempt: row.attempt },
             ),
           };

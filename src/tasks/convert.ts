@@ -6,7 +6,6 @@ import {
   timestampDate,
   timestampFromDate,
 } from "@bufbuild/protobuf/wkt";
-import { Code, ConnectError } from "@connectrpc/connect";
 import { type ArtifactRef, ArtifactRefSchema } from "../../gen/meshwork/v1/artifact_pb.js";
 import {
   type CreateTaskRequest,
@@ -142,12 +141,6 @@ export function fromCreateRequest(
   correlationId: string,
   field = "",
 ): NewTask {
-  if (req.input.case !== undefined) {
-    throw new ConnectError(
-      `${field}${req.input.case === "inputData" ? "input_data" : "input_artifact_id"}: task inputs arrive with ArtifactService, which is not implemented yet`,
-      Code.Unimplemented,
-    );
-  }
   const b = req.retryBackoff;
   const backoff = {
     initialMs: b?.initial ? durationMs(b.initial) : defaults.backoff.initialMs,
@@ -189,6 +182,7 @@ export function fromCreateRequest(
     backoff,
     idempotencyKey:
       req.idempotencyKey === "" ? null : text(`${field}idempotency_key`, req.idempotencyKey),
+    input: null,
     correlationId: text(`${field}correlation_id`, req.correlationId || correlationId, {
       optional: true,
     }),

@@ -1,7 +1,10 @@
 import type { ServiceImpl } from "@connectrpc/connect";
-import type { TaskService } from "../../gen/meshwork/v1/task_pb.js";
+import type { CreateTaskRequest, TaskService } from "../../gen/meshwork/v1/task_pb.js";
 import type { App } from "../app.js";
+import { toArtifactRefJson } from "../artifacts/convert.js";
+import { storeUpload } from "../artifacts/uploads.js";
 import { decodeCursor, pageSize } from "../db/paging.js";
+import type { ArtifactRefJson } from "../db/schema/index.js";
 import { kCorrelationId } from "../rpc/context.js";
 import { invalid } from "../rpc/errors.js";
 import { uuidField } from "../rpc/validate.js";
@@ -11,6 +14,60 @@ import { canonicalJson, terminalStates } from "./store.js";
 /** How often a watcher re-reads its task when nothing happened on this replica. */
 const watchRecheckMs = 5000;
 
+/** Bytes of inline input_data: at most 1 MiB. */
+const maxInlineInput = 1024 * 1024;
+
+/**
+ * The input a create names: an INPUT artifact uploaded before (without a
+ * task), or inline bytes stored now as one.
+ */
+async function resolveInput(
+  app: App,
+  req: CreateTaskRequest,
+  field = "",
+): Promise<ArtifactRefJson | null> {
+  const publicUrl = app.config.publicUrl;
+  switch (req.input.case) {
+    case "inputArtifactId": {
+      const row = await app.artifacts.get(uuidField(`${field}input_artifact_id`, req.input.value));
+      if (row.kind !== "INPUT" || row.taskId !== null) {
+        throw invalid(
+          `${field}input_artifact_id must name an INPUT artifact uploaded without a task`,
+        );
+      }
+      return toArtifactRefJson(row, publicUrl);
+    }
+    case "inputData": {
+      const data = req.input.value;
+      if (data.byteLength > maxInlineInput) {
+        throw invalid(
+          `${field}input_data is larger than 1 MiB: upload it and pass input_artifact_id`,
+        );
+      }
+      const row = await storeUpload(
+        app,
+        {
+          taskId: "",
+          workerId: "",
+          attempt: 0,
+          leaseToken: "",
+          filename: "input",
+          contentType: "application/octet-stream",
+          kind: "INPUT",
+          sha256: "",
+          sizeBytes: data.byteLength,
+        },
+        (async function* () {
+          yield data;
+        })(),
+      );
+      return toArtifactRefJson(row, publicUrl);
+    }
+    default:
+      return null;
+  }
+}
+
 /**
  * TaskService: create, read, watch, cancel. ScheduleTask and RetryTask (push
  * placement) are not implemented yet and answer `unimplemented`.
@@ -18,9 +75,9 @@ const watchRecheckMs = 5000;
 export function createTaskService(app: App): Partial<ServiceImpl<typeof TaskService>> {
   return {
     async createTask(req, ctx) {
-      const [row] = await app.tasks.create([
-        fromCreateRequest(req, ctx.values.get(kCorrelationId)),
-      ]);
+      const task = fromCreateRequest(req, ctx.values.get(kCorrelationId));
+      task.input = await resolveInput(app, req);
+      const [row] = await app.tasks.create([task]);
       if (!row) throw new Error("create returned no task");
       return { task: toTask(row) };
     },
@@ -31,6 +88,10 @@ export function createTaskService(app: App): Partial<ServiceImpl<typeof TaskServ
       }
       const correlationId = ctx.values.get(kCorrelationId);
       const input = req.tasks.map((t, i) => fromCreateRequest(t, correlationId, `tasks[${i}].`));
+      for (const [i, t] of req.tasks.entries()) {
+        const task = input[i];
+        if (task) task.input = await resolveInput(app, t, `tasks[${i}].`);
+      }
       const rows = await app.tasks.create(input);
       app.wakeups.notify();
       return { tasks: rows.map((r) => toTask(r)) };

@@ -3,7 +3,12 @@ import { and, desc, eq, inArray, lt, or, type SQL, sql } from "drizzle-orm";
 import type { Db } from "../db/database.js";
 import { StoreError } from "../db/errors.js";
 import { type Cursor, encodeCursor } from "../db/paging.js";
-import { type TaskRow, type TaskStateName, tasks } from "../db/schema/index.js";
+import {
+  type ArtifactRefJson,
+  type TaskRow,
+  type TaskStateName,
+  tasks,
+} from "../db/schema/index.js";
 
 /** A validated, defaulted task to create. */
 export interface NewTask {
@@ -20,6 +25,8 @@ export interface NewTask {
   backoff: { initialMs: number; maxMs: number; multiplier: number };
   idempotencyKey: string | null;
   correlationId: string;
+  /** The input artifact, resolved and checked by the caller. */
+  input: ArtifactRefJson | null;
 }
 
 export interface TaskFilter {
@@ -51,8 +58,13 @@ export function stateIs(...names: TaskStateName[]): SQL {
  * correlation id (tracing metadata that differs between retries).
  */
 export function requestHash(t: NewTask): string {
-  const { correlationId: _, ...rest } = t;
-  return createHash("sha256").update(canonicalJson(rest)).digest("hex");
+  // The input counts by its bytes: inline input_data stored twice is two
+  // artifacts with the same content, and the same request.
+  const { correlationId: _, input, ...rest } = t;
+  const bytes = input ? { sha256: input.sha256, sizeBytes: input.sizeBytes } : null;
+  return createHash("sha256")
+    .update(canonicalJson({ ...rest, input: bytes }))
+    .digest("hex");
 }
 
 /** JSON with object keys sorted, so equal values hash equally. */
@@ -95,6 +107,7 @@ export function createTaskStore(db: Db) {
         idempotencyKey: t.idempotencyKey,
         requestHash: t.idempotencyKey === null ? null : requestHash(t),
         correlationId: t.correlationId,
+        input: t.input,
       }));
       if (values.every((v) => v.idempotencyKey === null)) {
         const rows = await db.insert(tasks).values(values).returning();

@@ -1,7 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { createClient, createRouterTransport } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
 import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
 import { TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { createRpcInterceptor } from "../../src/rpc/interceptors.js";
@@ -227,11 +226,7 @@ describe("bad input: each refused with its code, nothing changed", () => {
     expect((await outcome(h.tasks.scheduleTask({ taskId: unknownId }))).code).toBe("Unimplemented");
     expect((await outcome(h.leases.startTask({ taskId: unknownId }))).code).toBe("Unimplemented");
     const transport = createRouterTransport(createRoutes(h.app));
-    const artifacts = createClient(ArtifactService, transport);
     const knowledge = createClient(KnowledgeService, transport);
-    expect((await outcome(artifacts.getArtifact({ artifactId: unknownId }))).code).toBe(
-      "Unimplemented",
-    );
     expect((await outcome(knowledge.getEntry({ kind: "k", key: "k" }))).code).toBe("Unimplemented");
   });
 
