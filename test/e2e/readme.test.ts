@@ -1,5 +1,7 @@
 import { execFile } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { promisify } from "node:util";
 import { describe, expect, it } from "vitest";
 import { useListeningServer } from "../support/server.js";
@@ -31,6 +33,19 @@ describe("README", () => {
       resultSummary: "20 hits",
       progress: { completedSteps: 1, message: "scoring" },
     });
+  });
+
+  it("runs the bytes walk-through as written: input verified, output uploaded, result served", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "meshwork-readme-"));
+    const { stdout } = await run("bash", ["-euo", "pipefail", "-c", block("bytes")], {
+      env: { ...process.env, MW: server.url },
+      cwd: dir,
+    });
+    const lines = stdout.trim().split("\n");
+    expect(lines[0]).toBe("input.txt: OK");
+    expect(JSON.parse(lines[1] ?? "")).toMatchObject({ size_bytes: expect.any(Number) });
+    expect(lines[2]).toBe("TASK_STATE_SUCCEEDED");
+    expect(lines.slice(3).map((l) => l.trim())).toEqual(["2 be", "1 not", "1 or", "2 to"]);
   });
 
   it("lists methods with buf curl through reflection", async () => {
