@@ -4,19 +4,41 @@
  * its own process (`meshwork serve`), the workers in this one, over gRPC on
  * h2c. Prints one JSON line per scenario and database.
  *
- * Environment: BENCH_DB=both|postgres|pglite, BENCH_TASKS (20000),
+ * Also the artifact scenario: a 256 MiB artifact uploaded and downloaded
+ * over HTTP PUT/GET and over the streaming RPCs, with MB/s and the
+ * coordinator's peak RSS growth, beside `sha256sum` of the same file.
+ *
+ * Environment: BENCH_DB=both|postgres|pglite, BENCH_SCENARIOS
+ * (drain,latency,artifacts), BENCH_ARTIFACT_MIB (256), BENCH_TASKS (20000),
  * BENCH_WORKERS (16), BENCH_LATENCY_SAMPLES (1000), BENCH_PG_URL
  * (postgres://postgres@127.0.0.1:5432/postgres; a fresh database is created
  * and dropped inside it).
  */
-import { type ChildProcess, spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { createHash, randomBytes } from "node:crypto";
+import {
+  closeSync,
+  createReadStream,
+  mkdtempSync,
+  openSync,
+  readFileSync,
+  rmSync,
+  writeSync,
+} from "node:fs";
+import { request } from "node:http";
+import * as http2 from "node:http2";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { create, toBinary } from "@bufbuild/protobuf";
 import { type Client, createClient, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import postgres from "postgres";
+import {
+  ArtifactKind,
+  ArtifactService,
+  DownloadArtifactRequestSchema,
+} from "../gen/meshwork/v1/artifact_pb.js";
 import { FleetService } from "../gen/meshwork/v1/fleet_pb.js";
 import { LeaseService } from "../gen/meshwork/v1/lease_pb.js";
 import { TaskService } from "../gen/meshwork/v1/task_pb.js";
@@ -27,10 +49,13 @@ const workerCount = Number(env.BENCH_WORKERS ?? 16);
 const latencySamples = Number(env.BENCH_LATENCY_SAMPLES ?? 1000);
 const pgUrl = env.BENCH_PG_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
 const which = env.BENCH_DB ?? "both";
+const scenarios = (env.BENCH_SCENARIOS ?? "drain,latency,artifacts").split(",");
+const artifactMiB = Number(env.BENCH_ARTIFACT_MIB ?? 256);
 
 interface Coordinator {
   url: string;
   database: string;
+  pid: number;
   stop(): Promise<void>;
 }
 
@@ -76,6 +101,7 @@ async function startCoordinator(database: "postgres" | "pglite"): Promise<Coordi
   return {
     url,
     database,
+    pid: child.pid ?? 0,
     async stop() {
       child.kill("SIGTERM");
       await new Promise((r) => child.once("exit", r));
@@ -212,14 +238,192 @@ async function latency(co: Coordinator) {
   });
 }
 
+/** Resident memory of a process, in bytes (Linux). */
+function rssOf(pid: number): number {
+  const status = readFileSync(`/proc/${pid}/status`, "utf8");
+  const kb = /VmRSS:\s+(\d+) kB/.exec(status)?.[1];
+  return Number(kb ?? 0) * 1024;
+}
+
+/** Runs `transfer`, sampling the coordinator's RSS; returns MB/s and the peak RSS growth. */
+async function measured(co: Coordinator, bytes: number, transfer: () => Promise<void>) {
+  const base = rssOf(co.pid);
+  let peak = base;
+  const timer = setInterval(() => {
+    peak = Math.max(peak, rssOf(co.pid));
+  }, 20);
+  const started = performance.now();
+  await transfer();
+  const seconds = (performance.now() - started) / 1000;
+  clearInterval(timer);
+  peak = Math.max(peak, rssOf(co.pid));
+  return {
+    mb_per_s: Math.round((bytes / 1e6 / seconds) * 10) / 10,
+    rss_growth_mib: Math.round(((peak - base) / 1048576) * 10) / 10,
+  };
+}
+
+/** PUT of a file with node:http, streamed; resolves with the response body. */
+function putFile(url: URL, path: string, file: string, headers: Record<string, string | number>) {
+  return new Promise<string>((resolve, reject) => {
+    const req = request({ hostname: url.hostname, port: url.port, method: "PUT", path, headers });
+    req.on("response", (res) => {
+      let text = "";
+      res.on("data", (d: Buffer) => {
+        text += d.toString();
+      });
+      res.on("end", () => (res.statusCode === 201 ? resolve(text) : reject(new Error(text))));
+    });
+    req.on("error", reject);
+    createReadStream(file).pipe(req);
+  });
+}
+
+/** Artifact scenario: one artifact up and down over HTTP and over the streaming RPCs. */
+async function artifactsScenario(co: Coordinator) {
+  const size = artifactMiB * 1024 * 1024;
+  const dir = mkdtempSync(join(tmpdir(), "meshwork-bench-blob-"));
+  const file = join(dir, "blob.bin");
+  const block = randomBytes(1024 * 1024);
+  const out = openSync(file, "w");
+  for (let i = 0; i < artifactMiB; i++) writeSync(out, block);
+  closeSync(out);
+  const t0 = performance.now();
+  const digest = execFileSync("sha256sum", [file], { encoding: "utf8" }).split(" ")[0] ?? "";
+  const sha256sumMbps = Math.round((size / 1e6 / ((performance.now() - t0) / 1000)) * 10) / 10;
+
+  const c = clients(createGrpcTransport({ baseUrl: co.url }));
+  const workload = `bytes-${Date.now()}`;
+  const { workerId } = await c.fleet.registerWorker({ capabilities: [workload] });
+  await c.tasks.createTask({ workload, leaseSeconds: 3600 });
+  const [claim] = (await c.leases.claimTasks({ workerId })).claims;
+  if (!claim) throw new Error("no claim");
+  // A client that streams large messages opens its HTTP/2 receive window.
+  const artifactsClient = createClient(
+    ArtifactService,
+    createGrpcTransport({
+      baseUrl: co.url,
+      nodeOptions: { settings: { initialWindowSize: 4 * 1024 * 1024 } },
+    }),
+  );
+  const results: Record<string, unknown>[] = [];
+
+  let httpId = "";
+  results.push({
+    transfer: "http-put",
+    ...(await measured(co, size, async () => {
+      const body = await putFile(
+        new URL(co.url),
+        `/tasks/${claim.taskId}/artifacts/blob.bin`,
+        file,
+        {
+          "content-length": size,
+          "x-worker-id": workerId,
+          "x-task-attempt": String(claim.attempt),
+          "x-content-sha256": digest,
+        },
+      );
+      httpId = (JSON.parse(body) as { artifact_id: string }).artifact_id;
+    })),
+  });
+  results.push({
+    transfer: "http-get",
+    ...(await measured(co, size, async () => {
+      const res = await fetch(`${co.url}/artifacts/${httpId}/download`);
+      const hash = createHash("sha256");
+      for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>)
+        hash.update(chunk);
+      if (hash.digest("hex") !== digest) throw new Error("download checksum mismatch");
+    })),
+  });
+  let rpcId = "";
+  results.push({
+    transfer: "rpc-upload",
+    ...(await measured(co, size, async () => {
+      async function* messages() {
+        yield {
+          payload: {
+            case: "header" as const,
+            value: {
+              taskId: claim?.taskId ?? "",
+              workerId,
+              attempt: claim?.attempt ?? 0,
+              filename: "blob-rpc.bin",
+              kind: ArtifactKind.OUTPUT,
+              sha256: digest,
+            },
+          },
+        };
+        for await (const chunk of createReadStream(file, { highWaterMark: 256 * 1024 })) {
+          yield { payload: { case: "chunk" as const, value: chunk as Buffer } };
+        }
+      }
+      const { artifact } = await artifactsClient.uploadArtifact(messages());
+      rpcId = artifact?.artifactId ?? "";
+    })),
+  });
+  results.push({
+    transfer: "rpc-download",
+    ...(await measured(co, size, async () => {
+      const hash = createHash("sha256");
+      for await (const res of artifactsClient.downloadArtifact({ artifactId: rpcId })) {
+        hash.update(res.chunk);
+      }
+      if (hash.digest("hex") !== digest) throw new Error("download checksum mismatch");
+    })),
+  });
+  // The same download read by a bare HTTP/2 client with a wide receive
+  // window: what the coordinator can serve, without connect-node's client cost.
+  results.push({
+    transfer: "rpc-download-bare-h2-client",
+    ...(await measured(co, size, async () => {
+      const msg = toBinary(
+        DownloadArtifactRequestSchema,
+        create(DownloadArtifactRequestSchema, { artifactId: rpcId }),
+      );
+      const frame = Buffer.alloc(5 + msg.length);
+      frame.writeUInt32BE(msg.length, 1);
+      Buffer.from(msg).copy(frame, 5);
+      const session = http2.connect(co.url, { settings: { initialWindowSize: 8 << 20 } });
+      session.on("connect", () => session.setLocalWindowSize(32 << 20));
+      const req = session.request({
+        ":method": "POST",
+        ":path": "/meshwork.v1.ArtifactService/DownloadArtifact",
+        "content-type": "application/grpc",
+        te: "trailers",
+      });
+      let received = 0;
+      req.on("data", (d: Buffer) => {
+        received += d.length;
+      });
+      req.end(frame);
+      await new Promise((resolve) => req.on("close", resolve));
+      session.close();
+      if (received < size) throw new Error("short download");
+    })),
+  });
+  rmSync(dir, { recursive: true, force: true });
+  for (const r of results) {
+    print({
+      scenario: `artifacts-${artifactMiB}MiB`,
+      database: co.database,
+      ...r,
+      sha256sum_mb_per_s: sha256sumMbps,
+    });
+  }
+}
+
 const databases =
   which === "both" ? (["postgres", "pglite"] as const) : ([which] as ["postgres" | "pglite"]);
 for (const database of databases) {
   const co = await startCoordinator(database);
   try {
-    await drain(co, 1);
-    await drain(co, 32);
-    await latency(co);
+    if (scenarios.includes("drain")) {
+      await drain(co, 1);
+      await drain(co, 32);
+    }
+    if (scenarios.includes("latency")) await latency(co);
+    if (scenarios.includes("artifacts")) await artifactsScenario(co);
   } finally {
     await co.stop();
   }

@@ -9,6 +9,16 @@ type Handler = (
 
 const preface = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
 
+/**
+ * HTTP/2 flow-control windows sized for artifact streams: with the 64 KiB
+ * defaults, a streamed upload stalls on WINDOW_UPDATE round trips.
+ */
+const h2Settings: http2.Settings = { initialWindowSize: 4 * 1024 * 1024 };
+
+function widenWindow(session: http2.Http2Session): void {
+  session.setLocalWindowSize(16 * 1024 * 1024);
+}
+
 export interface ListenerOptions {
   /** PEM certificate and key: serve TLS, choosing HTTP/2 or HTTP/1.1 by ALPN. */
   tls?: { cert: Buffer; key: Buffer } | undefined;
@@ -28,14 +38,16 @@ export interface ListenerOptions {
 export function createListener(handler: Handler, options: ListenerOptions = {}): net.Server {
   if (options.tls) {
     const server = http2.createSecureServer(
-      { ...options.tls, allowHTTP1: true, ALPNProtocols: ["h2", "http/1.1"] },
+      { ...options.tls, allowHTTP1: true, ALPNProtocols: ["h2", "http/1.1"], settings: h2Settings },
       handler,
     );
+    server.on("session", widenWindow);
     server.on("secureConnection", (socket: net.Socket) => socket.setNoDelay(true));
     return server;
   }
   const h1 = http.createServer(handler);
-  const h2 = http2.createServer(handler);
+  const h2 = http2.createServer({ settings: h2Settings }, handler);
+  h2.on("session", widenWindow);
   const server = net.createServer({ noDelay: true }, (socket) => {
     socket.setNoDelay(true);
     socket.on("error", () => socket.destroy());
