@@ -164,6 +164,17 @@ describe("artifacts over plain HTTP", () => {
     expect(a.body.artifact_id).not.toBe(b.body.artifact_id);
     expect(blobFiles().length).toBe(before + 1);
     expect(await rowsOfTask(lease.taskId)).toBe(2);
+    const first = await artifactClient().listArtifacts({ taskId: lease.taskId, pageSize: 1 });
+    const second = await artifactClient().listArtifacts({
+      taskId: lease.taskId,
+      pageSize: 1,
+      pageToken: first.nextPageToken,
+    });
+    expect([...first.artifacts, ...second.artifacts].map((a) => a.filename)).toEqual([
+      "a.bin",
+      "b.bin",
+    ]);
+    expect(second.nextPageToken).toBe("");
   });
 
   it("refuses each bad upload with its status and keeps nothing", async () => {

@@ -500,15 +500,20 @@ export const ArtifactKindSchema: GenEnum<ArtifactKind> = /*@__PURE__*/
 
 /**
  * ArtifactService stores the bytes of task inputs, results and checkpoints.
- * The coordinator owns every artifact: it checksums the bytes on the way in
- * and serves them back from its own download URL. (Implemented by a later
- * release: every RPC answers `unimplemented` for now.)
+ * The coordinator owns every artifact: it checksums the bytes on the way in,
+ * keeps them durable before committing the artifact, and serves them back
+ * from its own download URL (`<public url>/artifacts/<artifact_id>/download`).
+ * The same bytes are also reachable over the plain HTTP byte routes.
  *
  * @generated from service meshwork.v1.ArtifactService
  */
 export const ArtifactService: GenService<{
   /**
-   * UploadArtifact receives a header message, then the bytes as chunks.
+   * UploadArtifact receives a header message, then the bytes as chunks. For
+   * a task artifact the lease is checked before the first byte is stored and
+   * again when the artifact is committed; a declared sha256 or size_bytes
+   * that does not match is `invalid_argument`; past the size cap,
+   * `resource_exhausted`. On any refusal nothing is kept.
    *
    * @generated from rpc meshwork.v1.ArtifactService.UploadArtifact
    */
