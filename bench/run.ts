@@ -51,6 +51,7 @@ const pgUrl = env.BENCH_PG_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
 const which = env.BENCH_DB ?? "both";
 const scenarios = (env.BENCH_SCENARIOS ?? "drain,latency,artifacts").split(",");
 const artifactMiB = Number(env.BENCH_ARTIFACT_MIB ?? 256);
+const uploadChunkBytes = Number(env.BENCH_UPLOAD_CHUNK_KIB ?? 1024) * 1024;
 
 interface Coordinator {
   url: string;
@@ -354,7 +355,7 @@ async function artifactsScenario(co: Coordinator) {
             },
           },
         };
-        for await (const chunk of createReadStream(file, { highWaterMark: 256 * 1024 })) {
+        for await (const chunk of createReadStream(file, { highWaterMark: uploadChunkBytes })) {
           yield { payload: { case: "chunk" as const, value: chunk as Buffer } };
         }
       }

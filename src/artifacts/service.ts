@@ -12,7 +12,7 @@ import { kindName, toArtifact } from "./convert.js";
 import { storeUpload } from "./uploads.js";
 
 /** Bytes per DownloadArtifact message. */
-const chunkBytes = 64 * 1024;
+const chunkBytes = 256 * 1024;
 
 /** ArtifactService: streamed uploads and downloads of coordinator-owned bytes. */
 export function createArtifactService(app: App): ServiceImpl<typeof ArtifactService> {
