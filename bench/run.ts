@@ -27,6 +27,7 @@ import {
 } from "node:fs";
 import { request } from "node:http";
 import * as http2 from "node:http2";
+import { createRequire, syncBuiltinESMExports } from "node:module";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -280,6 +281,24 @@ function putFile(url: URL, path: string, file: string, headers: Record<string, s
   });
 }
 
+/**
+ * connect-node's client keeps HTTP/2's 64 KiB connection-level receive
+ * window (it offers no hook to open it), which throttles large downloads.
+ * A worker that moves big artifacts opens it, as this does for the sessions
+ * this process creates.
+ */
+function openClientWindows(): void {
+  const require = createRequire(import.meta.url);
+  const h2 = require("node:http2") as typeof http2;
+  const connect = h2.connect;
+  h2.connect = ((...args: Parameters<typeof http2.connect>) => {
+    const session = connect(...args);
+    session.once("connect", () => session.setLocalWindowSize(32 << 20));
+    return session;
+  }) as typeof http2.connect;
+  syncBuiltinESMExports();
+}
+
 /** Artifact scenario: one artifact up and down over HTTP and over the streaming RPCs. */
 async function artifactsScenario(co: Coordinator) {
   const size = artifactMiB * 1024 * 1024;
@@ -299,7 +318,8 @@ async function artifactsScenario(co: Coordinator) {
   await c.tasks.createTask({ workload, leaseSeconds: 3600 });
   const [claim] = (await c.leases.claimTasks({ workerId })).claims;
   if (!claim) throw new Error("no claim");
-  // A client that streams large messages opens its HTTP/2 receive window.
+  // A client that streams large messages opens its HTTP/2 receive windows.
+  if (env.BENCH_OPEN_CLIENT_WINDOW !== "0") openClientWindows();
   const artifactsClient = createClient(
     ArtifactService,
     createGrpcTransport({
