@@ -55,6 +55,16 @@ export function createFileBlobStore(root: string): BlobStore {
       const fh = await open(tempPath, "wx", 0o600);
       const hash = createHash("sha256");
       let size = 0;
+      const writeAll = async (chunk: Uint8Array) => {
+        let written = 0;
+        while (written < chunk.byteLength) {
+          const { bytesWritten } = await fh.write(chunk, written, chunk.byteLength - written);
+          written += bytesWritten;
+        }
+      };
+      // One write in flight while the next chunk is received and hashed:
+      // hashing (this thread) and writing (the thread pool) overlap.
+      let writing: Promise<void> = Promise.resolve();
       try {
         for await (const chunk of source) {
           size += chunk.byteLength;
@@ -66,14 +76,16 @@ export function createFileBlobStore(root: string): BlobStore {
             );
           }
           hash.update(chunk);
-          let written = 0;
-          while (written < chunk.byteLength) {
-            const { bytesWritten } = await fh.write(chunk, written, chunk.byteLength - written);
-            written += bytesWritten;
-          }
+          await writing;
+          writing = writeAll(chunk);
+          // Handled here, awaited on the next turn: a failed write must not
+          // surface as an unhandled rejection while the next chunk arrives.
+          writing.catch(() => {});
         }
+        await writing;
         await fh.sync();
       } catch (error) {
+        await writing.catch(() => {});
         await fh.close().catch(() => {});
         await rm(tempPath, { force: true });
         throw error;
