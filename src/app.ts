@@ -12,6 +12,7 @@ import { createSweeper } from "./leases/sweeper.js";
 import { createClaimWakeups } from "./leases/wakeup.js";
 import type { Logger } from "./log.js";
 import { createTaskEvents } from "./tasks/events.js";
+import { createPlacementStore } from "./tasks/placement.js";
 import { createTaskStore } from "./tasks/store.js";
 
 /**
@@ -22,6 +23,7 @@ export function createApp(database: Database, config: Config, log: Logger) {
   const fleet = createFleetStore(database.db, config.heartbeatIntervalSeconds);
   const tasks = createTaskStore(database.db);
   const artifacts = createArtifactStore(database.db);
+  const placement = createPlacementStore(database.db, config.heartbeatIntervalSeconds);
   const blobs = createFileBlobStore(config.blobDir);
   const leases = createLeaseStore(database.db);
   const events = createTaskEvents();
@@ -47,6 +49,7 @@ export function createApp(database: Database, config: Config, log: Logger) {
     leases,
     artifacts,
     blobs,
+    placement,
     events,
     wakeups,
     heartbeats,

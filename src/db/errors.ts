@@ -1,3 +1,5 @@
+import type { TaskRow } from "./schema/index.js";
+
 /** The kinds of refusal a store can answer with; rpc/ maps each to a Connect code. */
 export type StoreErrorKind =
   | "invalid_argument"
@@ -18,7 +20,7 @@ export class StoreError extends Error {
     readonly kind: StoreErrorKind,
     readonly reason: string,
     message: string,
-    readonly details: { taskId?: string; currentAttempt?: number } = {},
+    readonly details: { taskId?: string; currentAttempt?: number; task?: TaskRow } = {},
   ) {
     super(message);
   }

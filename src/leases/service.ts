@@ -139,9 +139,9 @@ async function checkCheckpoint(app: App, lease: LeaseRef, handle: string): Promi
 }
 
 /**
- * LeaseService, pull mode: claims with long polling, renewals (unary and
- * streamed), completions (one or a batch), failures and releases. StartTask
- * (push mode) is not implemented yet and answers `unimplemented`.
+ * LeaseService: claims with long polling, StartTask for pushed tasks,
+ * renewals (unary and streamed), completions (one or a batch), failures and
+ * releases.
  */
 export function createLeaseService(app: App): Partial<ServiceImpl<typeof LeaseService>> {
   const publicUrl = app.config.publicUrl;
@@ -178,6 +178,14 @@ export function createLeaseService(app: App): Partial<ServiceImpl<typeof LeaseSe
           return { claims: last.map(toClaim) };
         }
       }
+    },
+
+    async startTask(req) {
+      const lease = leaseRef(req);
+      app.heartbeats.touch(lease.workerId);
+      const row = await app.leases.start(lease);
+      app.events.emit([row.id]);
+      return { task: toTask(row) };
     },
 
     async renewLease(req) {

@@ -453,6 +453,21 @@ export function createLeaseStore(db: Db) {
       return row !== undefined;
     },
 
+    /** ASSIGNED → RUNNING for the lease holder (push mode). */
+    async start(l: LeaseRef): Promise<TaskRow> {
+      const [row] = await db
+        .update(tasks)
+        .set({
+          state: "RUNNING",
+          startedAt: sql`coalesce(${tasks.startedAt}, now())`,
+          updatedAt: sql`now()`,
+        })
+        .where(and(leaseHeld, stateIs("ASSIGNED")))
+        .returning()
+        .execute(leaseParams(l));
+      return row ?? refuse(l);
+    },
+
     /** Renews one lease: expires_at = now() + (extend_seconds or lease_seconds). */
     async renew(
       l: LeaseRef,

@@ -1,7 +1,9 @@
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { ErrorInfoSchema } from "../../gen/meshwork/v1/errors_pb.js";
+import { TaskSchema } from "../../gen/meshwork/v1/task_pb.js";
 import { StoreError, type StoreErrorKind } from "../db/errors.js";
+import { toTask } from "../tasks/convert.js";
 
 /** The one table from a store's refusal to a Connect code (SPEC section 6). */
 export const codeOfKind: Record<StoreErrorKind, Code> = {
@@ -41,9 +43,12 @@ export function connectErrorOf(error: StoreError): ConnectError {
     taskId: error.details.taskId ?? "",
     currentAttempt: error.details.currentAttempt ?? 0,
   });
-  return new ConnectError(error.message, codeOfKind[error.kind], undefined, [
+  const details: ConstructorParameters<typeof ConnectError>[3] = [
     { desc: ErrorInfoSchema, value: info },
-  ]);
+  ];
+  // A placement conflict carries the task as it is (SPEC section 5).
+  if (error.details.task) details.push({ desc: TaskSchema, value: toTask(error.details.task) });
+  return new ConnectError(error.message, codeOfKind[error.kind], undefined, details);
 }
 
 /**

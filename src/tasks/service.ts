@@ -1,5 +1,10 @@
 import type { ServiceImpl } from "@connectrpc/connect";
-import type { CreateTaskRequest, TaskService } from "../../gen/meshwork/v1/task_pb.js";
+import type {
+  CreateTaskRequest,
+  RetryTaskRequest,
+  ScheduleTaskRequest,
+  TaskService,
+} from "../../gen/meshwork/v1/task_pb.js";
 import type { App } from "../app.js";
 import { toArtifactRefJson } from "../artifacts/convert.js";
 import { storeUpload } from "../artifacts/uploads.js";
@@ -8,11 +13,25 @@ import type { ArtifactRefJson } from "../db/schema/index.js";
 import { kCorrelationId } from "../rpc/context.js";
 import { invalid } from "../rpc/errors.js";
 import { uuidField } from "../rpc/validate.js";
-import { fromCreateRequest, fromTaskState, text, toTask } from "./convert.js";
+import { fromCreateRequest, fromTaskState, intInRange, text, toTask } from "./convert.js";
+import type { PlacementRequest } from "./placement.js";
 import { canonicalJson, terminalStates } from "./store.js";
 
 /** How often a watcher re-reads its task when nothing happened on this replica. */
 const watchRecheckMs = 5000;
+
+/** The fields ScheduleTask and RetryTask share, checked. */
+function placementOf(req: ScheduleTaskRequest | RetryTaskRequest): PlacementRequest {
+  return {
+    taskId: uuidField("task_id", req.taskId),
+    key: text("schedule_idempotency_key", req.scheduleIdempotencyKey, { optional: true }),
+    correlationId: text("correlation_id", req.correlationId, { optional: true }),
+    leaseSeconds:
+      req.leaseSeconds === undefined
+        ? 600
+        : intInRange("lease_seconds", req.leaseSeconds, 60, 86_400),
+  };
+}
 
 /** Bytes of inline input_data: at most 1 MiB. */
 const maxInlineInput = 1024 * 1024;
@@ -68,10 +87,7 @@ async function resolveInput(
   }
 }
 
-/**
- * TaskService: create, read, watch, cancel. ScheduleTask and RetryTask (push
- * placement) are not implemented yet and answer `unimplemented`.
- */
+/** TaskService: create, read, watch, cancel, and push placement (ScheduleTask, RetryTask). */
 export function createTaskService(app: App): Partial<ServiceImpl<typeof TaskService>> {
   return {
     async createTask(req, ctx) {
@@ -152,6 +168,18 @@ export function createTaskService(app: App): Partial<ServiceImpl<typeof TaskServ
       } finally {
         unsubscribe();
       }
+    },
+
+    async scheduleTask(req) {
+      const row = await app.placement.schedule(placementOf(req));
+      app.events.emit([row.id]);
+      return { task: toTask(row, true) };
+    },
+
+    async retryTask(req) {
+      const row = await app.placement.retry(placementOf(req));
+      app.events.emit([row.id]);
+      return { task: toTask(row, true) };
     },
 
     async cancelTask(req) {

@@ -1,8 +1,10 @@
-import { sql } from "drizzle-orm";
+import { randomUUID } from "node:crypto";
+import { eq, sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Database } from "../../src/db/database.js";
-import { tasks } from "../../src/db/schema/index.js";
+import { tasks, workers } from "../../src/db/schema/index.js";
 import { createLeaseStore } from "../../src/leases/store.js";
+import { createPlacementStore } from "../../src/tasks/placement.js";
 import { createTaskStore } from "../../src/tasks/store.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
 import { insertWorker, newTask } from "../support/fixtures.js";
@@ -129,5 +131,42 @@ describe.skipIf(!onPostgres)("PostgreSQL races", () => {
     const succeeded = final.filter((r) => r.state === "SUCCEEDED").length;
     expect(succeeded).toBe(acknowledged.length);
     expect(final.filter((r) => r.state === "FAILED").length).toBe(400 - acknowledged.length);
+  });
+
+  it("20 concurrent ScheduleTask calls on one task place it exactly once", async () => {
+    const workload = uniqueWorkload();
+    const placement = createPlacementStore(tdb.database.db, 15);
+    const other = createPlacementStore(replica.db, 15);
+    for (let i = 0; i < 3; i++) {
+      await tdb.database.db.insert(workers).values({
+        id: randomUUID(),
+        name: `p${i}`,
+        capabilities: [workload],
+        apiBaseUrl: `http://p${i}.example/`,
+        maxConcurrency: 5,
+      });
+    }
+    const [task] = await createTaskStore(tdb.database.db).create([newTask({ workload })]);
+    const outcomes = await Promise.allSettled(
+      Array.from({ length: 20 }, (_, i) =>
+        (i % 2 ? other : placement).schedule({
+          taskId: task?.id ?? "",
+          key: `key-${i}`,
+          correlationId: "",
+          leaseSeconds: 600,
+        }),
+      ),
+    );
+    const placed = outcomes.filter((o) => o.status === "fulfilled");
+    expect(placed).toHaveLength(1);
+    for (const o of outcomes) {
+      if (o.status === "rejected")
+        expect(o.reason).toMatchObject({ kind: "aborted", reason: "ALREADY_ASSIGNED" });
+    }
+    const [row] = await tdb.database.db
+      .select()
+      .from(tasks)
+      .where(eq(tasks.id, task?.id ?? ""));
+    expect(row).toMatchObject({ state: "ASSIGNED", attempt: 1 });
   });
 });

@@ -1,0 +1,157 @@
+import { eq, sql } from "drizzle-orm";
+import type { Db } from "../db/database.js";
+import { StoreError } from "../db/errors.js";
+import { type TaskRow, tasks, type WorkerRow, workers } from "../db/schema/index.js";
+
+export interface PlacementRequest {
+  taskId: string;
+  /** Empty when not given. */
+  key: string;
+  /** Empty when not given. */
+  correlationId: string;
+  leaseSeconds: number;
+}
+
+interface Candidate extends WorkerRow {
+  activeLeases: number;
+  lost: boolean;
+}
+
+/** The capabilities a worker offers for placement: advertised ones, plus `<id>` for every label value `brick:<id>`. */
+export function offered(w: Pick<WorkerRow, "capabilities" | "labels">): Set<string> {
+  const set = new Set(w.capabilities);
+  for (const v of Object.values(w.labels)) if (v.startsWith("brick:")) set.add(v.slice(6));
+  return set;
+}
+
+/** Every reason a worker cannot take the task (SPEC section 5); empty when it can. */
+export function rejections(w: Candidate, task: TaskRow): string[] {
+  const why: string[] = [];
+  if (w.drained) why.push("drained");
+  if (w.lost) why.push("lost (no heartbeat for 3 intervals)");
+  if (w.apiBaseUrl === "") why.push("no api_base_url");
+  for (const [k, v] of Object.entries(task.affinity)) {
+    if (w.labels[k] !== v) why.push(`label ${k} is not ${v}`);
+  }
+  const caps = offered(w);
+  for (const c of [task.workload, ...task.requiredCapabilities]) {
+    if (!caps.has(c)) why.push(`missing capability ${c}`);
+  }
+  if (w.activeLeases >= w.maxConcurrency) {
+    why.push(`no free slot (${w.activeLeases}/${w.maxConcurrency})`);
+  }
+  return why;
+}
+
+/**
+ * Push placement (ScheduleTask, RetryTask). The task row is locked for the
+ * whole decision, so concurrent calls on one task place it once; the chosen
+ * worker's row is locked too, so two tasks cannot both take its last slot.
+ */
+export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
+  async function place(p: PlacementRequest, retry: boolean): Promise<TaskRow> {
+    return db.transaction(async (tx) => {
+      const [task] = await tx.select().from(tasks).where(eq(tasks.id, p.taskId)).for("update");
+      if (!task)
+        throw new StoreError("not_found", "NOT_FOUND", `task ${p.taskId} not found`, {
+          taskId: p.taskId,
+        });
+      const details = { taskId: task.id, currentAttempt: task.attempt, task };
+      if (task.state === "ASSIGNED" || (retry && task.state === "RUNNING")) {
+        if (p.key !== "" && p.key === task.scheduleIdempotencyKey) return task; // same assignment
+        if (!retry) {
+          throw new StoreError(
+            "aborted",
+            "ALREADY_ASSIGNED",
+            `task ${task.id} is already assigned to worker ${task.assignedWorkerId} under another schedule_idempotency_key`,
+            details,
+          );
+        }
+      }
+      const allowed = retry ? ["ASSIGNED", "RUNNING", "FAILED"] : ["PENDING"];
+      if (!allowed.includes(task.state)) {
+        throw new StoreError(
+          "failed_precondition",
+          "INVALID_STATE",
+          `task ${task.id} is ${task.state}: ${retry ? "RetryTask takes ASSIGNED, RUNNING or FAILED" : "ScheduleTask takes PENDING"} tasks`,
+          details,
+        );
+      }
+      const rows = await tx
+        .select({
+          worker: workers,
+          // Spelled out: Drizzle leaves select-list columns unqualified, and
+          // inside this subquery "id" would be the task's.
+          activeLeases: sql<number>`(select count(*)::int from tasks t
+            where t.lease_worker_id = workers.id and t.state in ('ASSIGNED', 'RUNNING')
+            and t.lease_expires_at > now() and t.id <> ${task.id})`,
+          lost: sql<boolean>`(workers.last_heartbeat_at < now() - make_interval(secs => ${3 * heartbeatIntervalSeconds}))`,
+        })
+        .from(workers);
+      const all: Candidate[] = rows.map((r) => ({
+        ...r.worker,
+        activeLeases: Number(r.activeLeases),
+        lost: r.lost === true || (r.lost as unknown) === "t",
+      }));
+      const fits = all
+        .filter((w) => rejections(w, task).length === 0)
+        .sort(
+          (a, b) =>
+            b.maxConcurrency - b.activeLeases - (a.maxConcurrency - a.activeLeases) ||
+            a.queueDepth - b.queueDepth ||
+            b.lastHeartbeatAt.getTime() - a.lastHeartbeatAt.getTime(),
+        );
+      const previous = task.assignedWorkerId ?? task.leaseWorkerId;
+      const chosen = (retry && fits.find((w) => w.id !== previous)) || fits[0];
+      if (!chosen) {
+        // The nearest workers first: those that fail the fewest rules.
+        const reasons = all
+          .map((w) => ({ w, why: rejections(w, task) }))
+          .sort((a, b) => a.why.length - b.why.length)
+          .slice(0, 5)
+          .map(({ w, why }) => `${w.name || w.id}: ${why.join(", ")}`)
+          .join("; ");
+        throw new StoreError(
+          "failed_precondition",
+          "NO_CANDIDATE",
+          `no worker can take task ${task.id}${reasons ? ` (${reasons})` : " (no workers registered)"}`,
+          details,
+        );
+      }
+      // Lock the worker and re-check its slots under the lock.
+      await tx
+        .select({ id: workers.id })
+        .from(workers)
+        .where(eq(workers.id, chosen.id))
+        .for("update");
+      const [placed] = await tx
+        .update(tasks)
+        .set({
+          state: "ASSIGNED",
+          attempt: sql`${tasks.attempt} + 1`,
+          leaseWorkerId: chosen.id,
+          leaseToken: sql`replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '')`,
+          leaseSeconds: p.leaseSeconds,
+          leaseExpiresAt: sql`now() + make_interval(secs => ${p.leaseSeconds}::int)`,
+          assignedWorkerId: chosen.id,
+          assignedApiBaseUrl: chosen.apiBaseUrl,
+          scheduleIdempotencyKey: p.key === "" ? null : p.key,
+          correlationId: p.correlationId === "" ? task.correlationId : p.correlationId,
+          notBefore: null,
+          finishedAt: null,
+          cancelRequested: false,
+          updatedAt: sql`now()`,
+        })
+        .where(eq(tasks.id, task.id))
+        .returning();
+      if (!placed) throw new Error("placement update returned nothing");
+      return placed;
+    });
+  }
+  return {
+    schedule: (p: PlacementRequest) => place(p, false),
+    retry: (p: PlacementRequest) => place(p, true),
+  };
+}
+
+export type PlacementStore = ReturnType<typeof createPlacementStore>;
