@@ -48,6 +48,17 @@ describe("README", () => {
     expect(lines.slice(3).map((l) => l.trim())).toEqual(["2 be", "1 not", "1 or", "2 to"]);
   });
 
+  it("runs the push walk-through as written: scheduled, started, extended, completed", async () => {
+    const { stdout } = await run("bash", ["-euo", "pipefail", "-c", block("push")], {
+      env: { ...process.env, MW: server.url },
+    });
+    const lines = stdout.trim().split("\n");
+    expect(lines[0]).toBe("http://worker-01.lan:8080/");
+    expect(lines[1]).toBe("TASK_STATE_RUNNING");
+    expect(Date.parse(lines[2] ?? "") - Date.now()).toBeGreaterThan(3_000_000);
+    expect(lines[3]).toBe("TASK_STATE_SUCCEEDED");
+  });
+
   it("lists methods with buf curl through reflection", async () => {
     const { stdout } = await run("npx", [
       "buf",
