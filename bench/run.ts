@@ -213,7 +213,11 @@ async function latency(co: Coordinator) {
   const creator = clients(createGrpcTransport({ baseUrl: co.url }));
   const worker = clients(createGrpcTransport({ baseUrl: co.url }));
   const workload = `latency-${Date.now()}`;
-  const { workerId } = await worker.fleet.registerWorker({ capabilities: [workload] });
+  // It holds every task it claims: room for all of them.
+  const { workerId } = await worker.fleet.registerWorker({
+    capabilities: [workload],
+    maxConcurrency: latencySamples + 1,
+  });
   const samples: number[] = [];
   for (let i = 0; i < latencySamples; i++) {
     const polling = worker.leases.claimTasks({ workerId, maxTasks: 1, waitSeconds: 30 });

@@ -166,6 +166,12 @@ export function createLeaseStore(db: Db) {
     ),
     claim: once(() => {
       const caps = sql`${p("caps")}::text[]`;
+      // max_tasks, bounded by the worker's free slots: max_concurrency minus
+      // the live leases it holds, pulled or pushed.
+      const slots = sql`least(${p("max")}::int, greatest(0,
+        (select w.max_concurrency from workers w where w.id = ${p("worker")}::uuid)
+        - (select count(*)::int from tasks t where t.lease_worker_id = ${p("worker")}::uuid
+            and t.state in ('ASSIGNED', 'RUNNING') and t.lease_expires_at > now())))`;
       const matches = and(
         sql`(${tasks.deadline} is null or ${tasks.deadline} > now())`,
         sql`${tasks.workload} = any(${caps})`,
@@ -182,7 +188,7 @@ export function createLeaseStore(db: Db) {
       // PENDING candidates come from meshwork_claim_candidates (migration
       // 0002), whose plan is pinned to the ordered index scan.
       const pending = sql`select task_id as id, task_priority as priority, task_deadline as deadline,
-        task_created_at as created_at from meshwork_claim_candidates(${caps}, ${p("labels")}::jsonb, ${p("max")}::int)`;
+        task_created_at as created_at from meshwork_claim_candidates(${caps}, ${p("labels")}::jsonb, ${slots})`;
       // Leases that ran out are claimable at once, without waiting for the
       // sweeper (those out of attempts are left to it, to be FAILED).
       const expired = db
@@ -223,7 +229,7 @@ export function createLeaseStore(db: Db) {
           .from(
             sql`(with pending as materialized (${pending}), expired as materialized (${expired})
             select id from (select * from pending union all select * from expired) candidates
-            order by ${order} limit ${p("max")}) as picked`,
+            order by ${order} limit ${slots}) as picked`,
           )
           .where(
             and(
@@ -387,7 +393,8 @@ export function createLeaseStore(db: Db) {
      * PENDING (past not_before, before deadline), workload and required
      * capabilities advertised, affinity ⊆ labels; highest priority, then
      * earliest deadline, then oldest. `SKIP LOCKED` lets concurrent claimers
-     * take disjoint rows. A task whose lease ran out is claimable at once
+     * take disjoint rows. The worker's max_concurrency bounds what it holds,
+     * claimed and placed together. A task whose lease ran out is claimable at once
      * under its next attempt, without waiting for the sweeper.
      */
     async claim(worker: ClaimingWorker, max: number): Promise<TaskRow[]> {

@@ -101,7 +101,7 @@ describe("fleet store", () => {
 
   it("counts a worker's live leases", async () => {
     const workload = uniqueWorkload();
-    const w = await fleet.register(input({ capabilities: [workload] }));
+    const w = await fleet.register(input({ capabilities: [workload], maxConcurrency: 5 }));
     await createTaskStore(tdb.database.db).create([newTask({ workload }), newTask({ workload })]);
     await createLeaseStore(tdb.database.db).claim(
       { id: w.id, capabilities: [workload], labels: {} },

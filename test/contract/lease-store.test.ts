@@ -109,6 +109,15 @@ describe("claims", () => {
     expect(ok && "ok" in ok && ok.ok.state).toBe("SUCCEEDED");
   });
 
+  it("bounds what a worker holds, claimed and placed, by its max_concurrency", async () => {
+    const workload = uniqueWorkload();
+    await taskStore.create([newTask({ workload }), newTask({ workload }), newTask({ workload })]);
+    const small = "e1000000-0000-4000-8000-0000000000e1";
+    await insertWorker(tdb.database.db, small, false, 2);
+    expect(await leases.claim(worker(small, [workload]), 5)).toHaveLength(2);
+    expect(await leases.claim(worker(small, [workload]), 5)).toEqual([]);
+  });
+
   it("gives nothing to a drained or unknown worker", async () => {
     const workload = uniqueWorkload();
     await taskStore.create([newTask({ workload })]);

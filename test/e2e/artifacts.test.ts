@@ -59,7 +59,10 @@ const bytes = (n: number, seed = 1) =>
 /** A claimed task: its lease and the headers a worker sends with a PUT. */
 async function claimed(input?: Uint8Array) {
   const workload = uniqueWorkload();
-  const { workerId } = await fleet().registerWorker({ capabilities: [workload] });
+  const { workerId } = await fleet().registerWorker({
+    capabilities: [workload],
+    maxConcurrency: 10,
+  });
   const created = await tasks().createTask({
     workload,
     ...(input && { input: { case: "inputData" as const, value: input } }),

@@ -147,7 +147,10 @@ describe("gRPC over h2c with generated clients", () => {
     const tasks = createClient(TaskService, grpc());
     const leases = createClient(LeaseService, grpc());
     const workload = uniqueWorkload();
-    const { workerId } = await fleet.registerWorker({ capabilities: [workload] });
+    const { workerId } = await fleet.registerWorker({
+      capabilities: [workload],
+      maxConcurrency: 10,
+    });
     await tasks.createTasks({ tasks: [{ workload }, { workload }] });
     const { claims } = await leases.claimTasks({ workerId, maxTasks: 2 });
     expect(claims).toHaveLength(2);
@@ -266,7 +269,10 @@ describe("shutdown and restart", () => {
       const tasks = createClient(TaskService, createGrpcTransport({ baseUrl: first.url }));
       const leases = createClient(LeaseService, createGrpcTransport({ baseUrl: first.url }));
       const workload = uniqueWorkload();
-      const { workerId } = await fleet.registerWorker({ capabilities: [workload] });
+      const { workerId } = await fleet.registerWorker({
+        capabilities: [workload],
+        maxConcurrency: 10,
+      });
       const created = await tasks.createTasks({
         tasks: [
           { workload, name: "a" },

@@ -178,7 +178,7 @@ describe("pull-mode lifecycle over RPC", () => {
 
   it("reports fleet status: counts by state, backlog with age, worker load", async () => {
     const workload = uniqueWorkload();
-    const workerId = await registerWorker(h, [workload]);
+    const workerId = await registerWorker(h, [workload], { maxConcurrency: 1 });
     await h.tasks.createTasks({ tasks: [{ workload }, { workload }, { workload }] });
     await claimOne(workerId);
     const status = await h.fleet.getFleetStatus({});

@@ -41,6 +41,14 @@ export async function endBackoff(db: Db, taskId: string): Promise<void> {
 }
 
 /** Registers a worker row with a known id (claims only serve registered, undrained workers). */
-export async function insertWorker(db: Db, id: string, drained = false): Promise<void> {
-  await db.insert(workers).values({ id, name: "fixture", drained }).onConflictDoNothing();
+export async function insertWorker(
+  db: Db,
+  id: string,
+  drained = false,
+  maxConcurrency = 10_000,
+): Promise<void> {
+  await db
+    .insert(workers)
+    .values({ id, name: "fixture", drained, maxConcurrency })
+    .onConflictDoNothing();
 }

@@ -79,9 +79,10 @@ export function uniqueWorkload(prefix = "work"): string {
 export async function registerWorker(
   h: Pick<Harness, "fleet">,
   capabilities: string[],
-  extra: { labels?: Record<string, string>; name?: string } = {},
+  extra: { labels?: Record<string, string>; name?: string; maxConcurrency?: number } = {},
 ): Promise<string> {
   const res = await h.fleet.registerWorker({
+    maxConcurrency: extra.maxConcurrency ?? 100,
     name: extra.name ?? "worker",
     capabilities,
     labels: extra.labels ?? {},
