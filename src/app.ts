@@ -6,6 +6,7 @@ import type { Database } from "./db/database.js";
 import { createWorkerCache } from "./fleet/cache.js";
 import { createHeartbeatBuffer } from "./fleet/heartbeats.js";
 import { createFleetStore } from "./fleet/store.js";
+import { createKnowledgeStore } from "./knowledge/store.js";
 import { createBatcher } from "./leases/batcher.js";
 import { type Completion, createLeaseStore } from "./leases/store.js";
 import { createSweeper } from "./leases/sweeper.js";
@@ -24,6 +25,7 @@ export function createApp(database: Database, config: Config, log: Logger) {
   const tasks = createTaskStore(database.db);
   const artifacts = createArtifactStore(database.db);
   const placement = createPlacementStore(database.db, config.heartbeatIntervalSeconds);
+  const knowledge = createKnowledgeStore(database.db);
   const blobs = createFileBlobStore(config.blobDir);
   const leases = createLeaseStore(database.db);
   const events = createTaskEvents();
@@ -50,6 +52,7 @@ export function createApp(database: Database, config: Config, log: Logger) {
     artifacts,
     blobs,
     placement,
+    knowledge,
     events,
     wakeups,
     heartbeats,

@@ -19,6 +19,7 @@ import { splitHostPort } from "./config.js";
 import { createFleetService } from "./fleet/service.js";
 import { handleByteRoute } from "./http/bytes.js";
 import { createListener } from "./http/listener.js";
+import { createKnowledgeService } from "./knowledge/service.js";
 import { createLeaseService } from "./leases/service.js";
 import { kCorrelationId } from "./rpc/context.js";
 import { createHealthService } from "./rpc/health.js";
@@ -86,7 +87,7 @@ export function createRoutes(app: App): (router: ConnectRouter) => void {
     router.service(TaskService, createTaskService(app));
     router.service(LeaseService, createLeaseService(app));
     router.service(ArtifactService, createArtifactService(app));
-    router.service(KnowledgeService, {});
+    router.service(KnowledgeService, createKnowledgeService(app));
     router.service(
       Health,
       createHealthService(

@@ -1,10 +1,12 @@
 import { ConfigError, loadConfig, serveUsage } from "../config.js";
 import { serve } from "../main.js";
+import { knowledgeCommand } from "./knowledge.js";
 
 const usage = `Usage: meshwork <command> [flags]
 
 Commands:
-  serve     run the coordinator (default flags: embedded database in ./.meshwork, 127.0.0.1:8080)
+  serve       run the coordinator (default flags: embedded database in ./.meshwork, 127.0.0.1:8080)
+  knowledge   export | import | sync knowledge entries between coordinators
 
 Run 'meshwork serve --help' for the serve flags.
 `;
@@ -31,6 +33,14 @@ export async function run(argv: string[]): Promise<number> {
       throw error;
     }
     return -1; // keeps running until a signal
+  }
+  if (command === "knowledge") {
+    try {
+      return await knowledgeCommand(rest);
+    } catch (error) {
+      process.stderr.write(`meshwork knowledge: ${(error as Error).message}\n`);
+      return 1;
+    }
   }
   process.stderr.write(`meshwork: unknown command ${JSON.stringify(command)}\n\n${usage}`);
   return 2;

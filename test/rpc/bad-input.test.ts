@@ -1,7 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { createClient, createRouterTransport } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
 import { TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { createRpcInterceptor } from "../../src/rpc/interceptors.js";
 import { createRoutes } from "../../src/server.js";
@@ -220,12 +219,6 @@ describe("bad input: each refused with its code, nothing changed", () => {
       "InvalidArgument",
     );
     expect(await snapshot()).toEqual(before);
-  });
-
-  it("RPCs of later releases answer unimplemented", async () => {
-    const transport = createRouterTransport(createRoutes(h.app));
-    const knowledge = createClient(KnowledgeService, transport);
-    expect((await outcome(knowledge.getEntry({ kind: "k", key: "k" }))).code).toBe("Unimplemented");
   });
 
   it("a database failure reaches the client as `internal error`, with no driver detail", async () => {

@@ -403,14 +403,17 @@ export const ImportKnowledgeResponseSchema: GenMessage<ImportKnowledgeResponse> 
 /**
  * KnowledgeService keeps versioned entries ("adaptations", "patterns") that
  * coordinators sync with each other. Merge rule on import: higher version
- * wins, then later updated_at, then greater origin. (Implemented by a later
- * release: every RPC answers `unimplemented` for now.)
+ * wins, then later updated_at, then greater origin; importing the same
+ * export twice changes nothing. Each coordinator has a stable `origin` id
+ * kept in its database. Deletions are local: they are not exported.
  *
  * @generated from service meshwork.v1.KnowledgeService
  */
 export const KnowledgeService: GenService<{
   /**
-   * PutEntry creates or replaces an entry.
+   * PutEntry creates or replaces an entry made here (origin = this
+   * coordinator). An explicit version must be newer than the stored one,
+   * else `aborted` (VERSION_CONFLICT).
    *
    * @generated from rpc meshwork.v1.KnowledgeService.PutEntry
    */

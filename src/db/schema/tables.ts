@@ -7,6 +7,7 @@ import {
   integer,
   jsonb,
   pgTable,
+  primaryKey,
   text,
   timestamp,
   uniqueIndex,
@@ -149,6 +150,34 @@ export const artifacts = pgTable(
   },
   (t) => [index("artifacts_task_idx").on(t.taskId, t.createdAt, t.id)],
 );
+
+/**
+ * Versioned knowledge entries ("adaptations", "patterns") that coordinators
+ * sync. Merge order: version, then updated_at, then origin.
+ */
+export const knowledgeEntries = pgTable(
+  "knowledge_entries",
+  {
+    kind: text("kind").notNull(),
+    key: text("key").notNull(),
+    value: jsonb("value").$type<Record<string, unknown>>().notNull(),
+    version: bigint("version", { mode: "number" }).notNull(),
+    updatedAt: timestamptz("updated_at").notNull(),
+    origin: text("origin").notNull(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.kind, t.key] }),
+    index("knowledge_updated_idx").on(t.updatedAt, t.kind, t.key),
+  ],
+);
+
+/** Facts about this coordinator's database, e.g. its stable `origin` id. */
+export const coordinatorMeta = pgTable("coordinator_meta", {
+  key: text("key").primaryKey(),
+  value: text("value").notNull(),
+});
+
+export type KnowledgeRow = typeof knowledgeEntries.$inferSelect;
 
 export type ArtifactKindName = "INPUT" | "OUTPUT" | "CHECKPOINT";
 export type ArtifactRow = typeof artifacts.$inferSelect;

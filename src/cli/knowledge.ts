@@ -1,0 +1,146 @@
+import { createInterface } from "node:readline";
+import type { Readable, Writable } from "node:stream";
+import { parseArgs } from "node:util";
+import { fromJson, toJsonString } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import {
+  type KnowledgeEntry,
+  KnowledgeEntrySchema,
+  KnowledgeService,
+} from "../../gen/meshwork/v1/knowledge_pb.js";
+
+const batch = 500;
+
+function client(url: string) {
+  return createClient(
+    KnowledgeService,
+    createConnectTransport({ baseUrl: url, httpVersion: "1.1" }),
+  );
+}
+
+export interface Counts {
+  inserted: number;
+  updated: number;
+  unchanged: number;
+  rejected: number;
+}
+
+/** Writes every entry (of `kind`, changed after `since`) as one JSON line each. */
+export async function exportKnowledge(
+  url: string,
+  out: Writable,
+  filter: { kind?: string; since?: Date } = {},
+): Promise<number> {
+  let n = 0;
+  const stream = client(url).exportKnowledge({
+    kind: filter.kind ?? "",
+    since: filter.since ? timestampFromDate(filter.since) : undefined,
+  });
+  for await (const res of stream) {
+    for (const e of res.entries) {
+      out.write(`${toJsonString(KnowledgeEntrySchema, e)}\n`);
+      n++;
+    }
+  }
+  return n;
+}
+
+async function importBatches(url: string, entries: AsyncIterable<KnowledgeEntry>): Promise<Counts> {
+  const total: Counts = { inserted: 0, updated: 0, unchanged: 0, rejected: 0 };
+  const c = client(url);
+  let pending: KnowledgeEntry[] = [];
+  const flush = async () => {
+    if (pending.length === 0) return;
+    const res = await c.importKnowledge({ entries: pending });
+    total.inserted += Number(res.inserted);
+    total.updated += Number(res.updated);
+    total.unchanged += Number(res.unchanged);
+    total.rejected += Number(res.rejected);
+    pending = [];
+  };
+  for await (const e of entries) {
+    pending.push(e);
+    if (pending.length >= batch) await flush();
+  }
+  await flush();
+  return total;
+}
+
+/** Reads JSON lines (as `export` writes them) and merges them into the coordinator at `url`. */
+export async function importKnowledge(url: string, input: Readable): Promise<Counts> {
+  let malformed = 0;
+  async function* entries() {
+    for await (const line of createInterface({ input })) {
+      if (line.trim() === "") continue;
+      try {
+        yield fromJson(KnowledgeEntrySchema, JSON.parse(line));
+      } catch {
+        malformed++;
+      }
+    }
+  }
+  const counts = await importBatches(url, entries());
+  return { ...counts, rejected: counts.rejected + malformed };
+}
+
+/** One-way sync: everything `from` has is merged into `to` (idempotent). */
+export async function syncKnowledge(from: string, to: string): Promise<Counts> {
+  async function* entries() {
+    for await (const res of client(from).exportKnowledge({})) yield* res.entries;
+  }
+  return importBatches(to, entries());
+}
+
+const usage = `Usage:
+  meshwork knowledge export [--url URL] [--kind K] [--since RFC3339] > entries.jsonl
+  meshwork knowledge import [--url URL] < entries.jsonl
+  meshwork knowledge sync --from URL --to URL
+
+URL defaults to $MESHWORK_URL or http://127.0.0.1:8080.
+`;
+
+/** `meshwork knowledge …`; returns the exit code. */
+export async function knowledgeCommand(argv: string[]): Promise<number> {
+  const [sub, ...rest] = argv;
+  const { values } = parseArgs({
+    args: rest,
+    options: {
+      url: { type: "string" },
+      kind: { type: "string" },
+      since: { type: "string" },
+      from: { type: "string" },
+      to: { type: "string" },
+    },
+    strict: true,
+  });
+  const url = values.url ?? process.env.MESHWORK_URL ?? "http://127.0.0.1:8080";
+  const report = (c: Counts) =>
+    process.stderr.write(
+      `inserted ${c.inserted}, updated ${c.updated}, unchanged ${c.unchanged}, rejected ${c.rejected}\n`,
+    );
+  switch (sub) {
+    case "export": {
+      const since = values.since ? new Date(values.since) : undefined;
+      if (since && Number.isNaN(since.getTime()))
+        throw new Error(`--since ${values.since} is not a time`);
+      const n = await exportKnowledge(url, process.stdout, { kind: values.kind, since });
+      process.stderr.write(`exported ${n} entries\n`);
+      return 0;
+    }
+    case "import":
+      report(await importKnowledge(url, process.stdin));
+      return 0;
+    case "sync":
+      if (!values.from || !values.to) {
+        process.stderr.write(usage);
+        return 2;
+      }
+      report(await syncKnowledge(values.from, values.to));
+      return 0;
+    default:
+      process.stderr.write(usage);
+      return 2;
+  }
+}
