@@ -108,7 +108,7 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
         const reasons = all
           .map((w) => ({ w, why: rejections(w, task) }))
           .sort((a, b) => a.why.length - b.why.length)
-          .slice(0, 5)
+          .slice(0, 8)
           .map(({ w, why }) => `${w.name || w.id}: ${why.join(", ")}`)
           .join("; ");
         throw new StoreError(

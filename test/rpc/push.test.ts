@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { TaskSchema, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { workers } from "../../src/db/schema/index.js";
 import { outcome } from "../support/errors.js";
+import { expireLease } from "../support/fixtures.js";
 import { createHarness, type Harness, uniqueWorkload } from "../support/harness.js";
 
 let h: Harness;
@@ -61,18 +62,18 @@ describe("push placement", () => {
 
   it("refuses each worker that fails one rule, naming why", async () => {
     const w = uniqueWorkload();
-    await worker({ name: "drained-one", capabilities: [w] }).then((id) =>
-      h.fleet.drainWorker({ workerId: id, drained: true }),
-    );
-    const lostId = await worker({ name: "lost-one", capabilities: [w] });
+    const fit = { capabilities: [w, "gpu"], labels: { zone: "a" } };
+    const drained = await worker({ name: "drained-one", ...fit });
+    await h.fleet.drainWorker({ workerId: drained, drained: true });
+    const lostId = await worker({ name: "lost-one", ...fit });
     await h.app.database.db
       .update(workers)
       .set({ lastHeartbeatAt: sql`now() - interval '1 hour'` })
       .where(eq(workers.id, lostId));
-    await worker({ name: "no-url", capabilities: [w], apiBaseUrl: "" });
+    await worker({ name: "no-url", ...fit, apiBaseUrl: "" });
     await worker({ name: "wrong-zone", capabilities: [w, "gpu"], labels: { zone: "b" } });
     await worker({ name: "no-gpu", capabilities: [w], labels: { zone: "a" } });
-    const busy = await worker({ name: "busy", capabilities: [w, "gpu"], labels: { zone: "a" } });
+    const busy = await worker({ name: "busy", ...fit });
     const blocker = await task(w);
     await h.app.database.db.execute(
       sql`update tasks set state = 'RUNNING', attempt = 1, lease_worker_id = ${busy}, lease_expires_at = now() + interval '1 hour' where id = ${blocker}`,
@@ -81,9 +82,12 @@ describe("push placement", () => {
     const res = await outcome(h.tasks.scheduleTask({ taskId }));
     expect(res.code).toBe("FailedPrecondition");
     for (const reason of [
-      "busy: no free slot (1/1)",
-      "no-gpu: missing capability gpu",
+      "drained-one: drained",
+      "lost-one: lost (no heartbeat for 3 intervals)",
+      "no-url: no api_base_url",
       "wrong-zone: label zone is not a",
+      "no-gpu: missing capability gpu",
+      "busy: no free slot (1/1)",
     ]) {
       expect(res.message).toContain(reason);
     }
@@ -95,6 +99,25 @@ describe("push placement", () => {
       labels: { zone: "a", b1: "brick:gpu" },
     });
     expect((await h.tasks.scheduleTask({ taskId })).task?.assignedWorkerId).toBe(brick);
+  });
+
+  it("keeps a placed task from other claimers while its lease lives; the sweeper frees an expired one", async () => {
+    const w = uniqueWorkload();
+    const a = await worker({ name: "holder-a", capabilities: [w], maxConcurrency: 5 });
+    const b = await worker({ name: "holder-b", capabilities: [w], maxConcurrency: 5 });
+    const taskId = await task(w);
+    const placedOn = (await h.tasks.scheduleTask({ taskId })).task?.assignedWorkerId ?? "";
+    const other = placedOn === a ? b : a;
+    expect((await h.leases.claimTasks({ workerId: other, maxTasks: 5 })).claims).toEqual([]);
+    expect((await h.fleet.getWorker({ workerId: placedOn })).worker?.activeLeases).toBe(1);
+    await expireLease(h.app.database.db, taskId);
+    await h.app.sweeper.runOnce();
+    expect((await h.tasks.getTask({ taskId })).task).toMatchObject({
+      state: TaskState.PENDING,
+      assignedWorkerId: "",
+      error: { code: "LEASE_EXPIRED" },
+    });
+    expect((await h.leases.claimTasks({ workerId: other })).claims[0]?.taskId).toBe(taskId);
   });
 
   it("orders candidates by free slots, then queue depth, then heartbeat recency", async () => {
