@@ -18,6 +18,7 @@ import { createArtifactService } from "./artifacts/service.js";
 import { splitHostPort } from "./config.js";
 import { createFleetService } from "./fleet/service.js";
 import { handleByteRoute } from "./http/bytes.js";
+import { sendJson } from "./http/json.js";
 import { createListener } from "./http/listener.js";
 import { createKnowledgeService } from "./knowledge/service.js";
 import { createLeaseService } from "./leases/service.js";
@@ -46,15 +47,6 @@ function correlationIdOf(req: Request): string {
   const given = req.headers["x-correlation-id"] ?? req.headers["x-ashlar-correlation-id"];
   const value = Array.isArray(given) ? given[0] : given;
   return value && /^[\x21-\x7e]{1,128}$/.test(value) ? value : randomUUID();
-}
-
-function sendJson(res: Response, status: number, body: unknown): void {
-  const text = JSON.stringify(body);
-  (res as http.ServerResponse).writeHead(status, {
-    "content-type": "application/json",
-    "content-length": Buffer.byteLength(text),
-  });
-  res.end(text);
 }
 
 /** A registry of the given files and everything they import. */

@@ -9,18 +9,10 @@ import { StoreError } from "../db/errors.js";
 import { isUuid } from "../db/paging.js";
 import type { ArtifactRow } from "../db/schema/index.js";
 import { httpStatusOfCode, invalid, toClientError } from "../rpc/errors.js";
+import { sendJson } from "./json.js";
 
 type Request = http.IncomingMessage | http2.Http2ServerRequest;
 type Response = http.ServerResponse | http2.Http2ServerResponse;
-
-function sendJson(res: Response, status: number, body: unknown): void {
-  const text = JSON.stringify(body);
-  (res as http.ServerResponse).writeHead(status, {
-    "content-type": "application/json",
-    "content-length": Buffer.byteLength(text),
-  });
-  res.end(text);
-}
 
 /** `{"error": "<code>", "message": "..."}` with the status of SPEC section 6. */
 function sendError(app: App, res: Response, error: unknown): void {
