@@ -30,6 +30,11 @@ export async function run(argv: string[]): Promise<number> {
         process.stderr.write(`meshwork serve: ${error.message}\n`);
         return 2;
       }
+      const code = (error as { code?: string }).code;
+      if (code === "EADDRINUSE" || code === "EACCES" || code === "EADDRNOTAVAIL") {
+        process.stderr.write(`meshwork serve: cannot listen: ${(error as Error).message}\n`);
+        return 1;
+      }
       throw error;
     }
     return -1; // keeps running until a signal
