@@ -22,6 +22,9 @@ export interface Config {
   readMaxBytes: number;
   /** Largest artifact, in bytes (default 1 GiB). */
   maxArtifactBytes: number;
+  /** PEM certificate and key files: serve TLS (ALPN h2 / http/1.1) instead of cleartext. */
+  tlsCert: string;
+  tlsKey: string;
 }
 
 export class ConfigError extends Error {
@@ -39,6 +42,8 @@ const flags = {
   "heartbeat-interval": { type: "string", env: "MESHWORK_HEARTBEAT_INTERVAL" },
   "read-max-bytes": { type: "string", env: "MESHWORK_READ_MAX_BYTES" },
   "max-artifact-bytes": { type: "string", env: "MESHWORK_MAX_ARTIFACT_BYTES" },
+  "tls-cert": { type: "string", env: "MESHWORK_TLS_CERT" },
+  "tls-key": { type: "string", env: "MESHWORK_TLS_KEY" },
 } as const;
 
 /** The `meshwork serve` flags, for `--help`. */
@@ -54,6 +59,8 @@ export const serveUsage = `Usage: meshwork serve [flags]
   --heartbeat-interval S    MESHWORK_HEARTBEAT_INTERVAL  seconds, default 15
   --read-max-bytes N        MESHWORK_READ_MAX_BYTES      default 4194304
   --max-artifact-bytes N    MESHWORK_MAX_ARTIFACT_BYTES  default 1073741824
+  --tls-cert FILE           MESHWORK_TLS_CERT     PEM certificate: serve TLS (ALPN h2, http/1.1)
+  --tls-key FILE            MESHWORK_TLS_KEY      PEM private key of --tls-cert
 `;
 
 /** Reads flags first, then the environment, then defaults. Throws ConfigError on a bad value. */
@@ -90,7 +97,13 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
       `--log-level ${logLevel} is not one of trace|debug|info|warn|error|silent`,
     );
   }
-  const publicUrl = (get("public-url") ?? `http://${listen}`).replace(/\/+$/, "");
+  const tlsCert = get("tls-cert") ?? "";
+  const tlsKey = get("tls-key") ?? "";
+  if ((tlsCert === "") !== (tlsKey === "")) {
+    throw new ConfigError("--tls-cert and --tls-key go together");
+  }
+  const scheme = tlsCert === "" ? "http" : "https";
+  const publicUrl = (get("public-url") ?? `${scheme}://${listen}`).replace(/\/+$/, "");
   try {
     const u = new URL(publicUrl);
     if (u.protocol !== "http:" && u.protocol !== "https:") throw new Error();
@@ -128,6 +141,8 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
       1,
       Number.MAX_SAFE_INTEGER,
     ),
+    tlsCert,
+    tlsKey,
   };
 }
 

@@ -1,4 +1,5 @@
 import { randomUUID } from "node:crypto";
+import { readFileSync } from "node:fs";
 import type * as http from "node:http";
 import type * as http2 from "node:http2";
 import type { AddressInfo, Socket } from "node:net";
@@ -153,14 +154,20 @@ export async function listen(app: App, listenAddress: string): Promise<RunningSe
   const handler = createHandler(app);
   let inFlight = 0;
   let idle: (() => void) | undefined;
-  const server = createListener((req, res) => {
-    inFlight++;
-    res.on("close", () => {
-      inFlight--;
-      if (inFlight === 0) idle?.();
-    });
-    handler(req, res);
-  });
+  const tls = app.config.tlsCert
+    ? { cert: readFileSync(app.config.tlsCert), key: readFileSync(app.config.tlsKey) }
+    : undefined;
+  const server = createListener(
+    (req, res) => {
+      inFlight++;
+      res.on("close", () => {
+        inFlight--;
+        if (inFlight === 0) idle?.();
+      });
+      handler(req, res);
+    },
+    { tls },
+  );
   const sockets = new Set<Socket>();
   server.on("connection", (socket: Socket) => {
     sockets.add(socket);
@@ -178,7 +185,7 @@ export async function listen(app: App, listenAddress: string): Promise<RunningSe
   const bound = (server.address() as AddressInfo).port;
   const urlHost = host.includes(":") ? `[${host}]` : host;
   return {
-    url: `http://${urlHost}:${bound}`,
+    url: `${tls ? "https" : "http"}://${urlHost}:${bound}`,
     port: bound,
     async close() {
       const closed = new Promise<void>((resolve) => server.close(() => resolve()));

@@ -35,6 +35,10 @@ export async function run(argv: string[]): Promise<number> {
         process.stderr.write(`meshwork serve: cannot listen: ${(error as Error).message}\n`);
         return 1;
       }
+      if (code === "ENOENT" || code === "ERR_OSSL_PEM_NO_START_LINE") {
+        process.stderr.write(`meshwork serve: ${(error as Error).message}\n`);
+        return 1;
+      }
       throw error;
     }
     return -1; // keeps running until a signal

@@ -28,6 +28,8 @@ export function testConfig(overrides: Partial<Config> = {}): Config {
     shutdownGraceMs: 2000,
     readMaxBytes: 4 * 1024 * 1024,
     maxArtifactBytes: 1 << 30,
+    tlsCert: "",
+    tlsKey: "",
     ...overrides,
   };
 }
