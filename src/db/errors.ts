@@ -25,14 +25,3 @@ export class StoreError extends Error {
     super(message);
   }
 }
-
-/** SQLSTATE of a driver error (postgres.js and PGlite both expose `code`). */
-export function sqlState(error: unknown): string | undefined {
-  let e: unknown = error;
-  for (let i = 0; i < 3 && e && typeof e === "object"; i++) {
-    const code = (e as { code?: unknown }).code;
-    if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) return code;
-    e = (e as { cause?: unknown }).cause;
-  }
-  return undefined;
-}

@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { and, asc, eq, getTableColumns, gt, inArray, or, type SQL, sql } from "drizzle-orm";
+import { and, asc, eq, getTableColumns, gt, or, type SQL, sql } from "drizzle-orm";
 import type { Db } from "../db/database.js";
 import { StoreError } from "../db/errors.js";
 import { type Cursor, encodeCursor } from "../db/paging.js";
@@ -180,15 +180,6 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
     /** All workers, for fleet status. */
     async all(): Promise<WorkerView[]> {
       return read(undefined);
-    },
-
-    async existing(ids: string[]): Promise<Set<string>> {
-      if (ids.length === 0) return new Set();
-      const rows = await db
-        .select({ id: workers.id })
-        .from(workers)
-        .where(inArray(workers.id, ids));
-      return new Set(rows.map((r) => r.id));
     },
   };
 }

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { and, asc, eq, gt, or, sql } from "drizzle-orm";
-import type { Db } from "../db/database.js";
+import { type Db, rowsOf } from "../db/database.js";
 import { StoreError } from "../db/errors.js";
 import { coordinatorMeta, type KnowledgeRow, knowledgeEntries } from "../db/schema/index.js";
 
@@ -149,9 +149,7 @@ export function createKnowledgeStore(db: Db) {
               updated_at = excluded.updated_at, origin = excluded.origin
           where (excluded.version, excluded.updated_at, excluded.origin) > (k.version, k.updated_at, k.origin)
         returning (xmax = 0) as inserted`);
-      const list = (Array.isArray(rows) ? rows : ((rows as { rows?: unknown[] }).rows ?? [])) as {
-        inserted: boolean | string;
-      }[];
+      const list = rowsOf<{ inserted: boolean | string }>(rows);
       const inserted = list.filter((r) => r.inserted === true || r.inserted === "t").length;
       const updated = list.length - inserted;
       return { inserted, updated, unchanged: entries.length - list.length };
