@@ -1,11 +1,10 @@
 import { randomUUID } from "node:crypto";
-import { and, asc, eq, gt, or, sql } from "drizzle-orm";
+import { and, asc, eq, gt, or } from "drizzle-orm";
 import type { Db } from "../db/database.js";
 import { StoreError } from "../db/errors.js";
 import { type Cursor, encodeCursor } from "../db/paging.js";
 import { type ArtifactKindName, type ArtifactRow, artifacts, tasks } from "../db/schema/index.js";
-import { type LeaseRef, leaseRefusal } from "../leases/store.js";
-import { stateIs } from "../tasks/store.js";
+import { type LeaseRef, leaseHeld, leaseParams, leaseRefusal } from "../leases/store.js";
 
 export interface NewArtifact {
   taskId: string | null;
@@ -22,20 +21,10 @@ export interface NewArtifact {
 export function createArtifactStore(db: Db) {
   /** Throws the lease refusal unless `l` holds a live lease (in `tx`, locking the task row FOR SHARE). */
   async function assertLease(tx: Db, l: LeaseRef, lock: boolean): Promise<void> {
-    const q = tx
-      .select({ id: tasks.id })
-      .from(tasks)
-      .where(
-        and(
-          eq(tasks.id, l.taskId),
-          stateIs("ASSIGNED", "RUNNING"),
-          eq(tasks.attempt, l.attempt),
-          eq(tasks.leaseWorkerId, l.workerId),
-          sql`${tasks.leaseExpiresAt} > now()`,
-          l.token === "" ? undefined : eq(tasks.leaseToken, l.token),
-        ),
-      );
-    const [held] = lock ? await q.for("share") : await q;
+    // The same lease check as every lease transition (leases/store.ts).
+    const q = tx.select({ id: tasks.id }).from(tasks).where(leaseHeld);
+    const params = leaseParams(l);
+    const [held] = lock ? await q.for("share").execute(params) : await q.execute(params);
     if (held) return;
     const [row] = await tx.select().from(tasks).where(eq(tasks.id, l.taskId));
     throw leaseRefusal(row, l);

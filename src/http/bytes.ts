@@ -1,14 +1,13 @@
 import type * as http from "node:http";
 import type * as http2 from "node:http2";
 import { pipeline } from "node:stream/promises";
-import { Code } from "@connectrpc/connect";
 import type { App } from "../app.js";
 import { toArtifactRefJson } from "../artifacts/convert.js";
 import { storeUpload } from "../artifacts/uploads.js";
 import { StoreError } from "../db/errors.js";
 import { isUuid } from "../db/paging.js";
 import type { ArtifactRow } from "../db/schema/index.js";
-import { httpStatusOfCode, invalid, toClientError } from "../rpc/errors.js";
+import { codeName, httpStatusOfCode, invalid, toClientError } from "../rpc/errors.js";
 import { sendJson } from "./json.js";
 
 type Request = http.IncomingMessage | http2.Http2ServerRequest;
@@ -18,7 +17,7 @@ type Response = http.ServerResponse | http2.Http2ServerResponse;
 function sendError(app: App, res: Response, error: unknown): void {
   const { error: e, unexpected } = toClientError(error);
   if (unexpected) app.log.error({ err: error }, "byte route failed");
-  const code = Code[e.code].replace(/([a-z])([A-Z])/g, "$1_$2").toLowerCase();
+  const code = codeName(e.code);
   if (res.headersSent) {
     res.destroy();
     return;

@@ -1,6 +1,6 @@
 import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import { Code, type ServiceImpl } from "@connectrpc/connect";
+import type { ServiceImpl } from "@connectrpc/connect";
 import type { ArtifactRef } from "../../gen/meshwork/v1/artifact_pb.js";
 import {
   type CompleteTaskRequest,
@@ -16,7 +16,7 @@ import type { App } from "../app.js";
 import { StoreError } from "../db/errors.js";
 import { isUuid } from "../db/paging.js";
 import type { ArtifactRefJson } from "../db/schema/index.js";
-import { codeOfKind, invalid } from "../rpc/errors.js";
+import { codeName, codeOfKind, invalid } from "../rpc/errors.js";
 import { uuidField } from "../rpc/validate.js";
 import { intInRange, stringList, text, toTask } from "../tasks/convert.js";
 import { toClaim } from "./convert.js";
@@ -111,11 +111,6 @@ function errorResult(error: StoreError): CompletionResult {
       },
     },
   });
-}
-
-/** Connect's lower_snake code name, e.g. `already_exists`. */
-function codeName(code: Code): string {
-  return Code[code].replace(/([a-z])([A-Z])/g, "$1_$2").toLowerCase();
 }
 
 /**

@@ -35,7 +35,7 @@ export interface ClaimingWorker {
 }
 
 /** A 256-bit random token from the database's CSPRNG (gen_random_uuid). */
-const newToken = sql`replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '')`;
+export const newToken = sql`replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '')`;
 
 /** Failures counted against max_attempts: attempts minus those given back by release. */
 const failures = sql`(${tasks.attempt} - ${tasks.releases})`;
@@ -46,7 +46,7 @@ const p = sql.placeholder;
  * The lease check of SPEC section 3, as a WHERE clause on one row, with
  * placeholders `id`, `attempt`, `worker` and `token` ("" when not sent).
  */
-const leaseHeld = and(
+export const leaseHeld = and(
   sql`${tasks.id} = ${p("id")}::uuid`,
   stateIs("ASSIGNED", "RUNNING"),
   sql`${tasks.attempt} = ${p("attempt")}::int`,
@@ -55,7 +55,7 @@ const leaseHeld = and(
   sql`(${p("token")}::text = '' or ${tasks.leaseToken} = ${p("token")}::text)`,
 );
 
-function leaseParams(l: LeaseRef) {
+export function leaseParams(l: LeaseRef) {
   return { id: l.taskId, attempt: l.attempt, worker: l.workerId, token: l.token };
 }
 

@@ -31,6 +31,11 @@ export const httpStatusOfCode: Partial<Record<Code, number>> = {
   [Code.DeadlineExceeded]: 504,
 };
 
+/** Connect's lower_snake name of a code, e.g. `already_exists`. */
+export function codeName(code: Code): string {
+  return Code[code].replace(/([a-z])([A-Z])/g, "$1_$2").toLowerCase();
+}
+
 /** Shorthand for a bad-input error. */
 export function invalid(message: string, reason = "INVALID_ARGUMENT"): StoreError {
   return new StoreError("invalid_argument", reason, message);

@@ -2,6 +2,7 @@ import { eq, sql } from "drizzle-orm";
 import type { Db } from "../db/database.js";
 import { StoreError } from "../db/errors.js";
 import { type TaskRow, tasks, type WorkerRow, workers } from "../db/schema/index.js";
+import { newToken } from "../leases/store.js";
 
 export interface PlacementRequest {
   taskId: string;
@@ -130,7 +131,7 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           state: "ASSIGNED",
           attempt: sql`${tasks.attempt} + 1`,
           leaseWorkerId: chosen.id,
-          leaseToken: sql`replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '')`,
+          leaseToken: newToken,
           leaseSeconds: p.leaseSeconds,
           leaseExpiresAt: sql`now() + make_interval(secs => ${p.leaseSeconds}::int)`,
           assignedWorkerId: chosen.id,
