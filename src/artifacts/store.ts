@@ -1,8 +1,8 @@
 import { randomUUID } from "node:crypto";
-import { and, asc, eq, gt, or } from "drizzle-orm";
+import { and, asc, eq } from "drizzle-orm";
 import type { Db } from "../db/database.js";
 import { StoreError } from "../db/errors.js";
-import { type Cursor, encodeCursor } from "../db/paging.js";
+import { type Cursor, keysetAfter, pageOf } from "../db/paging.js";
 import { type ArtifactKindName, type ArtifactRow, artifacts, tasks } from "../db/schema/index.js";
 import { type LeaseRef, leaseHeld, leaseParams, leaseRefusal } from "../leases/store.js";
 
@@ -69,22 +69,12 @@ export function createArtifactStore(db: Db) {
         .where(
           and(
             eq(artifacts.taskId, taskId),
-            after
-              ? or(
-                  gt(artifacts.createdAt, after.at),
-                  and(eq(artifacts.createdAt, after.at), gt(artifacts.id, after.id)),
-                )
-              : undefined,
+            keysetAfter(artifacts.createdAt, artifacts.id, after, "asc"),
           ),
         )
         .orderBy(asc(artifacts.createdAt), asc(artifacts.id))
         .limit(size + 1);
-      const page = rows.slice(0, size);
-      const last = page[page.length - 1];
-      return {
-        rows: page,
-        next: rows.length > size && last ? encodeCursor({ at: last.createdAt, id: last.id }) : "",
-      };
+      return pageOf(rows, size, (r) => ({ at: r.createdAt, id: r.id }));
     },
   };
 }

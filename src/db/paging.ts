@@ -1,3 +1,4 @@
+import { and, type Column, eq, gt, lt, or, type SQL } from "drizzle-orm";
 import { StoreError } from "./errors.js";
 
 /** Position after the last row of a page, for keyset paging on (time, id). */
@@ -45,4 +46,27 @@ const uuidPattern = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 
 export function isUuid(s: string): boolean {
   return uuidPattern.test(s);
+}
+
+/** Rows strictly after `c` in (at, id) order, ascending or descending; undefined on the first page. */
+export function keysetAfter(
+  at: Column,
+  id: Column,
+  c: Cursor | undefined,
+  order: "asc" | "desc",
+): SQL | undefined {
+  if (!c) return undefined;
+  const beyond = order === "asc" ? gt : lt;
+  return or(beyond(at, c.at), and(eq(at, c.at), beyond(id, c.id)));
+}
+
+/** The page of a query that fetched `size + 1` rows, and the next page's token ("" at the end). */
+export function pageOf<T>(
+  rows: T[],
+  size: number,
+  cursorOf: (row: T) => Cursor,
+): { rows: T[]; next: string } {
+  const page = rows.slice(0, size);
+  const last = page[page.length - 1];
+  return { rows: page, next: rows.length > size && last ? encodeCursor(cursorOf(last)) : "" };
 }

@@ -1,8 +1,8 @@
 import { randomUUID } from "node:crypto";
-import { and, asc, eq, getTableColumns, gt, or, type SQL, sql } from "drizzle-orm";
+import { and, asc, eq, getTableColumns, type SQL, sql } from "drizzle-orm";
 import type { Db } from "../db/database.js";
 import { StoreError } from "../db/errors.js";
-import { type Cursor, encodeCursor } from "../db/paging.js";
+import { type Cursor, keysetAfter, pageOf } from "../db/paging.js";
 import { type WorkerRow, workers } from "../db/schema/index.js";
 
 export interface WorkerInput {
@@ -109,23 +109,12 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
               : undefined,
             filter.lost === undefined ? undefined : filter.lost ? lost : sql`not ${lost}`,
             filter.drained === undefined ? undefined : eq(workers.drained, filter.drained),
-            after
-              ? or(
-                  gt(workers.registeredAt, after.at),
-                  and(eq(workers.registeredAt, after.at), gt(workers.id, after.id)),
-                )
-              : undefined,
+            keysetAfter(workers.registeredAt, workers.id, after, "asc"),
           ),
         )
         .orderBy(asc(workers.registeredAt), asc(workers.id))
         .limit(size + 1);
-      const page = rows.slice(0, size).map(normalise);
-      const last = page[page.length - 1];
-      return {
-        rows: page,
-        next:
-          rows.length > size && last ? encodeCursor({ at: last.registeredAt, id: last.id }) : "",
-      };
+      return pageOf(rows.map(normalise), size, (r) => ({ at: r.registeredAt, id: r.id }));
     },
 
     /** Records a heartbeat now; returns whether the worker is drained. */

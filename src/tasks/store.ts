@@ -1,8 +1,8 @@
 import { createHash, randomUUID } from "node:crypto";
-import { and, desc, eq, inArray, lt, or, type SQL, sql } from "drizzle-orm";
+import { and, desc, eq, inArray, or, type SQL, sql } from "drizzle-orm";
 import type { Db } from "../db/database.js";
 import { StoreError } from "../db/errors.js";
-import { type Cursor, encodeCursor } from "../db/paging.js";
+import { type Cursor, keysetAfter, pageOf } from "../db/paging.js";
 import {
   type ArtifactRefJson,
   type TaskRow,
@@ -176,12 +176,7 @@ export function createTaskStore(db: Db) {
               eq(tasks.assignedWorkerId, filter.workerId),
             )
           : undefined,
-        after
-          ? or(
-              lt(tasks.createdAt, after.at),
-              and(eq(tasks.createdAt, after.at), lt(tasks.id, after.id)),
-            )
-          : undefined,
+        keysetAfter(tasks.createdAt, tasks.id, after, "desc"),
       );
       const rows = await db
         .select()
@@ -189,11 +184,7 @@ export function createTaskStore(db: Db) {
         .where(where)
         .orderBy(desc(tasks.createdAt), desc(tasks.id))
         .limit(size + 1);
-      const page = rows.slice(0, size);
-      const last = page[page.length - 1];
-      const next =
-        rows.length > size && last ? encodeCursor({ at: last.createdAt, id: last.id }) : "";
-      return { rows: page, next };
+      return pageOf(rows, size, (r) => ({ at: r.createdAt, id: r.id }));
     },
 
     /**
