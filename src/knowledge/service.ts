@@ -40,8 +40,7 @@ function fromEntry(e: KnowledgeEntry): KnowledgeRow | undefined {
       key: text("key", e.key),
       value: (e.value ?? {}) as Record<string, unknown>,
       version,
-      // Millisecond precision, as stored: an entry read back compares equal.
-      updatedAt: new Date(Math.floor(updatedAt.getTime())),
+      updatedAt,
       origin: e.origin,
     };
   } catch {
