@@ -24,9 +24,11 @@ import { createListener } from "./http/listener.js";
 import { createKnowledgeService } from "./knowledge/service.js";
 import { createLeaseService } from "./leases/service.js";
 import { kCorrelationId } from "./rpc/context.js";
+import { createErrorMapper, type ToClientError } from "./rpc/errors.js";
 import { createHealthService } from "./rpc/health.js";
 import { createRpcInterceptor } from "./rpc/interceptors.js";
 import { registerReflection } from "./rpc/reflection.js";
+import { toTask } from "./tasks/convert.js";
 import { createTaskService } from "./tasks/service.js";
 
 type Request = http.IncomingMessage | http2.Http2ServerRequest;
@@ -62,6 +64,14 @@ function registryOf(files: DescFile[]): FileRegistry {
   return createFileRegistry(
     create(FileDescriptorSetSchema, { file: [...ordered.values()].map((f) => f.proto) }),
   );
+}
+
+/** What a client may see of an error: refusals keep their code, reason and task; bugs are `internal`. */
+const toClientError: ToClientError = createErrorMapper(toTask);
+
+/** The interceptors every RPC goes through (also for in-memory test transports). */
+export function rpcInterceptors(app: Pick<App, "log">) {
+  return [createRpcInterceptor(app.log, toClientError)];
 }
 
 /** Every RPC service Meshwork serves, for the Connect adapter and for in-memory test transports. */
@@ -106,7 +116,7 @@ export function createHandler(app: App) {
   const routes = createRoutes(app);
   const connect = connectNodeAdapter({
     routes,
-    interceptors: [createRpcInterceptor(app.log)],
+    interceptors: rpcInterceptors(app),
     readMaxBytes: app.config.readMaxBytes,
     // Responses are gzipped only when large (big listings); artifact chunks
     // (64 KiB) never are: compressing bytes that are often compressed already
@@ -133,7 +143,7 @@ export function createHandler(app: App) {
       );
       return;
     }
-    if (path && handleByteRoute(app, req, res, path)) return;
+    if (path && handleByteRoute(app, toClientError, req, res, path)) return;
     connect(req as http.IncomingMessage, res as http.ServerResponse);
   };
 }

@@ -2,7 +2,7 @@ import { createHash, randomUUID } from "node:crypto";
 import { createReadStream, mkdirSync, type ReadStream, rmSync } from "node:fs";
 import { mkdir, open, readdir, rename, rm, stat } from "node:fs/promises";
 import { dirname, join } from "node:path";
-import { StoreError } from "../db/errors.js";
+import { DomainError } from "../core/errors.js";
 
 /** Bytes hashed into a temporary file, not yet in the content-addressed tree. */
 export interface StagedBlob {
@@ -69,7 +69,7 @@ export function createFileBlobStore(root: string): BlobStore {
         for await (const chunk of source) {
           size += chunk.byteLength;
           if (size > maxBytes) {
-            throw new StoreError(
+            throw new DomainError(
               "resource_exhausted",
               "ARTIFACT_TOO_LARGE",
               `the artifact is larger than the limit of ${maxBytes} bytes`,

@@ -5,9 +5,9 @@ import type {
   UploadArtifactRequest,
 } from "../../gen/meshwork/v1/artifact_pb.js";
 import type { App } from "../app.js";
+import { invalid } from "../core/errors.js";
+import { uuidField } from "../core/validate.js";
 import { decodeCursor, pageSize } from "../db/paging.js";
-import { invalid } from "../rpc/errors.js";
-import { uuidField } from "../rpc/validate.js";
 import { kindName, toArtifact } from "./convert.js";
 import { storeUpload } from "./uploads.js";
 

@@ -1,10 +1,11 @@
 import { randomUUID } from "node:crypto";
 import { and, asc, eq } from "drizzle-orm";
+import { DomainError } from "../core/errors.js";
+import type { LeaseRef } from "../core/lease-ref.js";
 import type { Db } from "../db/database.js";
-import { StoreError } from "../db/errors.js";
-import { type Cursor, keysetAfter, pageOf } from "../db/paging.js";
+import { byTimeAndId, keysetAfter, type Position, pageOf } from "../db/paging.js";
 import { type ArtifactKindName, type ArtifactRow, artifacts, tasks } from "../db/schema/index.js";
-import { type LeaseRef, leaseHeld, leaseParams, leaseRefusal } from "../leases/store.js";
+import { leaseHeld, leaseParams, leaseRefusal } from "../leases/lease-check.js";
 
 export interface NewArtifact {
   taskId: string | null;
@@ -21,7 +22,7 @@ export interface NewArtifact {
 export function createArtifactStore(db: Db) {
   /** Throws the lease refusal unless `l` holds a live lease (in `tx`, locking the task row FOR SHARE). */
   async function assertLease(tx: Db, l: LeaseRef, lock: boolean): Promise<void> {
-    // The same lease check as every lease transition (leases/store.ts).
+    // The same lease check as every lease transition (leases/lease-check.ts).
     const q = tx.select({ id: tasks.id }).from(tasks).where(leaseHeld);
     const params = leaseParams(l);
     const [held] = lock ? await q.for("share").execute(params) : await q.execute(params);
@@ -53,7 +54,7 @@ export function createArtifactStore(db: Db) {
 
     async get(id: string): Promise<ArtifactRow> {
       const [row] = await db.select().from(artifacts).where(eq(artifacts.id, id));
-      if (!row) throw new StoreError("not_found", "NOT_FOUND", `artifact ${id} not found`);
+      if (!row) throw new DomainError("not_found", "NOT_FOUND", `artifact ${id} not found`);
       return row;
     },
 
@@ -61,7 +62,7 @@ export function createArtifactStore(db: Db) {
     async list(
       taskId: string,
       size: number,
-      after: Cursor | undefined,
+      after: Position | undefined,
     ): Promise<{ rows: ArtifactRow[]; next: string }> {
       const rows = await db
         .select()
@@ -69,12 +70,12 @@ export function createArtifactStore(db: Db) {
         .where(
           and(
             eq(artifacts.taskId, taskId),
-            keysetAfter(artifacts.createdAt, artifacts.id, after, "asc"),
+            keysetAfter([artifacts.createdAt, artifacts.id], after, "asc"),
           ),
         )
         .orderBy(asc(artifacts.createdAt), asc(artifacts.id))
         .limit(size + 1);
-      return pageOf(rows, size, (r) => ({ at: r.createdAt, id: r.id }));
+      return pageOf(rows, size, (r) => byTimeAndId(r.createdAt, r.id));
     },
   };
 }

@@ -1,10 +1,7 @@
 import type { App } from "../app.js";
-import { StoreError } from "../db/errors.js";
+import { DomainError, invalid } from "../core/errors.js";
+import { type LeaseRef, parseLeaseRef } from "../core/lease-ref.js";
 import type { ArtifactKindName, ArtifactRow } from "../db/schema/index.js";
-import type { LeaseRef } from "../leases/store.js";
-import { invalid } from "../rpc/errors.js";
-import { uuidField } from "../rpc/validate.js";
-import { intInRange } from "../tasks/convert.js";
 
 /** What an upload says about itself, from an UploadArtifact header or PUT headers. */
 export interface UploadHeader {
@@ -57,7 +54,7 @@ export async function storeUpload(
   }
   const maxBytes = app.config.maxArtifactBytes;
   if (header.sizeBytes !== undefined && header.sizeBytes > maxBytes) {
-    throw new StoreError(
+    throw new DomainError(
       "resource_exhausted",
       "ARTIFACT_TOO_LARGE",
       `the artifact is larger than the limit of ${maxBytes} bytes`,
@@ -71,12 +68,7 @@ export async function storeUpload(
   } else {
     kind ??= "OUTPUT";
     if (kind === "INPUT") throw invalid("a task artifact must be of kind OUTPUT or CHECKPOINT");
-    lease = {
-      taskId: uuidField("task_id", header.taskId),
-      workerId: uuidField("worker_id", header.workerId),
-      attempt: intInRange("attempt", header.attempt, 1, 2_000_000_000),
-      token: header.leaseToken.slice(0, 256),
-    };
+    lease = parseLeaseRef(header);
     await app.artifacts.checkLease(lease);
   }
   const staged = await app.blobs.stage(source, maxBytes);

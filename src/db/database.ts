@@ -97,9 +97,3 @@ async function openPostgres(url: string, poolSize: number): Promise<Database> {
     },
   };
 }
-
-/** Rows of a raw `db.execute`, whichever driver ran it. */
-export function rowsOf<T>(result: unknown): T[] {
-  if (Array.isArray(result)) return result as T[];
-  return ((result as { rows?: T[] }).rows ?? []) as T[];
-}

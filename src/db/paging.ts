@@ -1,72 +1,92 @@
-import { and, type Column, eq, gt, lt, or, type SQL } from "drizzle-orm";
-import { StoreError } from "./errors.js";
+import { type Column, type SQL, sql } from "drizzle-orm";
+import { DomainError, invalid } from "../core/errors.js";
+import { isUuid } from "../core/validate.js";
 
-/** Position after the last row of a page, for keyset paging on (time, id). */
-export interface Cursor {
+/**
+ * Keyset paging. A page token is the position of the last row of a page:
+ * its time and the keys that order rows sharing that time, as base64url
+ * JSON. One codec for every listing (tasks, workers, artifacts, knowledge).
+ */
+export interface Position {
   at: Date;
-  id: string;
+  keys: string[];
 }
 
-export function encodeCursor(c: Cursor): string {
-  return Buffer.from(JSON.stringify([c.at.getTime(), c.id])).toString("base64url");
+export function encodePageToken(p: Position): string {
+  return Buffer.from(JSON.stringify([p.at.getTime(), ...p.keys])).toString("base64url");
 }
 
-/** Decodes a page token; an empty token is the first page. */
-export function decodeCursor(token: string): Cursor | undefined {
+/**
+ * Decodes a page token of `keyCount` keys, each accepted by `validKey`; an
+ * empty token is the first page. Anything else is `invalid_argument`.
+ */
+export function decodePageToken(
+  token: string,
+  keyCount: number,
+  validKey: (key: string) => boolean = () => true,
+): Position | undefined {
   if (token === "") return undefined;
   try {
-    const [ms, id] = JSON.parse(Buffer.from(token, "base64url").toString("utf8")) as unknown[];
-    if (typeof ms === "number" && typeof id === "string" && isUuid(id)) {
-      return { at: new Date(ms), id };
+    const [ms, ...keys] = JSON.parse(Buffer.from(token, "base64url").toString("utf8")) as unknown[];
+    if (
+      typeof ms === "number" &&
+      keys.length === keyCount &&
+      keys.every((k): k is string => typeof k === "string" && validKey(k))
+    ) {
+      return { at: new Date(ms), keys };
     }
   } catch {
     // fall through
   }
-  throw new StoreError(
+  throw new DomainError(
     "invalid_argument",
     "INVALID_PAGE_TOKEN",
     "page_token is not a token this server issued",
   );
 }
 
+/** Decodes the page token of a listing ordered by (time, id): tasks, workers, artifacts. */
+export function decodeCursor(token: string): Position | undefined {
+  return decodePageToken(token, 1, isUuid);
+}
+
 /** 1–1000; 0 means the default 100. */
 export function pageSize(requested: number): number {
   if (requested === 0) return 100;
   if (!Number.isInteger(requested) || requested < 1 || requested > 1000) {
-    throw new StoreError(
-      "invalid_argument",
-      "INVALID_ARGUMENT",
-      "page_size must be from 1 to 1000",
-    );
+    throw invalid("page_size must be from 1 to 1000");
   }
   return requested;
 }
 
-const uuidPattern = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
-
-export function isUuid(s: string): boolean {
-  return uuidPattern.test(s);
-}
-
-/** Rows strictly after `c` in (at, id) order, ascending or descending; undefined on the first page. */
+/**
+ * Rows strictly after `position` in the order of `columns` (a time column,
+ * then key columns), ascending or descending: one row comparison, which a
+ * btree index on the same columns serves. Undefined on the first page.
+ */
 export function keysetAfter(
-  at: Column,
-  id: Column,
-  c: Cursor | undefined,
+  columns: [Column, ...Column[]],
+  position: Position | undefined,
   order: "asc" | "desc",
 ): SQL | undefined {
-  if (!c) return undefined;
-  const beyond = order === "asc" ? gt : lt;
-  return or(beyond(at, c.at), and(eq(at, c.at), beyond(id, c.id)));
+  if (!position) return undefined;
+  const values = [position.at, ...position.keys].map((v, i) => sql.param(v, columns[i]));
+  const row = (items: SQL.Aliased[] | unknown[]) => sql`(${sql.join(items as SQL[], sql`, `)})`;
+  return sql`${row(columns)} ${sql.raw(order === "asc" ? ">" : "<")} ${row(values)}`;
 }
 
 /** The page of a query that fetched `size + 1` rows, and the next page's token ("" at the end). */
 export function pageOf<T>(
   rows: T[],
   size: number,
-  cursorOf: (row: T) => Cursor,
+  positionOf: (row: T) => Position,
 ): { rows: T[]; next: string } {
   const page = rows.slice(0, size);
   const last = page[page.length - 1];
-  return { rows: page, next: rows.length > size && last ? encodeCursor(cursorOf(last)) : "" };
+  return { rows: page, next: rows.length > size && last ? encodePageToken(positionOf(last)) : "" };
+}
+
+/** Position of a row ordered by (time, id). */
+export function byTimeAndId(at: Date, id: string): Position {
+  return { at, keys: [id] };
 }

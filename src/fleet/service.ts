@@ -8,23 +8,14 @@ import {
   WorkerState,
 } from "../../gen/meshwork/v1/fleet_pb.js";
 import type { App } from "../app.js";
+import { invalid } from "../core/errors.js";
+import { allStates } from "../core/task-sql.js";
+import { intInRange, stringList, stringMap, text, uuidField } from "../core/validate.js";
 import { decodeCursor, pageSize } from "../db/paging.js";
-import type { TaskStateName } from "../db/schema/index.js";
 import { createLeaseStore } from "../leases/store.js";
-import { invalid } from "../rpc/errors.js";
-import { uuidField } from "../rpc/validate.js";
-import { intInRange, stringList, stringMap, text, toTaskState } from "../tasks/convert.js";
+import { toTaskState } from "../tasks/convert.js";
 import { toWorker } from "./convert.js";
 import { createFleetStore, type WorkerInput } from "./store.js";
-
-const allStates: TaskStateName[] = [
-  "PENDING",
-  "ASSIGNED",
-  "RUNNING",
-  "SUCCEEDED",
-  "FAILED",
-  "CANCELED",
-];
 
 function workerInput(req: RegisterWorkerRequest): WorkerInput {
   if (req.apiBaseUrl !== "") {

@@ -1,8 +1,11 @@
 import { randomUUID } from "node:crypto";
 import { and, asc, eq, getTableColumns, type SQL, sql } from "drizzle-orm";
+import { type DomainError, notFound as notFoundError } from "../core/errors.js";
+import { liveLeases } from "../core/task-sql.js";
+import { workerLost } from "../core/worker-sql.js";
 import type { Db } from "../db/database.js";
-import { StoreError } from "../db/errors.js";
-import { type Cursor, keysetAfter, pageOf } from "../db/paging.js";
+import { lazy } from "../db/lazy.js";
+import { byTimeAndId, keysetAfter, type Position, pageOf } from "../db/paging.js";
 import { type WorkerRow, workers } from "../db/schema/index.js";
 
 export interface WorkerInput {
@@ -30,26 +33,24 @@ export interface WorkerFilter {
 
 /** Worker registry. LOST is derived: no heartbeat for 3 intervals, by the database clock. */
 export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
-  const lost = sql<boolean>`(${workers.lastHeartbeatAt} < now() - make_interval(secs => ${3 * heartbeatIntervalSeconds}))`;
-  // Spelled out: in a select list Drizzle leaves column names unqualified,
-  // which inside this subquery would bind to tasks.id instead of workers.id.
-  const activeLeases = sql<number>`(select count(*)::int from tasks t
-    where t.lease_worker_id = workers.id and t.state in ('ASSIGNED', 'RUNNING')
-    and t.lease_expires_at > now())`;
-  const view = { ...getTableColumns(workers), lost, activeLeases };
+  const lost = workerLost(heartbeatIntervalSeconds);
+  const view = {
+    ...getTableColumns(workers),
+    lost,
+    activeLeases: liveLeases(workers.id).mapWith(Number),
+  };
 
   // Prepared once: a worker is read on every claim.
-  let byId:
-    | {
-        execute(params: {
-          id: string;
-        }): Promise<(WorkerRow & { lost: unknown; activeLeases: unknown })[]>;
-      }
-    | undefined;
+  const byId = lazy(() =>
+    db
+      .select(view)
+      .from(workers)
+      .where(sql`${workers.id} = ${sql.placeholder("id")}::uuid`)
+      .prepare("meshwork_worker_by_id"),
+  );
 
   async function read(where: SQL | undefined): Promise<WorkerView[]> {
-    const rows = await db.select(view).from(workers).where(where);
-    return rows.map(normalise);
+    return db.select(view).from(workers).where(where);
   }
 
   return {
@@ -80,21 +81,16 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
     },
 
     async get(id: string): Promise<WorkerView> {
-      byId ??= db
-        .select(view)
-        .from(workers)
-        .where(sql`${workers.id} = ${sql.placeholder("id")}::uuid`)
-        .prepare("meshwork_worker_by_id");
-      const [row] = await byId.execute({ id });
+      const [row] = await byId().execute({ id });
       if (!row) throw notFound(id);
-      return normalise(row);
+      return row;
     },
 
     /** One page, oldest registration first. */
     async list(
       filter: WorkerFilter,
       size: number,
-      after: Cursor | undefined,
+      after: Position | undefined,
     ): Promise<{ rows: WorkerView[]; next: string }> {
       const rows = await db
         .select(view)
@@ -109,12 +105,12 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
               : undefined,
             filter.lost === undefined ? undefined : filter.lost ? lost : sql`not ${lost}`,
             filter.drained === undefined ? undefined : eq(workers.drained, filter.drained),
-            keysetAfter(workers.registeredAt, workers.id, after, "asc"),
+            keysetAfter([workers.registeredAt, workers.id], after, "asc"),
           ),
         )
         .orderBy(asc(workers.registeredAt), asc(workers.id))
         .limit(size + 1);
-      return pageOf(rows.map(normalise), size, (r) => ({ at: r.registeredAt, id: r.id }));
+      return pageOf(rows, size, (r) => byTimeAndId(r.registeredAt, r.id));
     },
 
     /** Records a heartbeat now; returns whether the worker is drained. */
@@ -175,10 +171,6 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
 
 export type FleetStore = ReturnType<typeof createFleetStore>;
 
-function normalise(r: WorkerRow & { lost: unknown; activeLeases: unknown }): WorkerView {
-  return { ...r, lost: r.lost === true || r.lost === "t", activeLeases: Number(r.activeLeases) };
-}
-
-export function notFound(id: string): StoreError {
-  return new StoreError("not_found", "NOT_FOUND", `worker ${id} not found`);
+function notFound(id: string): DomainError {
+  return notFoundError(`worker ${id}`);
 }

@@ -4,17 +4,17 @@ import { pipeline } from "node:stream/promises";
 import type { App } from "../app.js";
 import { toArtifactRefJson } from "../artifacts/convert.js";
 import { storeUpload } from "../artifacts/uploads.js";
-import { StoreError } from "../db/errors.js";
-import { isUuid } from "../db/paging.js";
+import { DomainError, invalid } from "../core/errors.js";
+import { isUuid } from "../core/validate.js";
 import type { ArtifactRow } from "../db/schema/index.js";
-import { codeName, httpStatusOfCode, invalid, toClientError } from "../rpc/errors.js";
+import { codeName, httpStatusOfCode, type ToClientError } from "../rpc/errors.js";
 import { sendJson } from "./json.js";
 
 type Request = http.IncomingMessage | http2.Http2ServerRequest;
 type Response = http.ServerResponse | http2.Http2ServerResponse;
 
 /** `{"error": "<code>", "message": "..."}` with the status of SPEC section 6. */
-function sendError(app: App, res: Response, error: unknown): void {
+function sendError(app: App, toClientError: ToClientError, res: Response, error: unknown): void {
   const { error: e, unexpected } = toClientError(error);
   if (unexpected) app.log.error({ err: error }, "byte route failed");
   const code = codeName(e.code);
@@ -107,7 +107,13 @@ const taskBytes = /^\/tasks\/([^/]+)\/(input|result)$/;
  * The plain HTTP byte routes of SPEC section 8. Returns false when the
  * request is not for one of them.
  */
-export function handleByteRoute(app: App, req: Request, res: Response, path: string): boolean {
+export function handleByteRoute(
+  app: App,
+  toClientError: ToClientError,
+  req: Request,
+  res: Response,
+  path: string,
+): boolean {
   const method = req.method ?? "GET";
   let m = putArtifact.exec(path);
   if (m && method === "PUT") {
@@ -145,7 +151,7 @@ export function handleByteRoute(app: App, req: Request, res: Response, path: str
         size_bytes: ref.sizeBytes,
       });
     })().catch((error: unknown) => {
-      sendError(app, res, error);
+      sendError(app, toClientError, res, error);
       // Stop reading a refused upload.
       if (!req.readableEnded) req.resume();
     });
@@ -158,7 +164,7 @@ export function handleByteRoute(app: App, req: Request, res: Response, path: str
     (async () => {
       if (!isUuid(id)) throw invalid("artifact id must be a UUID");
       await sendArtifact(app, req, res, await app.artifacts.get(id));
-    })().catch((error: unknown) => sendError(app, res, error));
+    })().catch((error: unknown) => sendError(app, toClientError, res, error));
     return true;
   }
   m = taskBytes.exec(path);
@@ -169,10 +175,10 @@ export function handleByteRoute(app: App, req: Request, res: Response, path: str
       const task = await app.tasks.get(id);
       const ref = which === "input" ? task.input : task.result;
       if (!ref) {
-        throw new StoreError("not_found", "NOT_FOUND", `task ${id} has no ${which}`);
+        throw new DomainError("not_found", "NOT_FOUND", `task ${id} has no ${which}`);
       }
       await sendArtifact(app, req, res, await app.artifacts.get(ref.artifactId));
-    })().catch((error: unknown) => sendError(app, res, error));
+    })().catch((error: unknown) => sendError(app, toClientError, res, error));
     return true;
   }
   return false;

@@ -7,14 +7,15 @@ import {
   type KnowledgeService,
 } from "../../gen/meshwork/v1/knowledge_pb.js";
 import type { App } from "../app.js";
-import { StoreError } from "../db/errors.js";
-import { pageSize } from "../db/paging.js";
+import { invalid } from "../core/errors.js";
+import { text } from "../core/validate.js";
+import { decodePageToken, type Position, pageOf, pageSize } from "../db/paging.js";
 import type { KnowledgeRow } from "../db/schema/index.js";
-import { invalid } from "../rpc/errors.js";
-import { text } from "../tasks/convert.js";
-import type { KnowledgeCursor } from "./store.js";
 
 const exportPage = 500;
+
+/** Entries are listed and exported in (updated_at, kind, key) order. */
+const positionOf = (e: KnowledgeRow): Position => ({ at: e.updatedAt, keys: [e.kind, e.key] });
 
 export function toEntry(row: KnowledgeRow): KnowledgeEntry {
   return create(KnowledgeEntrySchema, {
@@ -48,27 +49,6 @@ function fromEntry(e: KnowledgeEntry): KnowledgeRow | undefined {
   }
 }
 
-function encodeCursor(c: KnowledgeCursor): string {
-  return Buffer.from(JSON.stringify([c.at.getTime(), c.kind, c.key])).toString("base64url");
-}
-
-function decodeCursor(token: string): KnowledgeCursor | undefined {
-  if (token === "") return undefined;
-  try {
-    const [ms, kind, key] = JSON.parse(Buffer.from(token, "base64url").toString()) as unknown[];
-    if (typeof ms === "number" && typeof kind === "string" && typeof key === "string") {
-      return { at: new Date(ms), kind, key };
-    }
-  } catch {
-    // fall through
-  }
-  throw new StoreError(
-    "invalid_argument",
-    "INVALID_PAGE_TOKEN",
-    "page_token is not a token this server issued",
-  );
-}
-
 /** KnowledgeService: versioned entries, and export/import between coordinators. */
 export function createKnowledgeService(app: App): ServiceImpl<typeof KnowledgeService> {
   const store = app.knowledge;
@@ -95,17 +75,10 @@ export function createKnowledgeService(app: App): ServiceImpl<typeof KnowledgeSe
       const rows = await store.page(
         { kind: req.kind === "" ? undefined : req.kind },
         size + 1,
-        decodeCursor(req.pageToken),
+        decodePageToken(req.pageToken, 2),
       );
-      const page = rows.slice(0, size);
-      const last = page[page.length - 1];
-      return {
-        entries: page.map(toEntry),
-        nextPageToken:
-          rows.length > size && last
-            ? encodeCursor({ at: last.updatedAt, kind: last.kind, key: last.key })
-            : "",
-      };
+      const page = pageOf(rows, size, positionOf);
+      return { entries: page.rows.map(toEntry), nextPageToken: page.next };
     },
 
     async deleteEntry(req) {
@@ -118,14 +91,14 @@ export function createKnowledgeService(app: App): ServiceImpl<typeof KnowledgeSe
         kind: req.kind === "" ? undefined : req.kind,
         since: req.since ? timestampDate(req.since) : undefined,
       };
-      let after: KnowledgeCursor | undefined;
+      let after: Position | undefined;
       for (;;) {
         if (ctx.signal.aborted) return;
         const rows = await store.page(filter, exportPage, after);
         if (rows.length > 0) yield { entries: rows.map(toEntry) };
         const last = rows[rows.length - 1];
         if (rows.length < exportPage || !last) return;
-        after = { at: last.updatedAt, kind: last.kind, key: last.key };
+        after = positionOf(last);
       }
     },
 

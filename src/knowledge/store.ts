@@ -1,20 +1,15 @@
 import { randomUUID } from "node:crypto";
-import { and, asc, eq, gt, or, sql } from "drizzle-orm";
-import { type Db, rowsOf } from "../db/database.js";
-import { StoreError } from "../db/errors.js";
+import { and, asc, eq, gt, sql } from "drizzle-orm";
+import { DomainError } from "../core/errors.js";
+import type { Db } from "../db/database.js";
+import { keysetAfter, type Position } from "../db/paging.js";
 import { coordinatorMeta, type KnowledgeRow, knowledgeEntries } from "../db/schema/index.js";
+import { asBoolean, rowsOf } from "../db/values.js";
 
 export interface ImportCounts {
   inserted: number;
   updated: number;
   unchanged: number;
-}
-
-/** A position in (updated_at, kind, key) order, for listing and export. */
-export interface KnowledgeCursor {
-  at: Date;
-  kind: string;
-  key: string;
 }
 
 /** Knowledge entries and this coordinator's stable origin id. */
@@ -57,7 +52,7 @@ export function createKnowledgeStore(db: Db) {
           .for("update");
         const next = version === 0 ? (stored?.version ?? 0) + 1 : version;
         if (stored && next <= stored.version) {
-          throw new StoreError(
+          throw new DomainError(
             "aborted",
             "VERSION_CONFLICT",
             `version ${next} is not newer than the stored version ${stored.version} of ${kind}/${key}`,
@@ -82,7 +77,7 @@ export function createKnowledgeStore(db: Db) {
         .from(k)
         .where(and(eq(k.kind, kind), eq(k.key, key)));
       if (!row)
-        throw new StoreError("not_found", "NOT_FOUND", `knowledge entry ${kind}/${key} not found`);
+        throw new DomainError("not_found", "NOT_FOUND", `knowledge entry ${kind}/${key} not found`);
       return row;
     },
 
@@ -92,7 +87,7 @@ export function createKnowledgeStore(db: Db) {
         .where(and(eq(k.kind, kind), eq(k.key, key)))
         .returning({ key: k.key });
       if (rows.length === 0) {
-        throw new StoreError("not_found", "NOT_FOUND", `knowledge entry ${kind}/${key} not found`);
+        throw new DomainError("not_found", "NOT_FOUND", `knowledge entry ${kind}/${key} not found`);
       }
     },
 
@@ -100,7 +95,7 @@ export function createKnowledgeStore(db: Db) {
     async page(
       filter: { kind?: string | undefined; since?: Date | undefined },
       size: number,
-      after: KnowledgeCursor | undefined,
+      after: Position | undefined,
     ): Promise<KnowledgeRow[]> {
       return db
         .select()
@@ -109,13 +104,7 @@ export function createKnowledgeStore(db: Db) {
           and(
             filter.kind ? eq(k.kind, filter.kind) : undefined,
             filter.since ? gt(k.updatedAt, filter.since) : undefined,
-            after
-              ? or(
-                  gt(k.updatedAt, after.at),
-                  and(eq(k.updatedAt, after.at), gt(k.kind, after.kind)),
-                  and(eq(k.updatedAt, after.at), eq(k.kind, after.kind), gt(k.key, after.key)),
-                )
-              : undefined,
+            keysetAfter([k.updatedAt, k.kind, k.key], after, "asc"),
           ),
         )
         .orderBy(asc(k.updatedAt), asc(k.kind), asc(k.key))
@@ -139,7 +128,9 @@ export function createKnowledgeStore(db: Db) {
       const json = JSON.stringify(
         [...best.values()].map((e) => ({ ...e, updatedAt: e.updatedAt.toISOString() })),
       );
-      const rows = await db.execute(sql`
+      const list = await rowsOf<{ inserted: unknown }>(
+        db,
+        sql`
         insert into knowledge_entries as k (kind, key, value, version, updated_at, origin)
         select v.kind, v.key, v.value, v.version, v."updatedAt", v.origin
         from jsonb_to_recordset(${json}::jsonb)
@@ -148,9 +139,9 @@ export function createKnowledgeStore(db: Db) {
           set value = excluded.value, version = excluded.version,
               updated_at = excluded.updated_at, origin = excluded.origin
           where (excluded.version, excluded.updated_at, excluded.origin) > (k.version, k.updated_at, k.origin)
-        returning (xmax = 0) as inserted`);
-      const list = rowsOf<{ inserted: boolean | string }>(rows);
-      const inserted = list.filter((r) => r.inserted === true || r.inserted === "t").length;
+        returning (xmax = 0) as inserted`,
+      );
+      const inserted = list.filter((r) => asBoolean(r.inserted)).length;
       const updated = list.length - inserted;
       return { inserted, updated, unchanged: entries.length - list.length };
     },

@@ -13,35 +13,18 @@ import {
 } from "../../gen/meshwork/v1/lease_pb.js";
 import type { Progress as ProgressMessage } from "../../gen/meshwork/v1/task_pb.js";
 import type { App } from "../app.js";
-import { StoreError } from "../db/errors.js";
-import { isUuid } from "../db/paging.js";
+import { DomainError, invalid } from "../core/errors.js";
+import { type LeaseRef, leaseToken, parseLeaseRef } from "../core/lease-ref.js";
+import { attemptField, intInRange, isUuid, stringList, text, uuidField } from "../core/validate.js";
 import type { ArtifactRefJson } from "../db/schema/index.js";
-import { codeName, codeOfKind, invalid } from "../rpc/errors.js";
-import { uuidField } from "../rpc/validate.js";
-import { intInRange, stringList, text, toTask } from "../tasks/convert.js";
+import { codeName, codeOfKind } from "../rpc/errors.js";
+import { toTask } from "../tasks/convert.js";
 import { toClaim } from "./convert.js";
 import { sanitizeMessage } from "./sanitize.js";
-import type { Completion, LeaseRef, Progress } from "./store.js";
+import type { Completion, Progress } from "./store.js";
 
 /** How long a StreamLeases stream trusts the drained flag it last read. */
 const drainedRecheckMs = 5000;
-
-interface LeaseFields {
-  taskId: string;
-  workerId: string;
-  attempt: number;
-  leaseToken: string;
-}
-
-function leaseRef(req: LeaseFields, field = ""): LeaseRef {
-  if (req.leaseToken.length > 256) throw invalid(`${field}lease_token is too long`);
-  return {
-    taskId: uuidField(`${field}task_id`, req.taskId),
-    workerId: uuidField(`${field}worker_id`, req.workerId),
-    attempt: intInRange(`${field}attempt`, req.attempt, 1, 2_000_000_000),
-    token: req.leaseToken,
-  };
-}
 
 function progressOf(p: ProgressMessage | undefined): Progress | undefined {
   if (!p) return undefined;
@@ -93,14 +76,14 @@ function completionOf(req: CompleteTaskRequest, publicUrl: string, field = ""): 
   if (req.resultSummary.length > 4096)
     throw invalid(`${field}result_summary is longer than 4096 characters`);
   return {
-    ...leaseRef(req, field),
+    ...parseLeaseRef(req, field),
     result: resultRef(req.result, publicUrl, field),
     summary: req.resultSummary,
     metrics: req.metrics,
   };
 }
 
-function errorResult(error: StoreError): CompletionResult {
+function errorResult(error: DomainError): CompletionResult {
   return create(CompletionResultSchema, {
     outcome: {
       case: "error",
@@ -120,11 +103,11 @@ function errorResult(error: StoreError): CompletionResult {
 async function checkCheckpoint(app: App, lease: LeaseRef, handle: string): Promise<void> {
   if (!isUuid(handle)) return;
   const row = await app.artifacts.get(handle.toLowerCase()).catch((error: unknown) => {
-    if (error instanceof StoreError && error.kind === "not_found") return undefined;
+    if (error instanceof DomainError && error.kind === "not_found") return undefined;
     throw error;
   });
   if (row && (row.taskId !== lease.taskId || row.kind !== "CHECKPOINT")) {
-    throw new StoreError(
+    throw new DomainError(
       "aborted",
       "ARTIFACT_MISMATCH",
       `checkpoint_handle names artifact ${row.id}, which is not a CHECKPOINT of task ${lease.taskId}`,
@@ -176,7 +159,7 @@ export function createLeaseService(app: App): Partial<ServiceImpl<typeof LeaseSe
     },
 
     async startTask(req) {
-      const lease = leaseRef(req);
+      const lease = parseLeaseRef(req);
       app.heartbeats.touch(lease.workerId);
       const row = await app.leases.start(lease);
       app.events.emit([row.id]);
@@ -184,7 +167,7 @@ export function createLeaseService(app: App): Partial<ServiceImpl<typeof LeaseSe
     },
 
     async renewLease(req) {
-      const lease = leaseRef(req);
+      const lease = parseLeaseRef(req);
       const extend =
         req.extendSeconds === undefined
           ? undefined
@@ -223,8 +206,8 @@ export function createLeaseService(app: App): Partial<ServiceImpl<typeof LeaseSe
         app.heartbeats.touch(id, queueDepth);
         const items = req.leases.map((l, i) => ({
           taskId: uuidField(`leases[${i}].task_id`, l.taskId),
-          attempt: intInRange(`leases[${i}].attempt`, l.attempt, 1, 2_000_000_000),
-          token: l.leaseToken.slice(0, 256),
+          attempt: attemptField(`leases[${i}].attempt`, l.attempt),
+          token: leaseToken(`leases[${i}].lease_token`, l.leaseToken),
           progress: progressOf(l.progress),
         }));
         const outcomes = await app.leases.renewMany(id, items);
@@ -266,15 +249,15 @@ export function createLeaseService(app: App): Partial<ServiceImpl<typeof LeaseSe
         try {
           return completionOf(c, publicUrl, `completions[${i}].`);
         } catch (error) {
-          if (error instanceof StoreError) return error;
+          if (error instanceof DomainError) return error;
           throw error;
         }
       });
-      const valid = parsed.filter((p): p is Completion => !(p instanceof StoreError));
+      const valid = parsed.filter((p): p is Completion => !(p instanceof DomainError));
       const outcomes = await app.leases.complete(valid);
       let next = 0;
       const results = parsed.map((p) => {
-        if (p instanceof StoreError) return errorResult(p);
+        if (p instanceof DomainError) return errorResult(p);
         const o = outcomes[next++];
         if (!o) throw new Error("complete returned too few outcomes");
         return "error" in o
@@ -286,7 +269,7 @@ export function createLeaseService(app: App): Partial<ServiceImpl<typeof LeaseSe
     },
 
     async failTask(req) {
-      const lease = leaseRef(req);
+      const lease = parseLeaseRef(req);
       const code = text("error_code", req.errorCode, { optional: true }).slice(0, 128) || "ERROR";
       const row = await app.leases.fail(
         lease,
@@ -299,7 +282,7 @@ export function createLeaseService(app: App): Partial<ServiceImpl<typeof LeaseSe
     },
 
     async releaseTask(req) {
-      const lease = leaseRef(req);
+      const lease = parseLeaseRef(req);
       if (req.checkpointHandle.length > 4096) {
         throw invalid("checkpoint_handle is longer than 4096 characters");
       }

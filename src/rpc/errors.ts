@@ -1,12 +1,12 @@
-import { create } from "@bufbuild/protobuf";
+import { create, type Message } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { ErrorInfoSchema } from "../../gen/meshwork/v1/errors_pb.js";
-import { TaskSchema } from "../../gen/meshwork/v1/task_pb.js";
-import { StoreError, type StoreErrorKind } from "../db/errors.js";
-import { toTask } from "../tasks/convert.js";
+import { type Task, TaskSchema } from "../../gen/meshwork/v1/task_pb.js";
+import { DomainError, type ErrorKind } from "../core/errors.js";
+import type { TaskRow } from "../db/schema/index.js";
 
-/** The one table from a store's refusal to a Connect code (SPEC section 6). */
-export const codeOfKind: Record<StoreErrorKind, Code> = {
+/** The one table from a domain refusal to a Connect code (docs/protocol.md#errors). */
+export const codeOfKind: Record<ErrorKind, Code> = {
   invalid_argument: Code.InvalidArgument,
   not_found: Code.NotFound,
   already_exists: Code.AlreadyExists,
@@ -36,39 +36,47 @@ export function codeName(code: Code): string {
   return Code[code].replace(/([a-z])([A-Z])/g, "$1_$2").toLowerCase();
 }
 
-/** Shorthand for a bad-input error. */
-export function invalid(message: string, reason = "INVALID_ARGUMENT"): StoreError {
-  return new StoreError("invalid_argument", reason, message);
-}
-
-/** A ConnectError for a store refusal, with an ErrorInfo detail carrying the reason. */
-export function connectErrorOf(error: StoreError): ConnectError {
-  const info = create(ErrorInfoSchema, {
-    reason: error.reason,
-    taskId: error.details.taskId ?? "",
-    currentAttempt: error.details.currentAttempt ?? 0,
-  });
-  const details: ConstructorParameters<typeof ConnectError>[3] = [
-    { desc: ErrorInfoSchema, value: info },
-  ];
-  // A placement conflict carries the task as it is (SPEC section 5).
-  if (error.details.task) details.push({ desc: TaskSchema, value: toTask(error.details.task) });
-  return new ConnectError(error.message, codeOfKind[error.kind], undefined, details);
-}
+/** The public form of a task, for errors that carry one (given by the caller: tasks/convert.ts). */
+export type TaskEncoder = (row: TaskRow) => Task;
 
 /**
- * Turns anything thrown by a handler into what a client may see: a store
- * refusal keeps its code and reason; a ConnectError raised on purpose stays
- * as it is; anything else becomes `internal` with the message "internal
- * error" (the cause goes to the log only). `unexpected` is true in that last case.
+ * Maps what handlers throw to what a client may see. A domain refusal keeps
+ * its code and gets an ErrorInfo detail with its reason (and the task as it
+ * is, when the refusal carries one: a placement conflict); a ConnectError
+ * raised on purpose stays as it is; anything else becomes `internal` with
+ * the message "internal error" (the cause goes to the log only) and
+ * `unexpected` true.
  */
-export function toClientError(error: unknown): { error: ConnectError; unexpected: boolean } {
-  if (error instanceof StoreError) return { error: connectErrorOf(error), unexpected: false };
-  if (error instanceof ConnectError) {
-    if (error.code === Code.Internal || error.code === Code.Unknown) {
-      return { error: new ConnectError("internal error", Code.Internal), unexpected: true };
-    }
-    return { error, unexpected: false };
+export function createErrorMapper(encodeTask: TaskEncoder) {
+  function connectErrorOf(error: DomainError): ConnectError {
+    const info = create(ErrorInfoSchema, {
+      reason: error.reason,
+      taskId: error.details.taskId ?? "",
+      currentAttempt: error.details.currentAttempt ?? 0,
+    });
+    const details: { desc: typeof ErrorInfoSchema | typeof TaskSchema; value: Message }[] = [
+      { desc: ErrorInfoSchema, value: info },
+    ];
+    if (error.details.task)
+      details.push({ desc: TaskSchema, value: encodeTask(error.details.task) });
+    return new ConnectError(
+      error.message,
+      codeOfKind[error.kind],
+      undefined,
+      details as ConstructorParameters<typeof ConnectError>[3],
+    );
   }
-  return { error: new ConnectError("internal error", Code.Internal), unexpected: true };
+
+  return function toClientError(error: unknown): { error: ConnectError; unexpected: boolean } {
+    if (error instanceof DomainError) return { error: connectErrorOf(error), unexpected: false };
+    if (error instanceof ConnectError) {
+      if (error.code === Code.Internal || error.code === Code.Unknown) {
+        return { error: new ConnectError("internal error", Code.Internal), unexpected: true };
+      }
+      return { error, unexpected: false };
+    }
+    return { error: new ConnectError("internal error", Code.Internal), unexpected: true };
+  };
 }
+
+export type ToClientError = ReturnType<typeof createErrorMapper>;

@@ -1,16 +1,17 @@
 import type { Interceptor } from "@connectrpc/connect";
 import type { Logger } from "../log.js";
 import { kCorrelationId } from "./context.js";
-import { toClientError } from "./errors.js";
+import type { ToClientError } from "./errors.js";
 
 /**
  * Logs every RPC with its correlation id, method, code and duration, and
- * turns whatever a handler throws into what a client may see (rpc/errors.ts):
+ * turns whatever a handler throws into what a client may see (`toClientError`,
+ * from rpc/errors.ts):
  * store refusals keep their code and reason, anything unexpected becomes
  * `internal error` and is logged in full, never sent. Streaming responses
  * are wrapped too, since their errors surface while the stream is read.
  */
-export function createRpcInterceptor(log: Logger): Interceptor {
+export function createRpcInterceptor(log: Logger, toClientError: ToClientError): Interceptor {
   return (next) => async (req) => {
     const started = performance.now();
     const rpcLog = log.child({

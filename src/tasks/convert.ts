@@ -13,8 +13,9 @@ import {
   TaskSchema,
   TaskState,
 } from "../../gen/meshwork/v1/task_pb.js";
+import { invalid } from "../core/errors.js";
+import { intInRange, stringList, stringMap, text } from "../core/validate.js";
 import type { ArtifactRefJson, TaskRow, TaskStateName } from "../db/schema/index.js";
-import { invalid } from "../rpc/errors.js";
 import type { NewTask } from "./store.js";
 
 export const defaults = {
@@ -22,8 +23,6 @@ export const defaults = {
   leaseSeconds: 60,
   backoff: { initialMs: 1000, maxMs: 5 * 60_000, multiplier: 2 },
 } as const;
-
-const maxText = 256;
 
 export function toTaskState(name: TaskStateName): TaskState {
   return TaskState[name];
@@ -94,37 +93,6 @@ export function toTask(row: TaskRow, withToken = false): Task {
     startedAt: ts(row.startedAt),
     finishedAt: ts(row.finishedAt),
   });
-}
-
-/** Checks an identifier-like string: non-empty unless `optional`, at most 256 characters. */
-export function text(field: string, value: string, { optional = false } = {}): string {
-  if (!optional && value.trim() === "") throw invalid(`${field} is required`);
-  if (value.length > maxText) throw invalid(`${field} is longer than ${maxText} characters`);
-  return value;
-}
-
-/** Checks a whole number within [min, max]. */
-export function intInRange(field: string, value: number, min: number, max: number): number {
-  if (!Number.isInteger(value) || value < min || value > max) {
-    throw invalid(`${field} must be from ${min} to ${max}, not ${value}`);
-  }
-  return value;
-}
-
-export function stringList(field: string, values: string[], maxItems = 100): string[] {
-  if (values.length > maxItems) throw invalid(`${field} has more than ${maxItems} entries`);
-  for (const v of values) text(`${field} entry`, v);
-  return [...new Set(values)];
-}
-
-export function stringMap(field: string, map: Record<string, string>, maxItems = 100) {
-  const entries = Object.entries(map);
-  if (entries.length > maxItems) throw invalid(`${field} has more than ${maxItems} entries`);
-  for (const [k, v] of entries) {
-    text(`${field} key`, k);
-    text(`${field}[${k}]`, v, { optional: true });
-  }
-  return map;
 }
 
 function validTimestamp(field: string, t: Timestamp): Date {

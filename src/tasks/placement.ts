@@ -1,8 +1,9 @@
 import { eq, sql } from "drizzle-orm";
+import { DomainError, notFound } from "../core/errors.js";
+import { liveLeases, newToken } from "../core/task-sql.js";
+import { workerLost } from "../core/worker-sql.js";
 import type { Db } from "../db/database.js";
-import { StoreError } from "../db/errors.js";
 import { type TaskRow, tasks, type WorkerRow, workers } from "../db/schema/index.js";
-import { newToken } from "../leases/store.js";
 
 export interface PlacementRequest {
   taskId: string;
@@ -53,15 +54,12 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
   async function place(p: PlacementRequest, retry: boolean): Promise<TaskRow> {
     return db.transaction(async (tx) => {
       const [task] = await tx.select().from(tasks).where(eq(tasks.id, p.taskId)).for("update");
-      if (!task)
-        throw new StoreError("not_found", "NOT_FOUND", `task ${p.taskId} not found`, {
-          taskId: p.taskId,
-        });
+      if (!task) throw notFound(`task ${p.taskId}`, { taskId: p.taskId });
       const details = { taskId: task.id, currentAttempt: task.attempt, task };
       if (task.state === "ASSIGNED" || (retry && task.state === "RUNNING")) {
         if (p.key !== "" && p.key === task.scheduleIdempotencyKey) return task; // same assignment
         if (!retry) {
-          throw new StoreError(
+          throw new DomainError(
             "aborted",
             "ALREADY_ASSIGNED",
             `task ${task.id} is already assigned to worker ${task.assignedWorkerId} under another schedule_idempotency_key`,
@@ -71,7 +69,7 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
       }
       const allowed = retry ? ["ASSIGNED", "RUNNING", "FAILED"] : ["PENDING"];
       if (!allowed.includes(task.state)) {
-        throw new StoreError(
+        throw new DomainError(
           "failed_precondition",
           "INVALID_STATE",
           `task ${task.id} is ${task.state}: ${retry ? "RetryTask takes ASSIGNED, RUNNING or FAILED" : "ScheduleTask takes PENDING"} tasks`,
@@ -83,17 +81,12 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           worker: workers,
           // Spelled out: Drizzle leaves select-list columns unqualified, and
           // inside this subquery "id" would be the task's.
-          activeLeases: sql<number>`(select count(*)::int from tasks t
-            where t.lease_worker_id = workers.id and t.state in ('ASSIGNED', 'RUNNING')
-            and t.lease_expires_at > now() and t.id <> ${task.id})`,
-          lost: sql<boolean>`(workers.last_heartbeat_at < now() - make_interval(secs => ${3 * heartbeatIntervalSeconds}))`,
+          // The task being re-placed does not take a slot of its current holder.
+          activeLeases: liveLeases(workers.id, task.id).mapWith(Number),
+          lost: workerLost(heartbeatIntervalSeconds),
         })
         .from(workers);
-      const all: Candidate[] = rows.map((r) => ({
-        ...r.worker,
-        activeLeases: Number(r.activeLeases),
-        lost: r.lost === true || (r.lost as unknown) === "t",
-      }));
+      const all: Candidate[] = rows.map((r) => ({ ...r.worker, ...r }));
       const fits = all
         .filter((w) => rejections(w, task).length === 0)
         .sort(
@@ -112,7 +105,7 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           .slice(0, 8)
           .map(({ w, why }) => `${w.name || w.id}: ${why.join(", ")}`)
           .join("; ");
-        throw new StoreError(
+        throw new DomainError(
           "failed_precondition",
           "NO_CANDIDATE",
           `no worker can take task ${task.id}${reasons ? ` (${reasons})` : " (no workers registered)"}`,

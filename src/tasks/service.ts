@@ -8,14 +8,15 @@ import type {
 import type { App } from "../app.js";
 import { toArtifactRefJson } from "../artifacts/convert.js";
 import { storeUpload } from "../artifacts/uploads.js";
+import { canonicalJson } from "../core/canonical-json.js";
+import { invalid } from "../core/errors.js";
+import { terminalStates } from "../core/task-sql.js";
+import { intInRange, text, uuidField } from "../core/validate.js";
 import { decodeCursor, pageSize } from "../db/paging.js";
 import type { ArtifactRefJson } from "../db/schema/index.js";
 import { kCorrelationId } from "../rpc/context.js";
-import { invalid } from "../rpc/errors.js";
-import { uuidField } from "../rpc/validate.js";
-import { fromCreateRequest, fromTaskState, intInRange, text, toTask } from "./convert.js";
+import { fromCreateRequest, fromTaskState, toTask } from "./convert.js";
 import type { PlacementRequest } from "./placement.js";
-import { canonicalJson, terminalStates } from "./store.js";
 
 /** How often a watcher re-reads its task when nothing happened on this replica. */
 const watchRecheckMs = 5000;

@@ -1,8 +1,11 @@
 import { createHash, randomUUID } from "node:crypto";
-import { and, desc, eq, inArray, or, type SQL, sql } from "drizzle-orm";
+import { and, desc, eq, inArray, or, sql } from "drizzle-orm";
+import { canonicalJson } from "../core/canonical-json.js";
+import { DomainError, notFound } from "../core/errors.js";
+import { stateIs } from "../core/task-sql.js";
 import type { Db } from "../db/database.js";
-import { StoreError } from "../db/errors.js";
-import { type Cursor, keysetAfter, pageOf } from "../db/paging.js";
+import { lazy } from "../db/lazy.js";
+import { byTimeAndId, keysetAfter, type Position, pageOf } from "../db/paging.js";
 import {
   type ArtifactRefJson,
   type TaskRow,
@@ -36,23 +39,6 @@ export interface TaskFilter {
   workerId?: string | undefined;
 }
 
-export const activeStates: TaskStateName[] = ["ASSIGNED", "RUNNING"];
-export const terminalStates: TaskStateName[] = ["SUCCEEDED", "FAILED", "CANCELED"];
-
-/**
- * `state = 'X'` / `state in ('X', 'Y')` with the names as SQL literals, not
- * parameters: the partial indexes (`where state = 'PENDING'`, …) can only
- * be used when the planner sees the literal. With parameters, the generic
- * plan of a prepared statement scans the whole table (seen here: claims 50×
- * slower once PostgreSQL switched to the generic plan).
- */
-export function stateIs(...names: TaskStateName[]): SQL {
-  const literals = names.map((n) => `'${n}'`).join(", ");
-  return names.length === 1
-    ? sql`${tasks.state} = ${sql.raw(literals)}`
-    : sql`${tasks.state} in (${sql.raw(literals)})`;
-}
-
 /**
  * What identifies a create request for idempotency: everything but the
  * correlation id (tracing metadata that differs between retries).
@@ -67,20 +53,15 @@ export function requestHash(t: NewTask): string {
     .digest("hex");
 }
 
-/** JSON with object keys sorted, so equal values hash equally. */
-export function canonicalJson(value: unknown): string {
-  return JSON.stringify(value, (_key, v) => {
-    if (v instanceof Date) return v.toISOString();
-    if (v && typeof v === "object" && !Array.isArray(v)) {
-      return Object.fromEntries(Object.entries(v).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
-    }
-    return v;
-  });
-}
-
-/** Task reads and client-side writes. Lease transitions live in leases/store.ts. */
+/** Task reads and client-side writes. Lease transitions live in src/leases/. */
 export function createTaskStore(db: Db) {
-  let byId: { execute(params: { id: string }): Promise<TaskRow[]> } | undefined;
+  const byId = lazy(() =>
+    db
+      .select()
+      .from(tasks)
+      .where(sql`${tasks.id} = ${sql.placeholder("id")}::uuid`)
+      .prepare("meshwork_task_by_id"),
+  );
   return {
     /**
      * Creates tasks in one transaction, all or none, returned in input
@@ -137,7 +118,7 @@ export function createTaskStore(db: Db) {
             byId.get(v.id) ?? (v.idempotencyKey ? byKey.get(v.idempotencyKey) : undefined);
           if (!row) throw new Error("task neither inserted nor found");
           if (row.id !== v.id && row.requestHash !== v.requestHash) {
-            throw new StoreError(
+            throw new DomainError(
               "already_exists",
               "IDEMPOTENCY_KEY_REUSED",
               `idempotency_key ${JSON.stringify(v.idempotencyKey)} was used for a different request (task ${row.id})`,
@@ -150,13 +131,8 @@ export function createTaskStore(db: Db) {
     },
 
     async get(id: string): Promise<TaskRow> {
-      byId ??= db
-        .select()
-        .from(tasks)
-        .where(sql`${tasks.id} = ${sql.placeholder("id")}::uuid`)
-        .prepare("meshwork_task_by_id");
-      const [row] = await byId.execute({ id });
-      if (!row) throw notFound(id);
+      const [row] = await byId().execute({ id });
+      if (!row) throw notFound(`task ${id}`, { taskId: id });
       return row;
     },
 
@@ -164,7 +140,7 @@ export function createTaskStore(db: Db) {
     async list(
       filter: TaskFilter,
       size: number,
-      after: Cursor | undefined,
+      after: Position | undefined,
     ): Promise<{ rows: TaskRow[]; next: string }> {
       const where = and(
         filter.state ? eq(tasks.state, filter.state) : undefined,
@@ -176,7 +152,7 @@ export function createTaskStore(db: Db) {
               eq(tasks.assignedWorkerId, filter.workerId),
             )
           : undefined,
-        keysetAfter(tasks.createdAt, tasks.id, after, "desc"),
+        keysetAfter([tasks.createdAt, tasks.id], after, "desc"),
       );
       const rows = await db
         .select()
@@ -184,7 +160,7 @@ export function createTaskStore(db: Db) {
         .where(where)
         .orderBy(desc(tasks.createdAt), desc(tasks.id))
         .limit(size + 1);
-      return pageOf(rows, size, (r) => ({ at: r.createdAt, id: r.id }));
+      return pageOf(rows, size, (r) => byTimeAndId(r.createdAt, r.id));
     },
 
     /**
@@ -206,7 +182,7 @@ export function createTaskStore(db: Db) {
         .returning();
       if (row) return row;
       const current = await this.get(id);
-      throw new StoreError(
+      throw new DomainError(
         "failed_precondition",
         "INVALID_STATE",
         `task ${id} is ${current.state} and cannot be cancelled`,
@@ -247,10 +223,6 @@ export function createTaskStore(db: Db) {
 }
 
 export type TaskStore = ReturnType<typeof createTaskStore>;
-
-export function notFound(id: string): StoreError {
-  return new StoreError("not_found", "NOT_FOUND", `task ${id} not found`, { taskId: id });
-}
 
 function inOrder(values: { id: string }[], rows: TaskRow[]): TaskRow[] {
   const byId = new Map(rows.map((r) => [r.id, r]));

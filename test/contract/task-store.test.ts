@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { StoreError } from "../../src/db/errors.js";
+import { DomainError } from "../../src/core/errors.js";
 import { decodeCursor } from "../../src/db/paging.js";
 import { createTaskStore, type TaskStore } from "../../src/tasks/store.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
@@ -119,7 +119,7 @@ describe("task store", () => {
     });
     expect(canceled.finishedAt).toBeInstanceOf(Date);
     const again = store.cancel(id, "twice");
-    await expect(again).rejects.toBeInstanceOf(StoreError);
+    await expect(again).rejects.toBeInstanceOf(DomainError);
     await expect(again).rejects.toMatchObject({ kind: "failed_precondition" });
     expect((await store.get(id)).errorMessage).toBe("no longer needed");
   });

@@ -2,8 +2,7 @@ import { randomUUID } from "node:crypto";
 import { createClient, createRouterTransport } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { TaskState } from "../../gen/meshwork/v1/task_pb.js";
-import { createRpcInterceptor } from "../../src/rpc/interceptors.js";
-import { createRoutes } from "../../src/server.js";
+import { createRoutes, rpcInterceptors } from "../../src/server.js";
 import { createTestDatabase } from "../support/database.js";
 import { outcome } from "../support/errors.js";
 import { expireLease } from "../support/fixtures.js";
@@ -225,7 +224,7 @@ describe("bad input: each refused with its code, nothing changed", () => {
     const tdb = await createTestDatabase();
     const app = appOn(tdb.database);
     const transport = createRouterTransport(createRoutes(app), {
-      router: { interceptors: [createRpcInterceptor(app.log)] },
+      router: { interceptors: rpcInterceptors(app) },
     });
     const { TaskService } = await import("../../gen/meshwork/v1/task_pb.js");
     const client = createClient(TaskService, transport);

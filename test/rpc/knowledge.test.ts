@@ -3,8 +3,7 @@ import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { createClient, createRouterTransport } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { KnowledgeEntrySchema, KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
-import { createRpcInterceptor } from "../../src/rpc/interceptors.js";
-import { createRoutes } from "../../src/server.js";
+import { createRoutes, rpcInterceptors } from "../../src/server.js";
 import { outcome } from "../support/errors.js";
 import { appOn, createHarness, type Harness, uniqueWorkload } from "../support/harness.js";
 
@@ -15,7 +14,7 @@ beforeAll(async () => {
   knowledge = createClient(
     KnowledgeService,
     createRouterTransport(createRoutes(h.app), {
-      router: { interceptors: [createRpcInterceptor(h.app.log)] },
+      router: { interceptors: rpcInterceptors(h.app) },
     }),
   );
 });

@@ -10,8 +10,7 @@ import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
 import { type App, createApp } from "../../src/app.js";
 import type { Config } from "../../src/config.js";
 import type { Database } from "../../src/db/database.js";
-import { createRpcInterceptor } from "../../src/rpc/interceptors.js";
-import { createRoutes } from "../../src/server.js";
+import { createRoutes, rpcInterceptors } from "../../src/server.js";
 import { createTestDatabase, type TestDatabase } from "./database.js";
 
 export function testConfig(overrides: Partial<Config> = {}): Config {
@@ -53,7 +52,7 @@ export async function createHarness(overrides: Partial<Config> = {}): Promise<Ha
   const app = appOn(db.database, overrides);
   await app.start({ sweeper: false });
   const transport = createRouterTransport(createRoutes(app), {
-    router: { interceptors: [createRpcInterceptor(app.log)] },
+    router: { interceptors: rpcInterceptors(app) },
   });
   return {
     db,

@@ -73,6 +73,8 @@ export const tasks = pgTable(
     attempt: integer("attempt").notNull().default(0),
     // Attempts given back by ReleaseTask: they do not count against max_attempts.
     releases: integer("releases").notNull().default(0),
+    // Failed attempts, counted against max_attempts: attempts minus releases.
+    failures: integer("failures").notNull().generatedAlwaysAs(sql`attempt - releases`),
     maxAttempts: integer("max_attempts").notNull(),
     leaseSeconds: integer("lease_seconds").notNull(),
     backoffInitialMs: integer("backoff_initial_ms").notNull(),

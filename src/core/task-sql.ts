@@ -1,0 +1,51 @@
+import { type SQL, type SQLWrapper, sql } from "drizzle-orm";
+import { type TaskStateName, tasks } from "../db/schema/index.js";
+
+/** Every task state, in the order of the state machine. */
+export const allStates: readonly TaskStateName[] = [
+  "PENDING",
+  "ASSIGNED",
+  "RUNNING",
+  "SUCCEEDED",
+  "FAILED",
+  "CANCELED",
+];
+
+/** The states in which a task holds a lease. */
+export const activeStates: readonly TaskStateName[] = ["ASSIGNED", "RUNNING"];
+
+/** The states a task never leaves. */
+export const terminalStates: readonly TaskStateName[] = ["SUCCEEDED", "FAILED", "CANCELED"];
+
+/**
+ * `state = 'X'` / `state in ('X', 'Y')` with the names as SQL literals, not
+ * parameters: the partial indexes (`where state = 'PENDING'`, …) can only
+ * be used when the planner sees the literal. With parameters, the generic
+ * plan of a prepared statement scans the whole table (seen here: claims 50×
+ * slower once PostgreSQL switched to the generic plan).
+ */
+export function stateIs(...names: TaskStateName[]): SQL {
+  const literals = names.map((n) => `'${n}'`).join(", ");
+  return names.length === 1
+    ? sql`${tasks.state} = ${sql.raw(literals)}`
+    : sql`${tasks.state} in (${sql.raw(literals)})`;
+}
+
+/** A new lease token (database function of migration 0006: 64 hex digits from the CSPRNG). */
+export const newToken = sql`meshwork_new_token()`;
+
+/**
+ * The live leases a worker holds (ASSIGNED/RUNNING, unexpired), by the
+ * database function of migration 0006, which the claim uses too.
+ * `exceptTask` leaves out a task being re-placed.
+ */
+export function liveLeases(worker: SQLWrapper, exceptTask?: string): SQL<number> {
+  return exceptTask === undefined
+    ? sql<number>`meshwork_live_leases(${worker})`
+    : sql<number>`meshwork_live_leases(${worker}, ${exceptTask}::uuid)`;
+}
+
+/** `expires_at` of a lease of `seconds` from now, on the database clock. */
+export function expiresIn(seconds: SQLWrapper): SQL {
+  return sql`now() + make_interval(secs => ${seconds})`;
+}

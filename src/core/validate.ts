@@ -1,0 +1,67 @@
+import { invalid } from "./errors.js";
+
+/**
+ * Field validators shared by every service: each returns the checked value
+ * or throws `invalid_argument` naming the field. `field` is the name a
+ * client sent (snake_case), with a prefix such as `tasks[3].` in batches.
+ */
+
+/** Identifiers, names, keys: at most this many characters. */
+export const maxText = 256;
+
+/** Checks an identifier-like string: non-empty unless `optional`, at most 256 characters. */
+export function text(field: string, value: string, { optional = false } = {}): string {
+  if (!optional && value.trim() === "") throw invalid(`${field} is required`);
+  if (value.length > maxText) throw invalid(`${field} is longer than ${maxText} characters`);
+  return value;
+}
+
+/** Checks a whole number within [min, max]. */
+export function intInRange(field: string, value: number, min: number, max: number): number {
+  if (!Number.isInteger(value) || value < min || value > max) {
+    throw invalid(`${field} must be from ${min} to ${max}, not ${value}`);
+  }
+  return value;
+}
+
+/** Checks a list of identifier-like strings (at most `maxItems`); duplicates are dropped. */
+export function stringList(field: string, values: string[], maxItems = 100): string[] {
+  if (values.length > maxItems) throw invalid(`${field} has more than ${maxItems} entries`);
+  for (const v of values) text(`${field} entry`, v);
+  return [...new Set(values)];
+}
+
+/** Checks a string map: keys required, values may be empty, both at most 256 characters. */
+export function stringMap(
+  field: string,
+  map: Record<string, string>,
+  maxItems = 100,
+): Record<string, string> {
+  const entries = Object.entries(map);
+  if (entries.length > maxItems) throw invalid(`${field} has more than ${maxItems} entries`);
+  for (const [k, v] of entries) {
+    text(`${field} key`, k);
+    text(`${field}[${k}]`, v, { optional: true });
+  }
+  return map;
+}
+
+const uuidPattern = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+export function isUuid(s: string): boolean {
+  return uuidPattern.test(s);
+}
+
+/** Checks a required id: a UUID (returned lower-cased), else `invalid_argument`. */
+export function uuidField(field: string, value: string): string {
+  if (value === "") throw invalid(`${field} is required`);
+  if (!isUuid(value)) {
+    throw invalid(`${field} must be a UUID, not ${JSON.stringify(value.slice(0, 64))}`);
+  }
+  return value.toLowerCase();
+}
+
+/** Attempts are counted from 1 (0 means "never leased" and names no lease). */
+export function attemptField(field: string, value: number): number {
+  return intInRange(field, value, 1, 2_000_000_000);
+}

@@ -1,0 +1,1 @@
+ALTER TABLE "tasks" ADD COLUMN "failures" integer GENERATED ALWAYS AS (attempt - releases) STORED NOT NULL;

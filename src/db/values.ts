@@ -1,0 +1,22 @@
+import type { SQL } from "drizzle-orm";
+import type { Db } from "./database.js";
+
+/**
+ * Driver differences, kept here so that stores never see them. For a
+ * computed column Drizzle leaves the value as the driver gives it: a boolean
+ * may come as `true` or as PostgreSQL's text form `"t"`, a count as a number
+ * or a string, and a raw statement's rows as an array (postgres.js) or as
+ * `{ rows }` (PGlite).
+ */
+
+/** A boolean from either driver (`.mapWith(asBoolean)` on a computed column). */
+export function asBoolean(value: unknown): boolean {
+  return value === true || value === "t";
+}
+
+/** Runs a raw statement and returns its rows, whichever driver ran it. */
+export async function rowsOf<T>(db: Db, query: SQL): Promise<T[]> {
+  const result: unknown = await db.execute(query);
+  if (Array.isArray(result)) return result as T[];
+  return ((result as { rows?: T[] }).rows ?? []) as T[];
+}

@@ -1,0 +1,44 @@
+import { getTableColumns, Subquery, sql } from "drizzle-orm";
+import type { Db } from "../db/database.js";
+import { type TaskRow, tasks } from "../db/schema/index.js";
+
+/** The worker a claim is for, with what it offers this time. */
+export interface ClaimingWorker {
+  id: string;
+  capabilities: string[];
+  labels: Record<string, string>;
+}
+
+const p = sql.placeholder;
+
+/**
+ * The claim: one statement calling `meshwork_claim` (migration
+ * 0006_claim.sql), the single SQL text that says which tasks a worker may
+ * take, in which order, and the lease each gets, with the plan decisions
+ * that keep it O(claimed) whatever the backlog and the statistics. Rows
+ * come back best first (`with ordinality` keeps the function's order).
+ *
+ * Prepared once per store: building a Drizzle query costs more than the query.
+ */
+export function createClaimStatement(db: Db) {
+  const columns = getTableColumns(tasks);
+  // The function's rows under the table's name, so that Drizzle maps them
+  // to TaskRow exactly as it maps a select from the table.
+  const claimed = new Subquery(
+    sql`select * from meshwork_claim(${p("worker")}::uuid, ${p("caps")}::text[], ${p("labels")}::jsonb, ${p("max")}::int) with ordinality`,
+    columns,
+    "tasks",
+  );
+  const statement = db
+    .select(columns)
+    .from(claimed as unknown as typeof tasks)
+    .orderBy(sql`ordinality`)
+    .prepare("meshwork_claim");
+  return (worker: ClaimingWorker, max: number): Promise<TaskRow[]> =>
+    statement.execute({
+      worker: worker.id,
+      caps: worker.capabilities,
+      labels: JSON.stringify(worker.labels),
+      max,
+    });
+}
