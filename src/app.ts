@@ -1,33 +1,26 @@
 import { setMaxListeners } from "node:events";
 import { createFileBlobStore } from "./artifacts/blob-store.js";
-import { createArtifactStore } from "./artifacts/store.js";
 import type { Config } from "./config.js";
 import type { Database } from "./db/database.js";
 import { createWorkerCache } from "./fleet/cache.js";
 import { createHeartbeatBuffer } from "./fleet/heartbeats.js";
-import { createFleetStore } from "./fleet/store.js";
-import { createKnowledgeStore } from "./knowledge/store.js";
 import { createBatcher } from "./leases/batcher.js";
-import { type Completion, createLeaseStore } from "./leases/store.js";
+import type { Completion } from "./leases/store.js";
 import { createSweeper } from "./leases/sweeper.js";
 import { createClaimWakeups } from "./leases/wakeup.js";
 import type { Logger } from "./log.js";
+import { createStores, createWithTx } from "./stores.js";
 import { createTaskEvents } from "./tasks/events.js";
-import { createPlacementStore } from "./tasks/placement.js";
-import { createTaskStore } from "./tasks/store.js";
 
 /**
  * Everything the handlers share, built from an open database. No globals:
- * tests build as many as they like.
+ * tests build as many as they like. Each service takes only the parts it
+ * uses (its own `…Deps` type); the app satisfies all of them.
  */
 export function createApp(database: Database, config: Config, log: Logger) {
-  const fleet = createFleetStore(database.db, config.heartbeatIntervalSeconds);
-  const tasks = createTaskStore(database.db);
-  const artifacts = createArtifactStore(database.db);
-  const placement = createPlacementStore(database.db, config.heartbeatIntervalSeconds);
-  const knowledge = createKnowledgeStore(database.db);
+  const stores = createStores(database.db, config);
+  const { fleet, leases } = stores;
   const blobs = createFileBlobStore(config.blobDir);
-  const leases = createLeaseStore(database.db);
   const events = createTaskEvents();
   const wakeups = createClaimWakeups();
   const heartbeats = createHeartbeatBuffer(fleet);
@@ -46,13 +39,10 @@ export function createApp(database: Database, config: Config, log: Logger) {
     database,
     config,
     log,
-    fleet,
-    tasks,
-    leases,
-    artifacts,
+    ...stores,
+    /** The stores bound to one transaction, for changes that commit together. */
+    withTx: createWithTx(database.db, config),
     blobs,
-    placement,
-    knowledge,
     events,
     wakeups,
     heartbeats,

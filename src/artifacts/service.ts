@@ -4,18 +4,31 @@ import type {
   UploadArtifactHeader,
   UploadArtifactRequest,
 } from "../../gen/meshwork/v1/artifact_pb.js";
-import type { App } from "../app.js";
+import type { Config } from "../config.js";
 import { invalid } from "../core/errors.js";
+import { decodeCursor, pageSize } from "../core/paging.js";
 import { uuidField } from "../core/validate.js";
-import { decodeCursor, pageSize } from "../db/paging.js";
+import type { BlobStore } from "./blob-store.js";
 import { kindName, toArtifact } from "./convert.js";
-import { storeUpload } from "./uploads.js";
+import type { ArtifactStore } from "./store.js";
+import { storeUpload, type UploadDeps } from "./uploads.js";
 
 /** Bytes per DownloadArtifact message. */
 const chunkBytes = 256 * 1024;
 
+/** What ArtifactService uses. */
+export interface ArtifactServiceDeps extends UploadDeps {
+  config: Pick<Config, "maxArtifactBytes" | "publicUrl">;
+  artifacts: Pick<ArtifactStore, "checkLease" | "insert" | "get" | "list">;
+  blobs: Pick<BlobStore, "stage" | "read">;
+  /** Listing a task's artifacts first checks that the task exists (`not_found`). */
+  tasks: { get(taskId: string): Promise<unknown> };
+}
+
 /** ArtifactService: streamed uploads and downloads of coordinator-owned bytes. */
-export function createArtifactService(app: App): ServiceImpl<typeof ArtifactService> {
+export function createArtifactService(
+  app: ArtifactServiceDeps,
+): ServiceImpl<typeof ArtifactService> {
   const publicUrl = app.config.publicUrl;
   return {
     async uploadArtifact(requests) {

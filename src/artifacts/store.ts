@@ -1,11 +1,11 @@
 import { randomUUID } from "node:crypto";
 import { and, asc, eq } from "drizzle-orm";
 import { DomainError } from "../core/errors.js";
+import { leaseHeld, leaseParams, leaseRefusal } from "../core/lease-check.js";
 import type { LeaseRef } from "../core/lease-ref.js";
+import { byTimeAndId, keysetAfter, type Position, pageOf } from "../core/paging.js";
 import type { Db } from "../db/database.js";
-import { byTimeAndId, keysetAfter, type Position, pageOf } from "../db/paging.js";
 import { type ArtifactKindName, type ArtifactRow, artifacts, tasks } from "../db/schema/index.js";
-import { leaseHeld, leaseParams, leaseRefusal } from "../leases/lease-check.js";
 
 export interface NewArtifact {
   taskId: string | null;

@@ -1,7 +1,16 @@
-import type { App } from "../app.js";
+import type { Config } from "../config.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { type LeaseRef, parseLeaseRef } from "../core/lease-ref.js";
 import type { ArtifactKindName, ArtifactRow } from "../db/schema/index.js";
+import type { BlobStore } from "./blob-store.js";
+import type { ArtifactStore } from "./store.js";
+
+/** What storing an upload uses. */
+export interface UploadDeps {
+  config: Pick<Config, "maxArtifactBytes">;
+  artifacts: Pick<ArtifactStore, "checkLease" | "insert">;
+  blobs: Pick<BlobStore, "stage">;
+}
 
 /** What an upload says about itself, from an UploadArtifact header or PUT headers. */
 export interface UploadHeader {
@@ -37,7 +46,7 @@ export function validFilename(name: string): string {
  * kept (a blob already made durable for other rows stays, shared).
  */
 export async function storeUpload(
-  app: App,
+  app: UploadDeps,
   header: UploadHeader,
   source: AsyncIterable<Uint8Array>,
 ): Promise<ArtifactRow> {

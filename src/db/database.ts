@@ -14,6 +14,13 @@ import * as schema from "./schema/index.js";
 /** The Drizzle handle every store takes: a database or a transaction. */
 export type Db = PgDatabase<PgQueryResultHKT, typeof schema>;
 
+/**
+ * Runs `fn` with stores bound to one transaction: everything it does commits
+ * together or not at all. A service names the stores it needs in its own
+ * type (`WithTx<{ fleet: …; leases: … }>`), so it depends on no more.
+ */
+export type WithTx<S> = <T>(fn: (stores: S) => Promise<T>) => Promise<T>;
+
 /** An open database: PGlite in-process, or a PostgreSQL pool. */
 export interface Database {
   readonly kind: "pglite" | "postgres";

@@ -7,15 +7,17 @@ import {
   TaskStateCountSchema,
   WorkerState,
 } from "../../gen/meshwork/v1/fleet_pb.js";
-import type { App } from "../app.js";
+import type { Config } from "../config.js";
 import { invalid } from "../core/errors.js";
+import { decodeCursor, pageSize } from "../core/paging.js";
 import { allStates } from "../core/task-sql.js";
 import { intInRange, stringList, stringMap, text, uuidField } from "../core/validate.js";
-import { decodeCursor, pageSize } from "../db/paging.js";
-import { createLeaseStore } from "../leases/store.js";
+import type { WithTx } from "../db/database.js";
 import { toTaskState } from "../tasks/convert.js";
+import type { TaskStore } from "../tasks/store.js";
+import type { WorkerCache } from "./cache.js";
 import { toWorker } from "./convert.js";
-import { createFleetStore, type WorkerInput } from "./store.js";
+import type { FleetStore, WorkerInput } from "./store.js";
 
 function workerInput(req: RegisterWorkerRequest): WorkerInput {
   if (req.apiBaseUrl !== "") {
@@ -47,8 +49,21 @@ function workerInput(req: RegisterWorkerRequest): WorkerInput {
   };
 }
 
+/** What FleetService uses. */
+export interface FleetServiceDeps {
+  config: Pick<Config, "heartbeatIntervalSeconds">;
+  fleet: FleetStore;
+  tasks: Pick<TaskStore, "countByState" | "backlog">;
+  workerCache: Pick<WorkerCache, "forget">;
+  events: { emit(taskIds: Iterable<string>): void };
+  withTx: WithTx<{
+    fleet: Pick<FleetStore, "remove">;
+    leases: { releaseWorker(workerId: string): Promise<string[]> };
+  }>;
+}
+
 /** FleetService: the worker registry and the fleet's status. */
-export function createFleetService(app: App): ServiceImpl<typeof FleetService> {
+export function createFleetService(app: FleetServiceDeps): ServiceImpl<typeof FleetService> {
   const interval = app.config.heartbeatIntervalSeconds;
   return {
     async registerWorker(req) {
@@ -102,9 +117,9 @@ export function createFleetService(app: App): ServiceImpl<typeof FleetService> {
       const id = uuidField("worker_id", req.workerId);
       await app.fleet.get(id);
       // Release and removal commit together: no lease outlives its worker.
-      const released = await app.database.db.transaction(async (tx) => {
-        const ids = await createLeaseStore(tx).releaseWorker(id);
-        await createFleetStore(tx, interval).remove(id);
+      const released = await app.withTx(async (tx) => {
+        const ids = await tx.leases.releaseWorker(id);
+        await tx.fleet.remove(id);
         return ids;
       });
       app.workerCache.forget(id);

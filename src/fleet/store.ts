@@ -1,11 +1,11 @@
 import { randomUUID } from "node:crypto";
 import { and, asc, eq, getTableColumns, type SQL, sql } from "drizzle-orm";
 import { type DomainError, notFound as notFoundError } from "../core/errors.js";
+import { byTimeAndId, keysetAfter, type Position, pageOf } from "../core/paging.js";
 import { liveLeases } from "../core/task-sql.js";
 import { workerLost } from "../core/worker-sql.js";
 import type { Db } from "../db/database.js";
 import { lazy } from "../db/lazy.js";
-import { byTimeAndId, keysetAfter, type Position, pageOf } from "../db/paging.js";
 import { type WorkerRow, workers } from "../db/schema/index.js";
 
 export interface WorkerInput {

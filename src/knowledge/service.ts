@@ -6,11 +6,11 @@ import {
   KnowledgeEntrySchema,
   type KnowledgeService,
 } from "../../gen/meshwork/v1/knowledge_pb.js";
-import type { App } from "../app.js";
 import { invalid } from "../core/errors.js";
+import { decodePageToken, type Position, pageOf, pageSize } from "../core/paging.js";
 import { text } from "../core/validate.js";
-import { decodePageToken, type Position, pageOf, pageSize } from "../db/paging.js";
 import type { KnowledgeRow } from "../db/schema/index.js";
+import type { KnowledgeStore } from "./store.js";
 
 const exportPage = 500;
 
@@ -50,7 +50,9 @@ function fromEntry(e: KnowledgeEntry): KnowledgeRow | undefined {
 }
 
 /** KnowledgeService: versioned entries, and export/import between coordinators. */
-export function createKnowledgeService(app: App): ServiceImpl<typeof KnowledgeService> {
+export function createKnowledgeService(app: {
+  knowledge: KnowledgeStore;
+}): ServiceImpl<typeof KnowledgeService> {
   const store = app.knowledge;
   return {
     async putEntry(req) {

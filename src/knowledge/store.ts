@@ -1,8 +1,8 @@
 import { randomUUID } from "node:crypto";
 import { and, asc, eq, gt, sql } from "drizzle-orm";
 import { DomainError } from "../core/errors.js";
+import { keysetAfter, type Position } from "../core/paging.js";
 import type { Db } from "../db/database.js";
-import { keysetAfter, type Position } from "../db/paging.js";
 import { coordinatorMeta, type KnowledgeRow, knowledgeEntries } from "../db/schema/index.js";
 import { asBoolean, rowsOf } from "../db/values.js";
 

@@ -12,16 +12,36 @@ import {
   LeaseUpdateSchema,
 } from "../../gen/meshwork/v1/lease_pb.js";
 import type { Progress as ProgressMessage } from "../../gen/meshwork/v1/task_pb.js";
-import type { App } from "../app.js";
+import type { ArtifactStore } from "../artifacts/store.js";
+import type { Config } from "../config.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { type LeaseRef, leaseToken, parseLeaseRef } from "../core/lease-ref.js";
 import { attemptField, intInRange, isUuid, stringList, text, uuidField } from "../core/validate.js";
 import type { ArtifactRefJson } from "../db/schema/index.js";
+import type { WorkerCache } from "../fleet/cache.js";
+import type { HeartbeatBuffer } from "../fleet/heartbeats.js";
+import type { FleetStore } from "../fleet/store.js";
 import { codeName, codeOfKind } from "../rpc/errors.js";
 import { toTask } from "../tasks/convert.js";
 import { toClaim } from "./convert.js";
 import { sanitizeMessage } from "./sanitize.js";
-import type { Completion, Progress } from "./store.js";
+import type { Completion, LeaseStore, Outcome, Progress } from "./store.js";
+import type { ClaimWakeups } from "./wakeup.js";
+
+/** What LeaseService uses. */
+export interface LeaseServiceDeps {
+  config: Pick<Config, "publicUrl">;
+  leases: LeaseStore;
+  /** CompleteTask calls made together share one statement (group commit). */
+  completeOne(completion: Completion): Promise<Outcome>;
+  fleet: Pick<FleetStore, "get">;
+  workerCache: Pick<WorkerCache, "get">;
+  heartbeats: Pick<HeartbeatBuffer, "touch">;
+  wakeups: Pick<ClaimWakeups, "arm">;
+  events: { emit(taskIds: Iterable<string>): void };
+  artifacts: Pick<ArtifactStore, "get">;
+  shutdownSignal: AbortSignal;
+}
 
 /** How long a StreamLeases stream trusts the drained flag it last read. */
 const drainedRecheckMs = 5000;
@@ -100,7 +120,11 @@ function errorResult(error: DomainError): CompletionResult {
  * A checkpoint handle that names an artifact must name a CHECKPOINT of this
  * task; any other string is opaque and kept as it is.
  */
-async function checkCheckpoint(app: App, lease: LeaseRef, handle: string): Promise<void> {
+async function checkCheckpoint(
+  app: Pick<LeaseServiceDeps, "artifacts">,
+  lease: LeaseRef,
+  handle: string,
+): Promise<void> {
   if (!isUuid(handle)) return;
   const row = await app.artifacts.get(handle.toLowerCase()).catch((error: unknown) => {
     if (error instanceof DomainError && error.kind === "not_found") return undefined;
@@ -121,7 +145,9 @@ async function checkCheckpoint(app: App, lease: LeaseRef, handle: string): Promi
  * renewals (unary and streamed), completions (one or a batch), failures and
  * releases.
  */
-export function createLeaseService(app: App): Partial<ServiceImpl<typeof LeaseService>> {
+export function createLeaseService(
+  app: LeaseServiceDeps,
+): Partial<ServiceImpl<typeof LeaseService>> {
   const publicUrl = app.config.publicUrl;
   return {
     async claimTasks(req, ctx) {

@@ -2,12 +2,12 @@ import { createHash } from "node:crypto";
 import { and, eq, inArray } from "drizzle-orm";
 import { canonicalJson } from "../core/canonical-json.js";
 import { DomainError } from "../core/errors.js";
+import { leaseParams, leaseRefusal, whyNotHeld } from "../core/lease-check.js";
 import type { LeaseRef } from "../core/lease-ref.js";
 import { stateIs } from "../core/task-sql.js";
 import type { Db } from "../db/database.js";
 import { type ArtifactRefJson, type TaskRow, tasks } from "../db/schema/index.js";
 import { type ClaimingWorker, createClaimStatement } from "./claim.js";
-import { leaseParams, leaseRefusal, whyNotHeld } from "./lease-check.js";
 import { createTransitions, released } from "./transitions.js";
 
 export type { ClaimingWorker } from "./claim.js";

@@ -1,9 +1,9 @@
 import { and, getTableColumns, type SQL, type SQLWrapper, sql } from "drizzle-orm";
+import { leaseHeld, leaseHeldBy } from "../core/lease-check.js";
 import { expiresIn, stateIs } from "../core/task-sql.js";
 import type { Db } from "../db/database.js";
 import { lazy } from "../db/lazy.js";
 import { tasks } from "../db/schema/index.js";
-import { leaseHeld, leaseHeldBy } from "./lease-check.js";
 
 /**
  * The lease transitions other than the claim (claim.ts): renewals,

@@ -5,18 +5,33 @@ import type {
   ScheduleTaskRequest,
   TaskService,
 } from "../../gen/meshwork/v1/task_pb.js";
-import type { App } from "../app.js";
 import { toArtifactRefJson } from "../artifacts/convert.js";
-import { storeUpload } from "../artifacts/uploads.js";
+import type { ArtifactStore } from "../artifacts/store.js";
+import { storeUpload, type UploadDeps } from "../artifacts/uploads.js";
+import type { Config } from "../config.js";
 import { canonicalJson } from "../core/canonical-json.js";
 import { invalid } from "../core/errors.js";
+import { decodeCursor, pageSize } from "../core/paging.js";
 import { terminalStates } from "../core/task-sql.js";
 import { intInRange, text, uuidField } from "../core/validate.js";
-import { decodeCursor, pageSize } from "../db/paging.js";
 import type { ArtifactRefJson } from "../db/schema/index.js";
 import { kCorrelationId } from "../rpc/context.js";
 import { fromCreateRequest, fromTaskState, toTask } from "./convert.js";
-import type { PlacementRequest } from "./placement.js";
+import type { TaskEvents } from "./events.js";
+import type { PlacementRequest, PlacementStore } from "./placement.js";
+import type { TaskStore } from "./store.js";
+
+/** What TaskService uses. */
+export interface TaskServiceDeps extends UploadDeps {
+  config: Pick<Config, "maxArtifactBytes" | "publicUrl">;
+  tasks: TaskStore;
+  placement: PlacementStore;
+  artifacts: Pick<ArtifactStore, "checkLease" | "insert" | "get">;
+  events: TaskEvents;
+  /** Wakes long-polling claimers on this replica (others are woken by NOTIFY). */
+  wakeups: { notify(): void };
+  shutdownSignal: AbortSignal;
+}
 
 /** How often a watcher re-reads its task when nothing happened on this replica. */
 const watchRecheckMs = 5000;
@@ -42,7 +57,7 @@ const maxInlineInput = 1024 * 1024;
  * task), or inline bytes stored now as one.
  */
 async function resolveInput(
-  app: App,
+  app: TaskServiceDeps,
   req: CreateTaskRequest,
   field = "",
 ): Promise<ArtifactRefJson | null> {
@@ -89,7 +104,7 @@ async function resolveInput(
 }
 
 /** TaskService: create, read, watch, cancel, and push placement (ScheduleTask, RetryTask). */
-export function createTaskService(app: App): Partial<ServiceImpl<typeof TaskService>> {
+export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typeof TaskService>> {
   return {
     async createTask(req, ctx) {
       const task = fromCreateRequest(req, ctx.values.get(kCorrelationId));

@@ -2,10 +2,10 @@ import { createHash, randomUUID } from "node:crypto";
 import { and, desc, eq, inArray, or, sql } from "drizzle-orm";
 import { canonicalJson } from "../core/canonical-json.js";
 import { DomainError, notFound } from "../core/errors.js";
+import { byTimeAndId, keysetAfter, type Position, pageOf } from "../core/paging.js";
 import { stateIs } from "../core/task-sql.js";
 import type { Db } from "../db/database.js";
 import { lazy } from "../db/lazy.js";
-import { byTimeAndId, keysetAfter, type Position, pageOf } from "../db/paging.js";
 import {
   type ArtifactRefJson,
   type TaskRow,

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { DomainError } from "../../src/core/errors.js";
-import { decodeCursor } from "../../src/db/paging.js";
+import { decodeCursor } from "../../src/core/paging.js";
 import { createTaskStore, type TaskStore } from "../../src/tasks/store.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { newTask } from "../support/fixtures.js";

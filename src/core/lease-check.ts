@@ -1,9 +1,9 @@
 import { timingSafeEqual } from "node:crypto";
 import { type SQL, sql } from "drizzle-orm";
-import { DomainError, notFound } from "../core/errors.js";
-import type { LeaseRef } from "../core/lease-ref.js";
-import { activeStates, stateIs } from "../core/task-sql.js";
 import { type TaskRow, tasks } from "../db/schema/index.js";
+import { DomainError, notFound } from "./errors.js";
+import type { LeaseRef } from "./lease-ref.js";
+import { activeStates, stateIs } from "./task-sql.js";
 
 /**
  * The lease check, written once. A lease-bound request is accepted only if,

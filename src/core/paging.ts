@@ -1,6 +1,6 @@
 import { type Column, type SQL, sql } from "drizzle-orm";
-import { DomainError, invalid } from "../core/errors.js";
-import { isUuid } from "../core/validate.js";
+import { DomainError, invalid } from "./errors.js";
+import { isUuid } from "./validate.js";
 
 /**
  * Keyset paging. A page token is the position of the last row of a page:

@@ -1,0 +1,30 @@
+import { createArtifactStore } from "./artifacts/store.js";
+import type { Config } from "./config.js";
+import type { Db, WithTx } from "./db/database.js";
+import { createFleetStore } from "./fleet/store.js";
+import { createKnowledgeStore } from "./knowledge/store.js";
+import { createLeaseStore } from "./leases/store.js";
+import { createPlacementStore } from "./tasks/placement.js";
+import { createTaskStore } from "./tasks/store.js";
+
+/** Every store, bound to one database handle: the database itself, or one transaction. */
+export function createStores(db: Db, config: Pick<Config, "heartbeatIntervalSeconds">) {
+  return {
+    fleet: createFleetStore(db, config.heartbeatIntervalSeconds),
+    tasks: createTaskStore(db),
+    leases: createLeaseStore(db),
+    artifacts: createArtifactStore(db),
+    placement: createPlacementStore(db, config.heartbeatIntervalSeconds),
+    knowledge: createKnowledgeStore(db),
+  };
+}
+
+export type Stores = ReturnType<typeof createStores>;
+
+/** Runs a callback with every store bound to one transaction (see WithTx). */
+export function createWithTx(
+  db: Db,
+  config: Pick<Config, "heartbeatIntervalSeconds">,
+): WithTx<Stores> {
+  return (fn) => db.transaction((tx) => fn(createStores(tx, config)));
+}
