@@ -86,7 +86,11 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           lost: workerLost(heartbeatIntervalSeconds),
         })
         .from(workers);
-      const all: Candidate[] = rows.map((r) => ({ ...r.worker, ...r }));
+      const all: Candidate[] = rows.map((r) => ({
+        ...r.worker,
+        activeLeases: r.activeLeases,
+        lost: r.lost,
+      }));
       const fits = all
         .filter((w) => rejections(w, task).length === 0)
         .sort(
@@ -95,8 +99,29 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
             a.queueDepth - b.queueDepth ||
             b.lastHeartbeatAt.getTime() - a.lastHeartbeatAt.getTime(),
         );
+      // A retry moves the task off its previous worker when another fits.
       const previous = task.assignedWorkerId ?? task.leaseWorkerId;
-      const chosen = (retry && fits.find((w) => w.id !== previous)) || fits[0];
+      if (retry) fits.sort((a, b) => Number(a.id === previous) - Number(b.id === previous));
+      let chosen: Candidate | undefined;
+      for (const w of fits) {
+        // Lock the worker (claims take the same lock) and count its slots
+        // again under the lock, in a new statement: a placement or claim
+        // that committed meanwhile is seen, so none overfills it.
+        await tx
+          .select({ id: workers.id })
+          .from(workers)
+          .where(eq(workers.id, w.id))
+          .for("no key update");
+        const [now] = await tx
+          .select({ live: liveLeases(workers.id, task.id).mapWith(Number) })
+          .from(workers)
+          .where(eq(workers.id, w.id));
+        if (now && now.live < w.maxConcurrency) {
+          chosen = w;
+          break;
+        }
+        w.activeLeases = now?.live ?? w.maxConcurrency;
+      }
       if (!chosen) {
         // The nearest workers first: those that fail the fewest rules.
         const reasons = all
@@ -112,12 +137,6 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           details,
         );
       }
-      // Lock the worker and re-check its slots under the lock.
-      await tx
-        .select({ id: workers.id })
-        .from(workers)
-        .where(eq(workers.id, chosen.id))
-        .for("update");
       const [placed] = await tx
         .update(tasks)
         .set({

@@ -1,356 +1,361 @@
 import { eq } from "drizzle-orm";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { tasks } from "../../src/db/schema/index.js";
 import { type Completion, createLeaseStore, type LeaseStore } from "../../src/leases/store.js";
 import { createTaskStore, type TaskStore } from "../../src/tasks/store.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { describeEachEngine } from "../support/engines.js";
 import { endBackoff, expireLease, insertWorker, newTask } from "../support/fixtures.js";
 import { uniqueWorkload } from "../support/harness.js";
 
-let tdb: TestDatabase;
-let taskStore: TaskStore;
-let leases: LeaseStore;
-const workerA = "a0000000-0000-4000-8000-00000000000a";
-const workerB = "b0000000-0000-4000-8000-00000000000b";
-
-beforeAll(async () => {
-  tdb = await createTestDatabase();
-  taskStore = createTaskStore(tdb.database.db);
-  leases = createLeaseStore(tdb.database.db);
-  await insertWorker(tdb.database.db, workerA);
-  await insertWorker(tdb.database.db, workerB);
-});
-afterAll(() => tdb.drop());
-
-const worker = (id: string, capabilities: string[], labels: Record<string, string> = {}) => ({
-  id,
-  capabilities,
-  labels,
-});
-
-async function claimOne(workload: string, workerId = workerA) {
-  const [row] = await leases.claim(worker(workerId, [workload]), 1);
-  if (!row) throw new Error("nothing claimed");
-  return row;
-}
-
-function completion(
-  row: { id: string; attempt: number },
-  workerId = workerA,
-  summary = "done",
-): Completion {
-  return {
-    taskId: row.id,
-    workerId,
-    attempt: row.attempt,
-    token: "",
-    result: null,
-    summary,
-    metrics: { rows: 3 },
+describeEachEngine("lease store", (db) => {
+  /** The database of the engine being run (set before the first test). */
+  const tdb = {
+    get database() {
+      return db();
+    },
   };
-}
+  let taskStore: TaskStore;
+  let leases: LeaseStore;
+  const workerA = "a0000000-0000-4000-8000-00000000000a";
+  const workerB = "b0000000-0000-4000-8000-00000000000b";
 
-describe("claims", () => {
-  it("leases a task with attempt 1, a 256-bit token and an expiry lease_seconds ahead", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([newTask({ workload, leaseSeconds: 30 })]);
-    const row = await claimOne(workload);
-    expect(row).toMatchObject({ state: "RUNNING", attempt: 1, leaseWorkerId: workerA });
-    expect(row.leaseToken).toMatch(/^[0-9a-f]{64}$/);
-    const ttl = (row.leaseExpiresAt?.getTime() ?? 0) - (row.updatedAt.getTime() ?? 0);
-    expect(ttl).toBeGreaterThanOrEqual(29_000);
-    expect(ttl).toBeLessThanOrEqual(31_000);
-    expect(await leases.claim(worker(workerB, [workload]), 1)).toEqual([]);
+  beforeAll(async () => {
+    taskStore = createTaskStore(tdb.database.db);
+    leases = createLeaseStore(tdb.database.db);
+    await insertWorker(tdb.database.db, workerA);
+    await insertWorker(tdb.database.db, workerB);
   });
 
-  it("orders by priority, then earliest deadline, then age, and honours max_tasks", async () => {
-    const workload = uniqueWorkload();
-    const soon = new Date(Date.now() + 60_000);
-    const later = new Date(Date.now() + 120_000);
-    await taskStore.create([newTask({ workload, name: "old-low" })]);
-    await taskStore.create([
-      newTask({ workload, name: "late-deadline", priority: 5, deadline: later }),
-    ]);
-    await taskStore.create([newTask({ workload, name: "no-deadline", priority: 5 })]);
-    await taskStore.create([
-      newTask({ workload, name: "soon-deadline", priority: 5, deadline: soon }),
-    ]);
-    await taskStore.create([newTask({ workload, name: "high", priority: 9 })]);
-    const first = await leases.claim(worker(workerA, [workload]), 3);
-    expect(first.map((r) => r.name)).toEqual(["high", "soon-deadline", "late-deadline"]);
-    const rest = await leases.claim(worker(workerA, [workload]), 10);
-    expect(rest.map((r) => r.name)).toEqual(["no-deadline", "old-low"]);
+  const worker = (id: string, capabilities: string[], labels: Record<string, string> = {}) => ({
+    id,
+    capabilities,
+    labels,
   });
 
-  it("matches workload, required capabilities and affinity against the worker", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([
-      newTask({ workload, name: "gpu", requiredCapabilities: ["gpu"] }),
-      newTask({ workload, name: "eu", affinity: { region: "eu" } }),
-    ]);
-    expect(await leases.claim(worker(workerA, ["other"]), 10)).toEqual([]);
-    expect(await leases.claim(worker(workerA, [workload], { region: "us" }), 10)).toEqual([]);
-    const gpu = await leases.claim(worker(workerA, [workload, "gpu"], { region: "us" }), 10);
-    expect(gpu.map((r) => r.name)).toEqual(["gpu"]);
-    const eu = await leases.claim(worker(workerB, [workload], { region: "eu", zone: "b" }), 10);
-    expect(eu.map((r) => r.name)).toEqual(["eu"]);
-  });
+  async function claimOne(workload: string, workerId = workerA) {
+    const [row] = await leases.claim(worker(workerId, [workload]), 1);
+    if (!row) throw new Error("nothing claimed");
+    return row;
+  }
 
-  it("reclaims an expired lease at once, under the next attempt, fencing the old holder", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([newTask({ workload })]);
-    const first = await claimOne(workload, workerA);
-    await expireLease(tdb.database.db, first.id);
-    const second = await claimOne(workload, workerB);
-    expect(second).toMatchObject({ id: first.id, attempt: 2, leaseWorkerId: workerB });
-    const [late] = await leases.complete([completion(first, workerA)]);
-    expect(late).toMatchObject({ error: { kind: "aborted", reason: "STALE_ATTEMPT" } });
-    const [ok] = await leases.complete([completion(second, workerB)]);
-    expect(ok && "ok" in ok && ok.ok.state).toBe("SUCCEEDED");
-  });
-
-  it("bounds what a worker holds, claimed and placed, by its max_concurrency", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([newTask({ workload }), newTask({ workload }), newTask({ workload })]);
-    const small = "e1000000-0000-4000-8000-0000000000e1";
-    await insertWorker(tdb.database.db, small, false, 2);
-    expect(await leases.claim(worker(small, [workload]), 5)).toHaveLength(2);
-    expect(await leases.claim(worker(small, [workload]), 5)).toEqual([]);
-  });
-
-  it("gives nothing to a drained or unknown worker", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([newTask({ workload })]);
-    const drained = "e0000000-0000-4000-8000-00000000000e";
-    await insertWorker(tdb.database.db, drained, true);
-    expect(await leases.claim(worker(drained, [workload]), 1)).toEqual([]);
-    expect(
-      await leases.claim(worker("f0000000-0000-4000-8000-00000000000f", [workload]), 1),
-    ).toEqual([]);
-    expect(await leases.claim(worker(workerA, [workload]), 1)).toHaveLength(1);
-  });
-
-  it("does not hand out a task before its not_before or after its deadline", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([newTask({ workload, deadline: new Date(Date.now() - 1000) })]);
-    expect(await leases.claim(worker(workerA, [workload]), 5)).toEqual([]);
-    expect(await leases.failPastDeadline(1000)).toHaveLength(1);
-  });
-});
-
-describe("lease checks", () => {
-  it("names each reason a lease-bound request is refused", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([newTask({ workload })]);
-    const row = await claimOne(workload);
-    const ref = { taskId: row.id, workerId: workerA, attempt: 1, token: row.leaseToken ?? "" };
-    const reason = (p: Promise<unknown>) =>
-      p.then(
-        () => "accepted",
-        (e: { reason: string }) => e.reason,
-      );
-    expect(await reason(leases.renew({ ...ref, attempt: 2 }, undefined, undefined))).toBe(
-      "STALE_ATTEMPT",
-    );
-    expect(await reason(leases.renew({ ...ref, workerId: workerB }, undefined, undefined))).toBe(
-      "FOREIGN_WORKER",
-    );
-    expect(
-      await reason(leases.renew({ ...ref, token: "f".repeat(64) }, undefined, undefined)),
-    ).toBe("TOKEN_MISMATCH");
-    expect(
-      await reason(
-        leases.renew(
-          { ...ref, taskId: "00000000-0000-4000-8000-000000000000" },
-          undefined,
-          undefined,
-        ),
-      ),
-    ).toBe("NOT_FOUND");
-    expect(await reason(leases.renew(ref, undefined, undefined))).toBe("accepted");
-    await expireLease(tdb.database.db, row.id);
-    expect(await reason(leases.renew(ref, undefined, undefined))).toBe("LEASE_EXPIRED");
-    expect(await reason(leases.fail(ref, "E", "m", true))).toBe("LEASE_EXPIRED");
-    const [sweep] = await leases.expireLeases(1000).then((r) => r.filter((x) => x.id === row.id));
-    expect(sweep?.state).toBe("PENDING");
-    expect(await reason(leases.renew(ref, undefined, undefined))).toBe("LEASE_EXPIRED");
-  });
-
-  it("revokes the lease of a cancelled task", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([newTask({ workload })]);
-    const row = await claimOne(workload);
-    await taskStore.cancel(row.id, "stop");
-    const ref = { taskId: row.id, workerId: workerA, attempt: 1, token: "" };
-    await expect(leases.renew(ref, undefined, undefined)).rejects.toMatchObject({
-      kind: "aborted",
-      reason: "TASK_CANCELED",
-    });
-    const [done] = await leases.complete([completion(row)]);
-    expect(done).toMatchObject({ error: { reason: "TASK_CANCELED" } });
-    expect((await taskStore.get(row.id)).state).toBe("CANCELED");
-  });
-
-  it("renews with extend_seconds and records progress", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([newTask({ workload, steps: 10 })]);
-    const row = await claimOne(workload);
-    const ref = { taskId: row.id, workerId: workerA, attempt: 1, token: row.leaseToken ?? "" };
-    const renewed = await leases.renew(ref, 3600, { completedSteps: 4, message: "halfway" });
-    expect(renewed.expiresAt.getTime() - Date.now()).toBeGreaterThan(3_500_000);
-    expect(await taskStore.get(row.id)).toMatchObject({
-      progressSteps: 4,
-      progressMessage: "halfway",
-    });
-  });
-
-  it("renews many leases in one call, answering each in order", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([newTask({ workload }), newTask({ workload })]);
-    const [a, b] = await leases.claim(worker(workerA, [workload]), 2);
-    if (!a || !b) throw new Error("claim");
-    await taskStore.cancel(b.id, "x");
-    const out = await leases.renewMany(workerA, [
-      { taskId: a.id, attempt: 1, token: a.leaseToken ?? "" },
-      { taskId: b.id, attempt: 1, token: "" },
-      { taskId: a.id, attempt: 7, token: "" },
-    ]);
-    expect("ok" in (out[0] ?? {})).toBe(true);
-    expect(out[1]).toMatchObject({ error: { reason: "TASK_CANCELED" } });
-    expect(out[2]).toMatchObject({ error: { reason: "STALE_ATTEMPT" } });
-    const foreign = await leases.renewMany(workerB, [{ taskId: a.id, attempt: 1, token: "" }]);
-    expect(foreign[0]).toMatchObject({ error: { reason: "FOREIGN_WORKER" } });
-  });
-});
-
-describe("completion", () => {
-  it("succeeds once, accepts an identical repeat, and refuses a different manifest", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([newTask({ workload })]);
-    const row = await claimOne(workload);
-    const [first] = await leases.complete([completion(row)]);
-    expect(first && "ok" in first && first.ok).toMatchObject({
-      state: "SUCCEEDED",
-      resultSummary: "done",
+  function completion(
+    row: { id: string; attempt: number },
+    workerId = workerA,
+    summary = "done",
+  ): Completion {
+    return {
+      taskId: row.id,
+      workerId,
+      attempt: row.attempt,
+      token: "",
+      result: null,
+      summary,
       metrics: { rows: 3 },
+    };
+  }
+
+  describe("claims", () => {
+    it("leases a task with attempt 1, a 256-bit token and an expiry lease_seconds ahead", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload, leaseSeconds: 30 })]);
+      const row = await claimOne(workload);
+      expect(row).toMatchObject({ state: "RUNNING", attempt: 1, leaseWorkerId: workerA });
+      expect(row.leaseToken).toMatch(/^[0-9a-f]{64}$/);
+      const ttl = (row.leaseExpiresAt?.getTime() ?? 0) - (row.updatedAt.getTime() ?? 0);
+      expect(ttl).toBeGreaterThanOrEqual(29_000);
+      expect(ttl).toBeLessThanOrEqual(31_000);
+      expect(await leases.claim(worker(workerB, [workload]), 1)).toEqual([]);
     });
-    const [repeat] = await leases.complete([completion(row)]);
-    expect(repeat && "ok" in repeat && repeat.ok.id).toBe(row.id);
-    const [other] = await leases.complete([completion(row, workerA, "something else")]);
-    expect(other).toMatchObject({
-      error: { kind: "already_exists", reason: "COMPLETION_CONFLICT" },
+
+    it("orders by priority, then earliest deadline, then age, and honours max_tasks", async () => {
+      const workload = uniqueWorkload();
+      const soon = new Date(Date.now() + 60_000);
+      const later = new Date(Date.now() + 120_000);
+      await taskStore.create([newTask({ workload, name: "old-low" })]);
+      await taskStore.create([
+        newTask({ workload, name: "late-deadline", priority: 5, deadline: later }),
+      ]);
+      await taskStore.create([newTask({ workload, name: "no-deadline", priority: 5 })]);
+      await taskStore.create([
+        newTask({ workload, name: "soon-deadline", priority: 5, deadline: soon }),
+      ]);
+      await taskStore.create([newTask({ workload, name: "high", priority: 9 })]);
+      const first = await leases.claim(worker(workerA, [workload]), 3);
+      expect(first.map((r) => r.name)).toEqual(["high", "soon-deadline", "late-deadline"]);
+      const rest = await leases.claim(worker(workerA, [workload]), 10);
+      expect(rest.map((r) => r.name)).toEqual(["no-deadline", "old-low"]);
     });
-    expect((await taskStore.get(row.id)).resultSummary).toBe("done");
-  });
 
-  it("judges each completion of a batch on its own", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([newTask({ workload }), newTask({ workload }), newTask({ workload })]);
-    const rows = await leases.claim(worker(workerA, [workload]), 3);
-    const [a, b, c] = rows;
-    if (!a || !b || !c) throw new Error("claim");
-    const out = await leases.complete([
-      completion(a),
-      { ...completion(b), attempt: 5 },
-      completion(c, workerB),
-      completion(a),
-    ]);
-    expect(out.map((o) => ("ok" in o ? o.ok.state : o.error.reason))).toEqual([
-      "SUCCEEDED",
-      "STALE_ATTEMPT",
-      "FOREIGN_WORKER",
-      "SUCCEEDED",
-    ]);
-    expect((await taskStore.get(b.id)).state).toBe("RUNNING");
-  });
-});
-
-describe("failure and release", () => {
-  it("retries with exponential backoff, then fails when attempts are used up", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([
-      newTask({
-        workload,
-        maxAttempts: 2,
-        backoff: { initialMs: 10_000, maxMs: 60_000, multiplier: 3 },
-      }),
-    ]);
-    const first = await claimOne(workload);
-    const ref = { taskId: first.id, workerId: workerA, attempt: 1, token: "" };
-    const failed = await leases.fail(ref, "ValueError", "bad row", true);
-    expect(failed).toMatchObject({
-      state: "PENDING",
-      errorCode: "ValueError",
-      errorMessage: "bad row",
+    it("matches workload, required capabilities and affinity against the worker", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([
+        newTask({ workload, name: "gpu", requiredCapabilities: ["gpu"] }),
+        newTask({ workload, name: "eu", affinity: { region: "eu" } }),
+      ]);
+      expect(await leases.claim(worker(workerA, ["other"]), 10)).toEqual([]);
+      expect(await leases.claim(worker(workerA, [workload], { region: "us" }), 10)).toEqual([]);
+      const gpu = await leases.claim(worker(workerA, [workload, "gpu"], { region: "us" }), 10);
+      expect(gpu.map((r) => r.name)).toEqual(["gpu"]);
+      const eu = await leases.claim(worker(workerB, [workload], { region: "eu", zone: "b" }), 10);
+      expect(eu.map((r) => r.name)).toEqual(["eu"]);
     });
-    const wait = (failed.notBefore?.getTime() ?? 0) - failed.updatedAt.getTime();
-    expect(wait).toBeGreaterThanOrEqual(9_900);
-    expect(wait).toBeLessThanOrEqual(10_100);
-    expect(await leases.claim(worker(workerA, [workload]), 1)).toEqual([]); // still backing off
-    await endBackoff(tdb.database.db, first.id);
-    const second = await claimOne(workload);
-    expect(second.attempt).toBe(2);
-    const final = await leases.fail({ ...ref, attempt: 2 }, "ValueError", "again", true);
-    expect(final).toMatchObject({ state: "FAILED", attempt: 2 });
-    expect(final.finishedAt).toBeInstanceOf(Date);
-  });
 
-  it("fails at once when the error is not retryable", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([newTask({ workload })]);
-    const row = await claimOne(workload);
-    const failed = await leases.fail(
-      { taskId: row.id, workerId: workerA, attempt: 1, token: "" },
-      "Fatal",
-      "no",
-      false,
-    );
-    expect(failed.state).toBe("FAILED");
-  });
+    it("reclaims an expired lease at once, under the next attempt, fencing the old holder", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload })]);
+      const first = await claimOne(workload, workerA);
+      await expireLease(tdb.database.db, first.id);
+      const second = await claimOne(workload, workerB);
+      expect(second).toMatchObject({ id: first.id, attempt: 2, leaseWorkerId: workerB });
+      const [late] = await leases.complete([completion(first, workerA)]);
+      expect(late).toMatchObject({ error: { kind: "aborted", reason: "STALE_ATTEMPT" } });
+      const [ok] = await leases.complete([completion(second, workerB)]);
+      expect(ok && "ok" in ok && ok.ok.state).toBe("SUCCEEDED");
+    });
 
-  it("fails an expired task whose attempts are used up (LEASE_EXPIRED)", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([newTask({ workload, maxAttempts: 1 })]);
-    const row = await claimOne(workload);
-    await expireLease(tdb.database.db, row.id);
-    await leases.expireLeases(1000);
-    expect(await taskStore.get(row.id)).toMatchObject({
-      state: "FAILED",
-      errorCode: "LEASE_EXPIRED",
+    it("bounds what a worker holds, claimed and placed, by its max_concurrency", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload }), newTask({ workload }), newTask({ workload })]);
+      const small = "e1000000-0000-4000-8000-0000000000e1";
+      await insertWorker(tdb.database.db, small, false, 2);
+      expect(await leases.claim(worker(small, [workload]), 5)).toHaveLength(2);
+      expect(await leases.claim(worker(small, [workload]), 5)).toEqual([]);
+    });
+
+    it("gives nothing to a drained or unknown worker", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload })]);
+      const drained = "e0000000-0000-4000-8000-00000000000e";
+      await insertWorker(tdb.database.db, drained, true);
+      expect(await leases.claim(worker(drained, [workload]), 1)).toEqual([]);
+      expect(
+        await leases.claim(worker("f0000000-0000-4000-8000-00000000000f", [workload]), 1),
+      ).toEqual([]);
+      expect(await leases.claim(worker(workerA, [workload]), 1)).toHaveLength(1);
+    });
+
+    it("does not hand out a task before its not_before or after its deadline", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload, deadline: new Date(Date.now() - 1000) })]);
+      expect(await leases.claim(worker(workerA, [workload]), 5)).toEqual([]);
+      expect(await leases.failPastDeadline(1000)).toHaveLength(1);
     });
   });
 
-  it("releases with a checkpoint without counting a failure; the next claim gets the handle", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([newTask({ workload, maxAttempts: 1 })]);
-    const first = await claimOne(workload);
-    const released = await leases.release(
-      { taskId: first.id, workerId: workerA, attempt: 1, token: "" },
-      "ckpt-42",
-    );
-    expect(released).toMatchObject({ state: "PENDING", checkpointHandle: "ckpt-42" });
-    const second = await claimOne(workload, workerB);
-    expect(second).toMatchObject({ attempt: 2, checkpointHandle: "ckpt-42" });
-    // max_attempts is 1, yet a failure of this attempt still counts as its first.
-    const failed = await leases.fail(
-      { taskId: first.id, workerId: workerB, attempt: 2, token: "" },
-      "E",
-      "m",
-      true,
-    );
-    expect(failed.state).toBe("FAILED");
+  describe("lease checks", () => {
+    it("names each reason a lease-bound request is refused", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload })]);
+      const row = await claimOne(workload);
+      const ref = { taskId: row.id, workerId: workerA, attempt: 1, token: row.leaseToken ?? "" };
+      const reason = (p: Promise<unknown>) =>
+        p.then(
+          () => "accepted",
+          (e: { reason: string }) => e.reason,
+        );
+      expect(await reason(leases.renew({ ...ref, attempt: 2 }, undefined, undefined))).toBe(
+        "STALE_ATTEMPT",
+      );
+      expect(await reason(leases.renew({ ...ref, workerId: workerB }, undefined, undefined))).toBe(
+        "FOREIGN_WORKER",
+      );
+      expect(
+        await reason(leases.renew({ ...ref, token: "f".repeat(64) }, undefined, undefined)),
+      ).toBe("TOKEN_MISMATCH");
+      expect(
+        await reason(
+          leases.renew(
+            { ...ref, taskId: "00000000-0000-4000-8000-000000000000" },
+            undefined,
+            undefined,
+          ),
+        ),
+      ).toBe("NOT_FOUND");
+      expect(await reason(leases.renew(ref, undefined, undefined))).toBe("accepted");
+      await expireLease(tdb.database.db, row.id);
+      expect(await reason(leases.renew(ref, undefined, undefined))).toBe("LEASE_EXPIRED");
+      expect(await reason(leases.fail(ref, "E", "m", true))).toBe("LEASE_EXPIRED");
+      const [sweep] = await leases.expireLeases(1000).then((r) => r.filter((x) => x.id === row.id));
+      expect(sweep?.state).toBe("PENDING");
+      expect(await reason(leases.renew(ref, undefined, undefined))).toBe("LEASE_EXPIRED");
+    });
+
+    it("revokes the lease of a cancelled task", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload })]);
+      const row = await claimOne(workload);
+      await taskStore.cancel(row.id, "stop");
+      const ref = { taskId: row.id, workerId: workerA, attempt: 1, token: "" };
+      await expect(leases.renew(ref, undefined, undefined)).rejects.toMatchObject({
+        kind: "aborted",
+        reason: "TASK_CANCELED",
+      });
+      const [done] = await leases.complete([completion(row)]);
+      expect(done).toMatchObject({ error: { reason: "TASK_CANCELED" } });
+      expect((await taskStore.get(row.id)).state).toBe("CANCELED");
+    });
+
+    it("renews with extend_seconds and records progress", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload, steps: 10 })]);
+      const row = await claimOne(workload);
+      const ref = { taskId: row.id, workerId: workerA, attempt: 1, token: row.leaseToken ?? "" };
+      const renewed = await leases.renew(ref, 3600, { completedSteps: 4, message: "halfway" });
+      expect(renewed.expiresAt.getTime() - Date.now()).toBeGreaterThan(3_500_000);
+      expect(await taskStore.get(row.id)).toMatchObject({
+        progressSteps: 4,
+        progressMessage: "halfway",
+      });
+    });
+
+    it("renews many leases in one call, answering each in order", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload }), newTask({ workload })]);
+      const [a, b] = await leases.claim(worker(workerA, [workload]), 2);
+      if (!a || !b) throw new Error("claim");
+      await taskStore.cancel(b.id, "x");
+      const out = await leases.renewMany(workerA, [
+        { taskId: a.id, attempt: 1, token: a.leaseToken ?? "" },
+        { taskId: b.id, attempt: 1, token: "" },
+        { taskId: a.id, attempt: 7, token: "" },
+      ]);
+      expect("ok" in (out[0] ?? {})).toBe(true);
+      expect(out[1]).toMatchObject({ error: { reason: "TASK_CANCELED" } });
+      expect(out[2]).toMatchObject({ error: { reason: "STALE_ATTEMPT" } });
+      const foreign = await leases.renewMany(workerB, [{ taskId: a.id, attempt: 1, token: "" }]);
+      expect(foreign[0]).toMatchObject({ error: { reason: "FOREIGN_WORKER" } });
+    });
   });
 
-  it("never lets the sweeper overwrite a completion that committed first", async () => {
-    const workload = uniqueWorkload();
-    await taskStore.create([newTask({ workload })]);
-    const row = await claimOne(workload);
-    await leases.complete([completion(row)]);
-    await tdb.database.db
-      .update(tasks)
-      .set({ leaseExpiresAt: new Date(Date.now() - 60_000) })
-      .where(eq(tasks.id, row.id));
-    await leases.expireLeases(1000);
-    expect((await taskStore.get(row.id)).state).toBe("SUCCEEDED");
+  describe("completion", () => {
+    it("succeeds once, accepts an identical repeat, and refuses a different manifest", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload })]);
+      const row = await claimOne(workload);
+      const [first] = await leases.complete([completion(row)]);
+      expect(first && "ok" in first && first.ok).toMatchObject({
+        state: "SUCCEEDED",
+        resultSummary: "done",
+        metrics: { rows: 3 },
+      });
+      const [repeat] = await leases.complete([completion(row)]);
+      expect(repeat && "ok" in repeat && repeat.ok.id).toBe(row.id);
+      const [other] = await leases.complete([completion(row, workerA, "something else")]);
+      expect(other).toMatchObject({
+        error: { kind: "already_exists", reason: "COMPLETION_CONFLICT" },
+      });
+      expect((await taskStore.get(row.id)).resultSummary).toBe("done");
+    });
+
+    it("judges each completion of a batch on its own", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload }), newTask({ workload }), newTask({ workload })]);
+      const rows = await leases.claim(worker(workerA, [workload]), 3);
+      const [a, b, c] = rows;
+      if (!a || !b || !c) throw new Error("claim");
+      const out = await leases.complete([
+        completion(a),
+        { ...completion(b), attempt: 5 },
+        completion(c, workerB),
+        completion(a),
+      ]);
+      expect(out.map((o) => ("ok" in o ? o.ok.state : o.error.reason))).toEqual([
+        "SUCCEEDED",
+        "STALE_ATTEMPT",
+        "FOREIGN_WORKER",
+        "SUCCEEDED",
+      ]);
+      expect((await taskStore.get(b.id)).state).toBe("RUNNING");
+    });
+  });
+
+  describe("failure and release", () => {
+    it("retries with exponential backoff, then fails when attempts are used up", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([
+        newTask({
+          workload,
+          maxAttempts: 2,
+          backoff: { initialMs: 10_000, maxMs: 60_000, multiplier: 3 },
+        }),
+      ]);
+      const first = await claimOne(workload);
+      const ref = { taskId: first.id, workerId: workerA, attempt: 1, token: "" };
+      const failed = await leases.fail(ref, "ValueError", "bad row", true);
+      expect(failed).toMatchObject({
+        state: "PENDING",
+        errorCode: "ValueError",
+        errorMessage: "bad row",
+      });
+      const wait = (failed.notBefore?.getTime() ?? 0) - failed.updatedAt.getTime();
+      expect(wait).toBeGreaterThanOrEqual(9_900);
+      expect(wait).toBeLessThanOrEqual(10_100);
+      expect(await leases.claim(worker(workerA, [workload]), 1)).toEqual([]); // still backing off
+      await endBackoff(tdb.database.db, first.id);
+      const second = await claimOne(workload);
+      expect(second.attempt).toBe(2);
+      const final = await leases.fail({ ...ref, attempt: 2 }, "ValueError", "again", true);
+      expect(final).toMatchObject({ state: "FAILED", attempt: 2 });
+      expect(final.finishedAt).toBeInstanceOf(Date);
+    });
+
+    it("fails at once when the error is not retryable", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload })]);
+      const row = await claimOne(workload);
+      const failed = await leases.fail(
+        { taskId: row.id, workerId: workerA, attempt: 1, token: "" },
+        "Fatal",
+        "no",
+        false,
+      );
+      expect(failed.state).toBe("FAILED");
+    });
+
+    it("fails an expired task whose attempts are used up (LEASE_EXPIRED)", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload, maxAttempts: 1 })]);
+      const row = await claimOne(workload);
+      await expireLease(tdb.database.db, row.id);
+      await leases.expireLeases(1000);
+      expect(await taskStore.get(row.id)).toMatchObject({
+        state: "FAILED",
+        errorCode: "LEASE_EXPIRED",
+      });
+    });
+
+    it("releases with a checkpoint without counting a failure; the next claim gets the handle", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload, maxAttempts: 1 })]);
+      const first = await claimOne(workload);
+      const released = await leases.release(
+        { taskId: first.id, workerId: workerA, attempt: 1, token: "" },
+        "ckpt-42",
+      );
+      expect(released).toMatchObject({ state: "PENDING", checkpointHandle: "ckpt-42" });
+      const second = await claimOne(workload, workerB);
+      expect(second).toMatchObject({ attempt: 2, checkpointHandle: "ckpt-42" });
+      // max_attempts is 1, yet a failure of this attempt still counts as its first.
+      const failed = await leases.fail(
+        { taskId: first.id, workerId: workerB, attempt: 2, token: "" },
+        "E",
+        "m",
+        true,
+      );
+      expect(failed.state).toBe("FAILED");
+    });
+
+    it("never lets the sweeper overwrite a completion that committed first", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload })]);
+      const row = await claimOne(workload);
+      await leases.complete([completion(row)]);
+      await tdb.database.db
+        .update(tasks)
+        .set({ leaseExpiresAt: new Date(Date.now() - 60_000) })
+        .where(eq(tasks.id, row.id));
+      await leases.expireLeases(1000);
+      expect((await taskStore.get(row.id)).state).toBe("SUCCEEDED");
+    });
   });
 });

@@ -1,25 +1,43 @@
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { DomainError } from "../../src/core/errors.js";
 import { decodeCursor } from "../../src/core/paging.js";
 import { createTaskStore, type TaskStore } from "../../src/tasks/store.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { describeEachEngine } from "../support/engines.js";
 import { newTask } from "../support/fixtures.js";
 import { uniqueWorkload } from "../support/harness.js";
 
-let tdb: TestDatabase;
-let store: TaskStore;
+describeEachEngine("task store", (db) => {
+  /** The database of the engine being run (set before the first test). */
+  const tdb = {
+    get database() {
+      return db();
+    },
+  };
+  let store: TaskStore;
 
-beforeAll(async () => {
-  tdb = await createTestDatabase();
-  store = createTaskStore(tdb.database.db);
-});
-afterAll(() => tdb.drop());
+  beforeAll(async () => {
+    store = createTaskStore(tdb.database.db);
+  });
 
-describe("task store", () => {
-  it("creates PENDING tasks at attempt 0 with every field kept", async () => {
-    const deadline = new Date(Date.now() + 3_600_000);
-    const [row] = await store.create([
-      newTask({
+  describe("task store", () => {
+    it("creates PENDING tasks at attempt 0 with every field kept", async () => {
+      const deadline = new Date(Date.now() + 3_600_000);
+      const [row] = await store.create([
+        newTask({
+          name: "embed",
+          workload: "similarity-search",
+          requiredCapabilities: ["gpu"],
+          affinity: { region: "eu" },
+          priority: 7,
+          deadline,
+          parameters: { query_id: "CHEMBL939", top_k: 20 },
+          steps: 4,
+          correlationId: "corr-1",
+        }),
+      ]);
+      expect(row).toMatchObject({
+        state: "PENDING",
+        attempt: 0,
         name: "embed",
         workload: "similarity-search",
         requiredCapabilities: ["gpu"],
@@ -29,115 +47,102 @@ describe("task store", () => {
         parameters: { query_id: "CHEMBL939", top_k: 20 },
         steps: 4,
         correlationId: "corr-1",
-      }),
-    ]);
-    expect(row).toMatchObject({
-      state: "PENDING",
-      attempt: 0,
-      name: "embed",
-      workload: "similarity-search",
-      requiredCapabilities: ["gpu"],
-      affinity: { region: "eu" },
-      priority: 7,
-      deadline,
-      parameters: { query_id: "CHEMBL939", top_k: 20 },
-      steps: 4,
-      correlationId: "corr-1",
+      });
+      expect(await store.get(row?.id as string)).toEqual(row);
     });
-    expect(await store.get(row?.id as string)).toEqual(row);
-  });
 
-  it("returns the existing task for a repeated idempotency key with the same request", async () => {
-    const key = `key-${uniqueWorkload()}`;
-    const [first] = await store.create([newTask({ idempotencyKey: key, correlationId: "a" })]);
-    const [again] = await store.create([newTask({ idempotencyKey: key, correlationId: "b" })]);
-    expect(again?.id).toBe(first?.id);
-  });
-
-  it("refuses a reused idempotency key with a different request, creating nothing", async () => {
-    const workload = uniqueWorkload();
-    const key = `key-${workload}`;
-    await store.create([newTask({ workload, idempotencyKey: key, priority: 1 })]);
-    const attempt = store.create([
-      newTask({ workload, name: "innocent" }),
-      newTask({ workload, idempotencyKey: key, priority: 2 }),
-    ]);
-    await expect(attempt).rejects.toMatchObject({
-      kind: "already_exists",
-      reason: "IDEMPOTENCY_KEY_REUSED",
+    it("returns the existing task for a repeated idempotency key with the same request", async () => {
+      const key = `key-${uniqueWorkload()}`;
+      const [first] = await store.create([newTask({ idempotencyKey: key, correlationId: "a" })]);
+      const [again] = await store.create([newTask({ idempotencyKey: key, correlationId: "b" })]);
+      expect(again?.id).toBe(first?.id);
     });
-    const { rows } = await store.list({ workload }, 100, undefined);
-    expect(rows).toHaveLength(1); // the batch's other task was rolled back with it
-    expect(rows[0]?.priority).toBe(1);
-  });
 
-  it("creates a batch in request order, repeated keys within it folded into one task", async () => {
-    const workload = uniqueWorkload();
-    const key = `key-${workload}`;
-    const rows = await store.create([
-      newTask({ workload, name: "a" }),
-      newTask({ workload, name: "b", idempotencyKey: key }),
-      newTask({ workload, name: "b", idempotencyKey: key }),
-      newTask({ workload, name: "c" }),
-    ]);
-    expect(rows.map((r) => r.name)).toEqual(["a", "b", "b", "c"]);
-    expect(rows[1]?.id).toBe(rows[2]?.id);
-  });
-
-  it("lists newest first with filters and stable page tokens", async () => {
-    const workload = uniqueWorkload();
-    const created = [];
-    for (let i = 0; i < 5; i++) {
-      created.push(
-        ...(await store.create([
-          newTask({ workload, name: `n${i}`, correlationId: i % 2 ? "odd" : "even" }),
-        ])),
-      );
-    }
-    const seen: string[] = [];
-    let token: string | undefined;
-    do {
-      const page = await store.list({ workload }, 2, token ? decodeCursor(token) : undefined);
-      seen.push(...page.rows.map((r) => r.name));
-      token = page.next || undefined;
-    } while (token);
-    expect(seen).toEqual(["n4", "n3", "n2", "n1", "n0"]);
-    const odd = await store.list({ workload, correlationId: "odd" }, 100, undefined);
-    expect(odd.rows.map((r) => r.name)).toEqual(["n3", "n1"]);
-    const none = await store.list({ workload, state: "RUNNING" }, 100, undefined);
-    expect(none.rows).toEqual([]);
-  });
-
-  it("cancels a PENDING task and refuses to cancel a terminal one", async () => {
-    const [row] = await store.create([newTask({ workload: uniqueWorkload() })]);
-    const id = row?.id as string;
-    const canceled = await store.cancel(id, "no longer needed");
-    expect(canceled).toMatchObject({
-      state: "CANCELED",
-      cancelRequested: true,
-      errorMessage: "no longer needed",
+    it("refuses a reused idempotency key with a different request, creating nothing", async () => {
+      const workload = uniqueWorkload();
+      const key = `key-${workload}`;
+      await store.create([newTask({ workload, idempotencyKey: key, priority: 1 })]);
+      const attempt = store.create([
+        newTask({ workload, name: "innocent" }),
+        newTask({ workload, idempotencyKey: key, priority: 2 }),
+      ]);
+      await expect(attempt).rejects.toMatchObject({
+        kind: "already_exists",
+        reason: "IDEMPOTENCY_KEY_REUSED",
+      });
+      const { rows } = await store.list({ workload }, 100, undefined);
+      expect(rows).toHaveLength(1); // the batch's other task was rolled back with it
+      expect(rows[0]?.priority).toBe(1);
     });
-    expect(canceled.finishedAt).toBeInstanceOf(Date);
-    const again = store.cancel(id, "twice");
-    await expect(again).rejects.toBeInstanceOf(DomainError);
-    await expect(again).rejects.toMatchObject({ kind: "failed_precondition" });
-    expect((await store.get(id)).errorMessage).toBe("no longer needed");
-  });
 
-  it("answers not_found for an unknown task", async () => {
-    await expect(store.get("00000000-0000-4000-8000-000000000000")).rejects.toMatchObject({
-      kind: "not_found",
+    it("creates a batch in request order, repeated keys within it folded into one task", async () => {
+      const workload = uniqueWorkload();
+      const key = `key-${workload}`;
+      const rows = await store.create([
+        newTask({ workload, name: "a" }),
+        newTask({ workload, name: "b", idempotencyKey: key }),
+        newTask({ workload, name: "b", idempotencyKey: key }),
+        newTask({ workload, name: "c" }),
+      ]);
+      expect(rows.map((r) => r.name)).toEqual(["a", "b", "b", "c"]);
+      expect(rows[1]?.id).toBe(rows[2]?.id);
     });
-  });
 
-  it("counts tasks by state and reports the backlog per workload", async () => {
-    const workload = uniqueWorkload();
-    await store.create([newTask({ workload }), newTask({ workload })]);
-    const counts = await store.countByState();
-    expect(counts.get("PENDING")).toBeGreaterThanOrEqual(2);
-    const backlog = await store.backlog();
-    const mine = backlog.find((b) => b.workload === workload);
-    expect(mine?.count).toBe(2);
-    expect(mine?.now.getTime()).toBeGreaterThanOrEqual(mine?.oldest.getTime() ?? Number.NaN);
+    it("lists newest first with filters and stable page tokens", async () => {
+      const workload = uniqueWorkload();
+      const created = [];
+      for (let i = 0; i < 5; i++) {
+        created.push(
+          ...(await store.create([
+            newTask({ workload, name: `n${i}`, correlationId: i % 2 ? "odd" : "even" }),
+          ])),
+        );
+      }
+      const seen: string[] = [];
+      let token: string | undefined;
+      do {
+        const page = await store.list({ workload }, 2, token ? decodeCursor(token) : undefined);
+        seen.push(...page.rows.map((r) => r.name));
+        token = page.next || undefined;
+      } while (token);
+      expect(seen).toEqual(["n4", "n3", "n2", "n1", "n0"]);
+      const odd = await store.list({ workload, correlationId: "odd" }, 100, undefined);
+      expect(odd.rows.map((r) => r.name)).toEqual(["n3", "n1"]);
+      const none = await store.list({ workload, state: "RUNNING" }, 100, undefined);
+      expect(none.rows).toEqual([]);
+    });
+
+    it("cancels a PENDING task and refuses to cancel a terminal one", async () => {
+      const [row] = await store.create([newTask({ workload: uniqueWorkload() })]);
+      const id = row?.id as string;
+      const canceled = await store.cancel(id, "no longer needed");
+      expect(canceled).toMatchObject({
+        state: "CANCELED",
+        cancelRequested: true,
+        errorMessage: "no longer needed",
+      });
+      expect(canceled.finishedAt).toBeInstanceOf(Date);
+      const again = store.cancel(id, "twice");
+      await expect(again).rejects.toBeInstanceOf(DomainError);
+      await expect(again).rejects.toMatchObject({ kind: "failed_precondition" });
+      expect((await store.get(id)).errorMessage).toBe("no longer needed");
+    });
+
+    it("answers not_found for an unknown task", async () => {
+      await expect(store.get("00000000-0000-4000-8000-000000000000")).rejects.toMatchObject({
+        kind: "not_found",
+      });
+    });
+
+    it("counts tasks by state and reports the backlog per workload", async () => {
+      const workload = uniqueWorkload();
+      await store.create([newTask({ workload }), newTask({ workload })]);
+      const counts = await store.countByState();
+      expect(counts.get("PENDING")).toBeGreaterThanOrEqual(2);
+      const backlog = await store.backlog();
+      const mine = backlog.find((b) => b.workload === workload);
+      expect(mine?.count).toBe(2);
+      expect(mine?.now.getTime()).toBeGreaterThanOrEqual(mine?.oldest.getTime() ?? Number.NaN);
+    });
   });
 });

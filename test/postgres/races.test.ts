@@ -169,4 +169,61 @@ describe.skipIf(!onPostgres)("PostgreSQL races", () => {
       .where(eq(tasks.id, task?.id ?? ""));
     expect(row).toMatchObject({ state: "ASSIGNED", attempt: 1 });
   });
+
+  it("concurrent placements of different tasks never overfill a worker's slots", async () => {
+    const workload = uniqueWorkload();
+    const placement = createPlacementStore(tdb.database.db, 15);
+    const other = createPlacementStore(replica.db, 15);
+    const workerId = randomUUID();
+    await tdb.database.db.insert(workers).values({
+      id: workerId,
+      name: "one-slot",
+      capabilities: [workload],
+      apiBaseUrl: "http://one-slot.example/",
+      maxConcurrency: 1,
+    });
+    const created = await createTaskStore(tdb.database.db).create(
+      Array.from({ length: 10 }, () => newTask({ workload })),
+    );
+    const outcomes = await Promise.allSettled(
+      created.map((t, i) =>
+        (i % 2 ? other : placement).schedule({
+          taskId: t.id,
+          key: "",
+          correlationId: "",
+          leaseSeconds: 600,
+        }),
+      ),
+    );
+    expect(outcomes.filter((o) => o.status === "fulfilled")).toHaveLength(1);
+    for (const o of outcomes) {
+      if (o.status === "rejected") {
+        expect(o.reason).toMatchObject({ kind: "failed_precondition", reason: "NO_CANDIDATE" });
+      }
+    }
+    const held = await tdb.database.db
+      .select({ id: tasks.id })
+      .from(tasks)
+      .where(eq(tasks.leaseWorkerId, workerId));
+    expect(held).toHaveLength(1);
+  });
+
+  it("concurrent claims by one worker never take more than its max_concurrency", async () => {
+    const workload = uniqueWorkload();
+    const workerId = randomUUID();
+    await insertWorker(tdb.database.db, workerId, false, 2);
+    await createTaskStore(tdb.database.db).create(
+      Array.from({ length: 20 }, () => newTask({ workload })),
+    );
+    const stores = [createLeaseStore(tdb.database.db), createLeaseStore(replica.db)];
+    const claimed = await Promise.all(
+      Array.from({ length: 16 }, (_, i) =>
+        (stores[i % 2] ?? stores[0])?.claim(
+          { id: workerId, capabilities: [workload], labels: {} },
+          2,
+        ),
+      ),
+    );
+    expect(claimed.flat()).toHaveLength(2);
+  });
 });

@@ -80,11 +80,18 @@ AS $$
 DECLARE
   slots int;
 BEGIN
+  -- One claim or placement at a time per worker (placement takes the same
+  -- lock): its free slots are counted after the lock, in the next statement,
+  -- so concurrent claims cannot take more than max_concurrency.
+  PERFORM 1 FROM workers w WHERE w.id = worker AND NOT w.drained FOR NO KEY UPDATE;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
   SELECT least(max_tasks, w.max_concurrency - meshwork_live_leases(w.id))
     INTO slots
     FROM workers w
-    WHERE w.id = worker AND NOT w.drained;
-  IF slots IS NULL OR slots <= 0 THEN
+    WHERE w.id = worker;
+  IF slots <= 0 THEN
     RETURN;
   END IF;
   RETURN QUERY
