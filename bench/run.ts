@@ -1,8 +1,9 @@
 /**
- * `npm run bench`: BENCHMARKS.md scenarios 1 (drain) and 3 (create→claim
+ * `npm run bench`: scenarios 1 (drain) and 3 (create→claim
  * latency), against PostgreSQL and embedded PGlite. The coordinator runs as
  * its own process (`meshwork serve`), the workers in this one, over gRPC on
- * h2c. Prints one JSON line per scenario and database.
+ * h2c. Prints one JSON line per scenario and database. docs/benchmarks.md
+ * says what each scenario measures and how to read the figures.
  *
  * Also the artifact scenario: a 256 MiB artifact uploaded and downloaded
  * over HTTP PUT/GET and over the streaming RPCs, with MB/s and the

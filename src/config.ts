@@ -1,6 +1,6 @@
 import { parseArgs } from "node:util";
 
-/** Everything `meshwork serve` can be told, from flags or the environment (SPEC section 10). */
+/** Everything `meshwork serve` can be told, from flags or the environment (README: Configuration). */
 export interface Config {
   /** host:port to listen on. */
   listen: string;

@@ -13,7 +13,7 @@ import { sendJson } from "./json.js";
 type Request = http.IncomingMessage | http2.Http2ServerRequest;
 type Response = http.ServerResponse | http2.Http2ServerResponse;
 
-/** `{"error": "<code>", "message": "..."}` with the status of SPEC section 6. */
+/** `{"error": "<code>", "message": "..."}` with the status of the error table (docs/protocol.md#errors). */
 function sendError(app: App, toClientError: ToClientError, res: Response, error: unknown): void {
   const { error: e, unexpected } = toClientError(error);
   if (unexpected) app.log.error({ err: error }, "byte route failed");
@@ -104,7 +104,7 @@ const download = /^\/artifacts\/([^/]+)\/download$/;
 const taskBytes = /^\/tasks\/([^/]+)\/(input|result)$/;
 
 /**
- * The plain HTTP byte routes of SPEC section 8. Returns false when the
+ * The plain HTTP byte routes (docs/protocol.md#byte-routes). Returns false when the
  * request is not for one of them.
  */
 export function handleByteRoute(

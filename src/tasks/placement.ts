@@ -26,7 +26,7 @@ export function offered(w: Pick<WorkerRow, "capabilities" | "labels">): Set<stri
   return set;
 }
 
-/** Every reason a worker cannot take the task (SPEC section 5); empty when it can. */
+/** Every reason a worker cannot take the task (docs/protocol.md#push-placement); empty when it can. */
 export function rejections(w: Candidate, task: TaskRow): string[] {
   const why: string[] = [];
   if (w.drained) why.push("drained");
