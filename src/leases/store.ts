@@ -87,7 +87,7 @@ export function createLeaseStore(db: Db) {
       return rows.length > 0;
     },
 
-    /** ASSIGNED → RUNNING for the lease holder (push mode). */
+    /** ASSIGNED → RUNNING for the lease holder (push mode); again RUNNING when already started. */
     async start(l: LeaseRef): Promise<TaskRow> {
       const [row] = await q.start().execute(leaseParams(l));
       return row ?? refuse(l);

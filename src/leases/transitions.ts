@@ -61,7 +61,9 @@ export function createTransitions(db: Db) {
           startedAt: sql`coalesce(${tasks.startedAt}, now())`,
           updatedAt: sql`now()`,
         })
-        .where(and(leaseHeld, stateIs("ASSIGNED")))
+        // RUNNING already under the same lease: started again, so a retried
+        // StartTask succeeds (the lease check admits ASSIGNED and RUNNING).
+        .where(leaseHeld)
         .returning(columns)
         .prepare("meshwork_start"),
     ),

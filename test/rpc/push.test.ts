@@ -55,6 +55,12 @@ describe("push placement", () => {
     expect(placed?.lease?.leaseToken).toMatch(/^[0-9a-f]{64}$/);
     const lease = { taskId, workerId, attempt: 1, leaseToken: placed?.lease?.leaseToken ?? "" };
     expect((await h.leases.startTask(lease)).task?.state).toBe(TaskState.RUNNING);
+    // A retried StartTask (its answer lost) succeeds again; another attempt does not.
+    expect((await h.leases.startTask(lease)).task?.state).toBe(TaskState.RUNNING);
+    expect(await outcome(h.leases.startTask({ ...lease, attempt: 2 }))).toMatchObject({
+      code: "Aborted",
+      reason: "STALE_ATTEMPT",
+    });
     const renewed = await h.leases.renewLease({ ...lease, extendSeconds: 3600 });
     expect(Number(renewed.leaseExpiresAt?.seconds) * 1000 - Date.now()).toBeGreaterThan(3_500_000);
     expect((await h.leases.completeTask(lease)).task?.state).toBe(TaskState.SUCCEEDED);

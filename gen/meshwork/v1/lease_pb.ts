@@ -906,7 +906,9 @@ export const LeaseService: GenService<{
     output: typeof ClaimTasksResponseSchema;
   },
   /**
-   * StartTask moves an ASSIGNED (pushed) task to RUNNING.
+   * StartTask moves an ASSIGNED (pushed) task to RUNNING. Starting a task
+   * that is already RUNNING under the same lease succeeds again, so a worker
+   * may retry it.
    *
    * @generated from rpc meshwork.v1.LeaseService.StartTask
    */
