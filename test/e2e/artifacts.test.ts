@@ -18,7 +18,7 @@ import { listen, type RunningServer } from "../../src/server.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { outcome } from "../support/errors.js";
 import { expireLease } from "../support/fixtures.js";
-import { appOn, uniqueWorkload } from "../support/harness.js";
+import { appOn, claimOne, uniqueWorkload } from "../support/harness.js";
 
 const maxArtifactBytes = 2 * 1024 * 1024;
 let tdb: TestDatabase;
@@ -67,9 +67,7 @@ async function claimed(input?: Uint8Array) {
     workload,
     ...(input && { input: { case: "inputData" as const, value: input } }),
   });
-  const { claims } = await leases().claimTasks({ workerId });
-  const claim = claims[0];
-  if (!claim) throw new Error("nothing claimed");
+  const claim = await claimOne({ leases: leases() }, workerId);
   const lease = {
     taskId: claim.taskId,
     workerId,

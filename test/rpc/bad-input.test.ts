@@ -8,6 +8,7 @@ import { outcome } from "../support/errors.js";
 import { expireLease } from "../support/fixtures.js";
 import {
   appOn,
+  claimOne,
   createHarness,
   type Harness,
   registerWorker,
@@ -27,9 +28,7 @@ async function leased() {
   const workload = uniqueWorkload();
   const workerId = await registerWorker(h, [workload]);
   await h.tasks.createTask({ workload });
-  const { claims } = await h.leases.claimTasks({ workerId });
-  const claim = claims[0];
-  if (!claim) throw new Error("nothing claimed");
+  const claim = await claimOne(h, workerId);
   const lease = {
     taskId: claim.taskId,
     workerId,

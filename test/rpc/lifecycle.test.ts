@@ -5,20 +5,19 @@ import { LeaseStatus, type StreamLeasesRequestSchema } from "../../gen/meshwork/
 import { TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { outcome } from "../support/errors.js";
 import { expireLease } from "../support/fixtures.js";
-import { createHarness, type Harness, registerWorker, uniqueWorkload } from "../support/harness.js";
+import {
+  claimOne,
+  createHarness,
+  type Harness,
+  registerWorker,
+  uniqueWorkload,
+} from "../support/harness.js";
 
 let h: Harness;
 beforeAll(async () => {
   h = await createHarness();
 });
 afterAll(() => h.close());
-
-async function claimOne(workerId: string) {
-  const { claims } = await h.leases.claimTasks({ workerId, maxTasks: 1 });
-  const [claim] = claims;
-  if (!claim) throw new Error("nothing claimed");
-  return claim;
-}
 
 describe("pull-mode lifecycle over RPC", () => {
   it("registers, creates, claims, renews and completes a task", async () => {
@@ -31,7 +30,7 @@ describe("pull-mode lifecycle over RPC", () => {
       steps: 2,
     });
     expect(task?.state).toBe(TaskState.PENDING);
-    const claim = await claimOne(workerId);
+    const claim = await claimOne(h, workerId);
     expect(claim).toMatchObject({
       taskId: task?.taskId,
       attempt: 1,
@@ -70,7 +69,7 @@ describe("pull-mode lifecycle over RPC", () => {
       for await (const res of h.tasks.watchTask({ taskId: task?.taskId ?? "" })) {
         seen.push(res.task?.state ?? TaskState.UNSPECIFIED);
         if (res.task?.state === TaskState.PENDING) {
-          const claim = await claimOne(workerId);
+          const claim = await claimOne(h, workerId);
           await h.leases.completeTask({ taskId: claim.taskId, workerId, attempt: claim.attempt });
         }
       }
@@ -132,7 +131,7 @@ describe("pull-mode lifecycle over RPC", () => {
     const workload = uniqueWorkload();
     const workerId = await registerWorker(h, [workload]);
     await h.tasks.createTask({ workload, maxAttempts: 2 });
-    const claim = await claimOne(workerId);
+    const claim = await claimOne(h, workerId);
     const { task } = await h.leases.failTask({
       taskId: claim.taskId,
       workerId,
@@ -150,7 +149,7 @@ describe("pull-mode lifecycle over RPC", () => {
     const workload = uniqueWorkload();
     const workerId = await registerWorker(h, [workload]);
     await h.tasks.createTask({ workload });
-    const claim = await claimOne(workerId);
+    const claim = await claimOne(h, workerId);
     await h.tasks.cancelTask({ taskId: claim.taskId, reason: "user asked" });
     const renewal = await outcome(
       h.leases.renewLease({ taskId: claim.taskId, workerId, attempt: 1 }),
@@ -168,7 +167,7 @@ describe("pull-mode lifecycle over RPC", () => {
     const workload = uniqueWorkload();
     const workerId = await registerWorker(h, [workload]);
     await h.tasks.createTask({ workload });
-    const claim = await claimOne(workerId);
+    const claim = await claimOne(h, workerId);
     const { releasedTaskIds } = await h.fleet.deregisterWorker({ workerId });
     expect(releasedTaskIds).toEqual([claim.taskId]);
     const { task } = await h.tasks.getTask({ taskId: claim.taskId });
@@ -180,7 +179,7 @@ describe("pull-mode lifecycle over RPC", () => {
     const workload = uniqueWorkload();
     const workerId = await registerWorker(h, [workload], { maxConcurrency: 1 });
     await h.tasks.createTasks({ tasks: [{ workload }, { workload }, { workload }] });
-    await claimOne(workerId);
+    await claimOne(h, workerId);
     const status = await h.fleet.getFleetStatus({});
     expect(status.taskCounts.map((c) => c.state)).toEqual([
       TaskState.PENDING,
@@ -203,7 +202,7 @@ describe("pull-mode lifecycle over RPC", () => {
     const workload = uniqueWorkload();
     const workerId = await registerWorker(h, [workload]);
     await h.tasks.createTask({ workload });
-    const claim = await claimOne(workerId);
+    const claim = await claimOne(h, workerId);
     await expireLease(h.app.database.db, claim.taskId);
     await h.app.sweeper.runOnce();
     const { task } = await h.tasks.getTask({ taskId: claim.taskId });

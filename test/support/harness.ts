@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { type Client, createClient, createRouterTransport } from "@connectrpc/connect";
 import { pino } from "pino";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
-import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
+import { type Claim, LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
 import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
 import { type App, createApp } from "../../src/app.js";
 import type { Config } from "../../src/config.js";
@@ -89,4 +89,12 @@ export async function registerWorker(
     labels: extra.labels ?? {},
   });
   return res.workerId;
+}
+
+/** Claims one task for `workerId` (ClaimTasks, no wait); throws when there is nothing to claim. */
+export async function claimOne(h: Pick<Harness, "leases">, workerId: string): Promise<Claim> {
+  const { claims } = await h.leases.claimTasks({ workerId, maxTasks: 1 });
+  const [claim] = claims;
+  if (!claim) throw new Error("nothing claimed");
+  return claim;
 }
