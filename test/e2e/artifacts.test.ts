@@ -27,20 +27,42 @@ let server: RunningServer;
 let url: string;
 
 async function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const s = createServer().listen(0, "127.0.0.1", () => {
-      const { port } = s.address() as { port: number };
-      s.close(() => resolve(port));
-    });
+  return new Promise((resolve, reject) => {
+    const s = createServer()
+      .once("error", reject)
+      .listen(0, "127.0.0.1", () => {
+        const { port } = s.address() as { port: number };
+        s.close(() => resolve(port));
+      });
   });
+}
+
+/**
+ * Download URLs carry public_url, which the services read when the routes
+ * are built, before the port is bound: so a free port is picked first, and
+ * when another process takes it in between, another one is tried (bounded).
+ */
+async function listenWithPublicUrl(): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    const port = await freePort();
+    const candidate = `http://127.0.0.1:${port}`;
+    const candidateApp = appOn(tdb.database, { publicUrl: candidate, maxArtifactBytes });
+    try {
+      server = await listen(candidateApp, `127.0.0.1:${port}`);
+      app = candidateApp;
+      url = candidate;
+      return;
+    } catch (error) {
+      await candidateApp.stop();
+      const inUse = (error as NodeJS.ErrnoException).code === "EADDRINUSE";
+      if (!inUse || attempt >= 5) throw error;
+    }
+  }
 }
 
 beforeAll(async () => {
   tdb = await createTestDatabase();
-  const port = await freePort();
-  url = `http://127.0.0.1:${port}`;
-  app = appOn(tdb.database, { publicUrl: url, maxArtifactBytes });
-  server = await listen(app, `127.0.0.1:${port}`);
+  await listenWithPublicUrl();
 });
 afterAll(async () => {
   await server.close();
