@@ -258,10 +258,12 @@ describe("gRPC over h2c with generated clients", () => {
 
 describe("shutdown and restart", () => {
   it("ends an in-flight long poll on shutdown and keeps every task across a restart", async () => {
-    const own = await createTestDatabase().catch(() => undefined);
-    const dataDir = onPostgres ? "" : mkdtempSync(join(tmpdir(), "meshwork-restart-"));
+    // A restart needs a database that outlives one open: a database of its
+    // own on PostgreSQL (an error there fails the test), a data dir on PGlite.
+    const own = onPostgres ? await createTestDatabase() : undefined;
+    const dataDir = own ? "" : mkdtempSync(join(tmpdir(), "meshwork-restart-"));
     const open = () =>
-      own?.url ? openDatabase({ url: own.url, dataDir: "" }) : openDatabase({ dataDir });
+      own ? openDatabase({ url: own.url, dataDir: "" }) : openDatabase({ dataDir });
     try {
       const db1 = await open();
       const first = await listen(appOn(db1), "127.0.0.1:0");
