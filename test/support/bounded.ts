@@ -1,0 +1,16 @@
+/**
+ * `work`'s result, or "timed out" when it has not settled within `ms`. A
+ * bound so that a test fails instead of hanging when a call blocks, not a
+ * performance assertion: pick `ms` generously.
+ */
+export async function within<T>(ms: number, work: Promise<T>): Promise<T | "timed out"> {
+  let timer: NodeJS.Timeout | undefined;
+  const bound = new Promise<"timed out">((resolve) => {
+    timer = setTimeout(() => resolve("timed out"), ms);
+  });
+  try {
+    return await Promise.race([work, bound]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
