@@ -139,6 +139,20 @@ describeEachEngine("lease store", (db) => {
       await taskStore.create([newTask({ workload, deadline: new Date(Date.now() - 1000) })]);
       expect(await leases.claim(worker(workerA, [workload]), 5)).toEqual([]);
       expect(await leases.failPastDeadline(1000)).toHaveLength(1);
+
+      const retried = uniqueWorkload();
+      await taskStore.create([newTask({ workload: retried })]);
+      const row = await claimOne(retried);
+      const failed = await leases.fail(
+        { taskId: row.id, workerId: workerA, attempt: 1, token: "" },
+        "E",
+        "m",
+        true,
+      );
+      expect(failed.notBefore?.getTime()).toBeGreaterThan(failed.updatedAt.getTime());
+      expect(await leases.claim(worker(workerB, [retried]), 5)).toEqual([]);
+      await endBackoff(tdb.database.db, row.id);
+      expect(await claimOne(retried, workerB)).toMatchObject({ id: row.id, attempt: 2 });
     });
   });
 
