@@ -1,0 +1,60 @@
+import postgres from "postgres";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
+
+// The claim's plan decisions (migration 0006) are what keep a claim
+// O(claimed) whatever the backlog: the PENDING scan walks tasks_claim_idx in
+// claim order and stops at the LIMIT, and the UPDATE reaches the picked rows
+// by primary key. This checks the plans PostgreSQL actually runs (through
+// auto_explain, which logs the statements inside the function), before and
+// after ANALYZE: this machine's PostgreSQL runs with autovacuum off, and a
+// plan that is right only with fresh statistics is wrong after every burst.
+describe.skipIf(!onPostgres)("the claim's plan on PostgreSQL", () => {
+  let tdb: TestDatabase;
+  let sql: postgres.Sql;
+  const plans: string[] = [];
+  const worker = "a0000000-0000-4000-8000-00000000000a";
+
+  beforeAll(async () => {
+    tdb = await createTestDatabase();
+    sql = postgres(tdb.url ?? "", {
+      max: 1,
+      onnotice: (n) => {
+        if (typeof n.message === "string") plans.push(n.message);
+      },
+    });
+    await sql`insert into workers (id, capabilities, max_concurrency) values (${worker}, '{w}', 1000)`;
+    await sql`insert into tasks (id, workload, state, max_attempts, lease_seconds,
+        backoff_initial_ms, backoff_max_ms, backoff_multiplier)
+      select gen_random_uuid(), case when i % 10 = 0 then 'w' else 'other' end, 'PENDING',
+        3, 60, 1000, 300000, 2
+      from generate_series(1, 20000) as i`;
+    await sql`load 'auto_explain'`;
+    await sql`set auto_explain.log_min_duration = 0`;
+    await sql`set auto_explain.log_nested_statements = on`;
+    await sql`set client_min_messages = log`;
+  });
+  afterAll(async () => {
+    await sql?.end();
+    await tdb?.drop();
+  });
+
+  async function claimPlan(): Promise<string> {
+    plans.length = 0;
+    const rows = await sql`select id from meshwork_claim(${worker}, '{w}', '{}', 10)`;
+    expect(rows).toHaveLength(10);
+    return plans.find((p) => p.includes("WITH pending AS MATERIALIZED")) ?? "";
+  }
+
+  for (const analyzed of [false, true]) {
+    it(`walks the claim index and updates by primary key ${analyzed ? "after" : "without"} ANALYZE`, async () => {
+      if (analyzed) await sql`analyze tasks`;
+      const plan = await claimPlan();
+      expect(plan).toContain("Index Scan using tasks_claim_idx");
+      expect(plan).toMatch(/Update on tasks[\s\S]*Index Scan using tasks_pkey/);
+      expect(plan).not.toContain("Bitmap");
+      expect(plan).not.toMatch(/Seq Scan on tasks/);
+      expect(plan).not.toContain("JIT:");
+    });
+  }
+});
