@@ -1,8 +1,6 @@
-import { randomBytes } from "node:crypto";
-import postgres from "postgres";
 import { afterAll, beforeAll, describe } from "vitest";
 import { type Database, openDatabase } from "../../src/db/database.js";
-import { postgresUrl } from "./database.js";
+import { createTestDatabase, postgresUrl } from "./database.js";
 
 /** A database engine a store contract suite runs on. */
 export interface Engine {
@@ -19,30 +17,11 @@ const pglite: Engine = {
   },
 };
 
-function postgresEngine(serverUrl: string): Engine {
-  return {
-    name: "postgres",
-    async open() {
-      const name = `meshwork_contract_${randomBytes(6).toString("hex")}`;
-      const admin = postgres(serverUrl, { max: 1, onnotice: () => {} });
-      await admin.unsafe(`create database ${name}`);
-      const url = new URL(serverUrl);
-      url.pathname = `/${name}`;
-      const database = await openDatabase({ url: url.toString(), dataDir: "" });
-      return {
-        database,
-        async drop() {
-          await database.close().catch(() => {});
-          await admin.unsafe(`drop database if exists ${name} with (force)`);
-          await admin.end();
-        },
-      };
-    },
-  };
-}
+/** A fresh database on the PostgreSQL server of DATABASE_URL (createTestDatabase). */
+const postgresEngine: Engine = { name: "postgres", open: () => createTestDatabase() };
 
 /** Every engine available in this run: PGlite always, PostgreSQL when DATABASE_URL is set. */
-export const engines: Engine[] = postgresUrl ? [pglite, postgresEngine(postgresUrl)] : [pglite];
+export const engines: Engine[] = postgresUrl ? [pglite, postgresEngine] : [pglite];
 
 /**
  * Runs a store contract suite once per engine (`describe.each`), each on its
