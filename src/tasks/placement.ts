@@ -1,6 +1,6 @@
 import { eq, sql } from "drizzle-orm";
 import { DomainError, notFound } from "../core/errors.js";
-import { liveLeases, newToken } from "../core/task-sql.js";
+import { expiresIn, liveLeases, newToken } from "../core/task-sql.js";
 import { workerLost } from "../core/worker-sql.js";
 import type { Db } from "../db/database.js";
 import { type TaskRow, tasks, type WorkerRow, workers } from "../db/schema/index.js";
@@ -145,7 +145,7 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           leaseWorkerId: chosen.id,
           leaseToken: newToken,
           leaseSeconds: p.leaseSeconds,
-          leaseExpiresAt: sql`now() + make_interval(secs => ${p.leaseSeconds}::int)`,
+          leaseExpiresAt: expiresIn(sql`${p.leaseSeconds}::int`),
           assignedWorkerId: chosen.id,
           assignedApiBaseUrl: chosen.apiBaseUrl,
           scheduleIdempotencyKey: p.key === "" ? null : p.key,
