@@ -25,6 +25,24 @@ export interface Config {
   /** PEM certificate and key files: serve TLS (ALPN h2 / http/1.1) instead of cleartext. */
   tlsCert: string;
   tlsKey: string;
+  /** Requests per second allowed per token (token bucket); 0 = no limit. */
+  rateLimit: number;
+  /** Burst size of the token bucket (requests). */
+  rateBurst: number;
+  /** Whether admin tokens are rate limited too (default: not). */
+  rateLimitAdmin: boolean;
+  /** Longest deadline a client may ask for (grpc-timeout, connect-timeout-ms), in milliseconds; longer ones are clamped. */
+  maxTimeoutMs: number;
+  /** HTTP/1.1: time to receive a request's headers, in milliseconds (slow clients are cut off). */
+  headersTimeoutMs: number;
+  /** HTTP/1.1: time to receive a whole request, body included, in milliseconds. */
+  requestTimeoutMs: number;
+  /** Idle connections and HTTP/2 sessions are closed after this many milliseconds. */
+  idleTimeoutMs: number;
+  /** HTTP/2: concurrent streams per session. */
+  maxConcurrentStreams: number;
+  /** Largest request header block, in bytes (HTTP/1.1 and HTTP/2). */
+  maxHeaderBytes: number;
 }
 
 export class ConfigError extends Error {
@@ -44,6 +62,15 @@ const flags = {
   "max-artifact-bytes": { type: "string", env: "MESHWORK_MAX_ARTIFACT_BYTES" },
   "tls-cert": { type: "string", env: "MESHWORK_TLS_CERT" },
   "tls-key": { type: "string", env: "MESHWORK_TLS_KEY" },
+  "rate-limit": { type: "string", env: "MESHWORK_RATE_LIMIT" },
+  "rate-burst": { type: "string", env: "MESHWORK_RATE_BURST" },
+  "rate-limit-admin": { type: "string", env: "MESHWORK_RATE_LIMIT_ADMIN" },
+  "max-timeout": { type: "string", env: "MESHWORK_MAX_TIMEOUT" },
+  "headers-timeout": { type: "string", env: "MESHWORK_HEADERS_TIMEOUT" },
+  "request-timeout": { type: "string", env: "MESHWORK_REQUEST_TIMEOUT" },
+  "idle-timeout": { type: "string", env: "MESHWORK_IDLE_TIMEOUT" },
+  "max-concurrent-streams": { type: "string", env: "MESHWORK_MAX_CONCURRENT_STREAMS" },
+  "max-header-bytes": { type: "string", env: "MESHWORK_MAX_HEADER_BYTES" },
 } as const;
 
 /** The `meshwork serve` flags, for `--help`. */
@@ -61,6 +88,17 @@ export const serveUsage = `Usage: meshwork serve [flags]
   --max-artifact-bytes N    MESHWORK_MAX_ARTIFACT_BYTES  default 1073741824
   --tls-cert FILE           MESHWORK_TLS_CERT     PEM certificate: serve TLS (ALPN h2, http/1.1)
   --tls-key FILE            MESHWORK_TLS_KEY      PEM private key of --tls-cert
+
+Limits (each refusal is a clear error and changes nothing):
+  --rate-limit N            MESHWORK_RATE_LIMIT          requests/s per token; default 0 (off)
+  --rate-burst N            MESHWORK_RATE_BURST          burst per token; default 2 × --rate-limit
+  --rate-limit-admin on|off MESHWORK_RATE_LIMIT_ADMIN    limit admin tokens too; default off
+  --max-timeout S           MESHWORK_MAX_TIMEOUT         longest client deadline, seconds; default 300
+  --headers-timeout S       MESHWORK_HEADERS_TIMEOUT     HTTP/1.1 request headers, seconds; default 10
+  --request-timeout S       MESHWORK_REQUEST_TIMEOUT     HTTP/1.1 whole request, seconds; default 600
+  --idle-timeout S          MESHWORK_IDLE_TIMEOUT        idle connection or HTTP/2 session, seconds; default 300
+  --max-concurrent-streams N MESHWORK_MAX_CONCURRENT_STREAMS  HTTP/2 streams per session; default 1000
+  --max-header-bytes N      MESHWORK_MAX_HEADER_BYTES    request header block; default 16384
 `;
 
 /** Reads flags first, then the environment, then defaults. Throws ConfigError on a bad value. */
@@ -88,8 +126,15 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
       "--auth=on is not implemented yet: bearer tokens arrive in a later release; run with --auth=off on loopback",
     );
   }
-  if (!isLoopback(host)) {
-    throw new ConfigError(`--auth=off is accepted only when listening on loopback, not ${host}`);
+  if (auth === "off" && !isLoopback(host)) {
+    throw new ConfigError(
+      `--auth off is accepted only when listening on a loopback address, not ${host}: anyone who can reach ${listen} could act as any worker. Keep --auth on (the default) and use tokens (meshwork token create).`,
+    );
+  }
+  const rateLimit = intFlag("--rate-limit", get("rate-limit"), 0, 0, 1_000_000);
+  const rateLimitAdmin = get("rate-limit-admin") ?? "off";
+  if (rateLimitAdmin !== "on" && rateLimitAdmin !== "off") {
+    throw new ConfigError("--rate-limit-admin must be on or off");
   }
   const logLevel = get("log-level") ?? "info";
   if (!["trace", "debug", "info", "warn", "error", "fatal", "silent"].includes(logLevel)) {
@@ -143,6 +188,27 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     ),
     tlsCert,
     tlsKey,
+    rateLimit,
+    rateBurst: intFlag(
+      "--rate-burst",
+      get("rate-burst"),
+      Math.max(1, 2 * rateLimit),
+      1,
+      10_000_000,
+    ),
+    rateLimitAdmin: rateLimitAdmin === "on",
+    maxTimeoutMs: 1000 * intFlag("--max-timeout", get("max-timeout"), 300, 1, 86_400),
+    headersTimeoutMs: 1000 * intFlag("--headers-timeout", get("headers-timeout"), 10, 1, 3600),
+    requestTimeoutMs: 1000 * intFlag("--request-timeout", get("request-timeout"), 600, 1, 86_400),
+    idleTimeoutMs: 1000 * intFlag("--idle-timeout", get("idle-timeout"), 300, 1, 86_400),
+    maxConcurrentStreams: intFlag(
+      "--max-concurrent-streams",
+      get("max-concurrent-streams"),
+      1000,
+      1,
+      1_000_000,
+    ),
+    maxHeaderBytes: intFlag("--max-header-bytes", get("max-header-bytes"), 16_384, 1024, 1 << 20),
   };
 }
 

@@ -29,6 +29,15 @@ export function testConfig(overrides: Partial<Config> = {}): Config {
     maxArtifactBytes: 1 << 30,
     tlsCert: "",
     tlsKey: "",
+    rateLimit: 0,
+    rateBurst: 1,
+    rateLimitAdmin: false,
+    maxTimeoutMs: 300_000,
+    headersTimeoutMs: 10_000,
+    requestTimeoutMs: 600_000,
+    idleTimeoutMs: 300_000,
+    maxConcurrentStreams: 1000,
+    maxHeaderBytes: 16_384,
     ...overrides,
   };
 }
