@@ -1,6 +1,8 @@
 import { setMaxListeners } from "node:events";
 import { createFileBlobStore } from "./artifacts/blob-store.js";
+import { createGuard } from "./auth/guard.js";
 import type { Config } from "./config.js";
+import { DomainError } from "./core/errors.js";
 import type { Database } from "./db/database.js";
 import { createWorkerCache } from "./fleet/cache.js";
 import { createHeartbeatBuffer } from "./fleet/heartbeats.js";
@@ -25,6 +27,22 @@ export function createApp(database: Database, config: Config, log: Logger) {
   const wakeups = createClaimWakeups();
   const heartbeats = createHeartbeatBuffer(fleet);
   const workerCache = createWorkerCache(fleet);
+  const guard = createGuard({
+    enabled: config.auth === "on",
+    tokens: stores.tokens,
+    ownerOf: (workerId) =>
+      workerCache.get(workerId).then(
+        (w) => w.ownerTokenId,
+        (error: unknown) => {
+          if (error instanceof DomainError && error.kind === "not_found") return undefined;
+          throw error;
+        },
+      ),
+    rateLimit: config.rateLimit,
+    rateBurst: config.rateBurst,
+    rateLimitAdmin: config.rateLimitAdmin,
+    log,
+  });
   // Concurrent CompleteTask calls share one statement (group commit).
   const completeOne = createBatcher((items: Completion[]) => leases.complete(items));
   const sweeper = createSweeper(
@@ -47,6 +65,8 @@ export function createApp(database: Database, config: Config, log: Logger) {
     wakeups,
     heartbeats,
     workerCache,
+    /** Authentication, roles, worker ownership and rate limits (src/auth/). */
+    guard,
     completeOne,
     sweeper,
     /** Aborted when the server begins to shut down: long polls and streams end. */

@@ -80,7 +80,7 @@ export const serveUsage = `Usage: meshwork serve [flags]
   --data-dir DIR            MESHWORK_DATA_DIR     default ./.meshwork
   --database-url URL        DATABASE_URL          PostgreSQL; unset = embedded PGlite
   --public-url URL          MESHWORK_PUBLIC_URL   base of artifact URIs; default http://<listen>
-  --auth on|off             MESHWORK_AUTH         default off (see README: not implemented yet)
+  --auth on|off             MESHWORK_AUTH         bearer tokens; default on (off only on loopback)
   --blob-dir DIR            MESHWORK_BLOB_DIR     default <data dir>/blobs
   --log-level LEVEL         MESHWORK_LOG_LEVEL    trace|debug|info|warn|error|silent; default info
   --heartbeat-interval S    MESHWORK_HEARTBEAT_INTERVAL  seconds, default 15
@@ -119,13 +119,8 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
   const listen = get("listen") ?? "127.0.0.1:8080";
   const { host } = splitHostPort(listen);
   const dataDir = get("data-dir") ?? "./.meshwork";
-  const auth = get("auth") ?? "off";
+  const auth = get("auth") ?? "on";
   if (auth !== "on" && auth !== "off") throw new ConfigError("--auth must be on or off");
-  if (auth === "on") {
-    throw new ConfigError(
-      "--auth=on is not implemented yet: bearer tokens arrive in a later release; run with --auth=off on loopback",
-    );
-  }
   if (auth === "off" && !isLoopback(host)) {
     throw new ConfigError(
       `--auth off is accepted only when listening on a loopback address, not ${host}: anyone who can reach ${listen} could act as any worker. Keep --auth on (the default) and use tokens (meshwork token create).`,

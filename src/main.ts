@@ -1,8 +1,31 @@
+import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { createApp } from "./app.js";
+import { createTokenStore } from "./auth/token-store.js";
 import type { Config } from "./config.js";
-import { openDatabase } from "./db/database.js";
-import { createLogger } from "./log.js";
+import { type Database, openDatabase } from "./db/database.js";
+import { createLogger, type Logger } from "./log.js";
 import { listen } from "./server.js";
+
+/** Where the first admin token is written. */
+export function adminTokenPath(dataDir: string): string {
+  return join(dataDir, "admin.token");
+}
+
+/**
+ * On first start, with no token at all, makes an admin token and writes it
+ * to `<data dir>/admin.token` (mode 0600); the log says where, never what.
+ */
+async function firstAdminToken(database: Database, config: Config, log: Logger): Promise<void> {
+  const path = adminTokenPath(config.dataDir);
+  const created = await createTokenStore(database.db).createFirstAdmin((secret) => {
+    mkdirSync(config.dataDir, { recursive: true });
+    writeFileSync(path, `${secret}\n`, { mode: 0o600 });
+    chmodSync(path, 0o600); // an existing file keeps its mode on write
+  });
+  if (!created) return;
+  log.info({ path }, "created the first admin token; it is in this file (meshwork token --help)");
+}
 
 /**
  * `meshwork serve`: open the database, migrate, listen, and shut down
@@ -12,6 +35,7 @@ import { listen } from "./server.js";
 export async function serve(config: Config): Promise<void> {
   const log = createLogger(config.logLevel);
   const database = await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir });
+  if (config.auth === "on") await firstAdminToken(database, config, log);
   const app = createApp(database, config, log);
   const server = await listen(app, config.listen);
   log.info(

@@ -14,13 +14,17 @@ import { FleetService, file_meshwork_v1_fleet } from "../gen/meshwork/v1/fleet_p
 import { file_meshwork_v1_knowledge, KnowledgeService } from "../gen/meshwork/v1/knowledge_pb.js";
 import { file_meshwork_v1_lease, LeaseService } from "../gen/meshwork/v1/lease_pb.js";
 import { file_meshwork_v1_task, TaskService } from "../gen/meshwork/v1/task_pb.js";
+import { file_meshwork_v1_token, TokenService } from "../gen/meshwork/v1/token_pb.js";
 import type { App } from "./app.js";
 import { createArtifactService } from "./artifacts/service.js";
+import { createAuthInterceptor } from "./auth/interceptor.js";
+import { createTokenService } from "./auth/service.js";
 import { splitHostPort } from "./config.js";
 import { createFleetService } from "./fleet/service.js";
-import { handleByteRoute } from "./http/bytes.js";
+import { byteRoutes } from "./http/bytes.js";
 import { sendJson } from "./http/json.js";
 import { createListener } from "./http/listener.js";
+import { createPlainRouter, type PlainRoute } from "./http/routes.js";
 import { createKnowledgeService } from "./knowledge/service.js";
 import { createLeaseService } from "./leases/service.js";
 import { kCorrelationId } from "./rpc/context.js";
@@ -40,6 +44,7 @@ const meshworkServices = [
   LeaseService,
   ArtifactService,
   KnowledgeService,
+  TokenService,
 ];
 
 /** The request's correlation id, set by the listener before any handler runs. */
@@ -69,9 +74,13 @@ function registryOf(files: DescFile[]): FileRegistry {
 /** What a client may see of an error: refusals keep their code, reason and task; bugs are `internal`. */
 const toClientError: ToClientError = createErrorMapper(toTask);
 
-/** The interceptors every RPC goes through (also for in-memory test transports). */
-export function rpcInterceptors(app: Pick<App, "log">) {
-  return [createRpcInterceptor(app.log, toClientError)];
+/**
+ * The interceptors every RPC goes through (also for in-memory test
+ * transports): logging and error mapping outermost, so that refusals of
+ * authentication are logged and mapped like any other; then auth.
+ */
+export function rpcInterceptors(app: Pick<App, "log" | "guard">) {
+  return [createRpcInterceptor(app.log, toClientError), createAuthInterceptor(app.guard)];
 }
 
 /** Every RPC service Meshwork serves, for the Connect adapter and for in-memory test transports. */
@@ -82,6 +91,7 @@ export function createRoutes(app: App): (router: ConnectRouter) => void {
     file_meshwork_v1_lease,
     file_meshwork_v1_artifact,
     file_meshwork_v1_knowledge,
+    file_meshwork_v1_token,
     file_meshwork_v1_errors,
     file_grpc_health_v1_health,
   ]);
@@ -91,6 +101,7 @@ export function createRoutes(app: App): (router: ConnectRouter) => void {
     router.service(LeaseService, createLeaseService(app));
     router.service(ArtifactService, createArtifactService(app));
     router.service(KnowledgeService, createKnowledgeService(app));
+    router.service(TokenService, createTokenService(app));
     router.service(
       Health,
       createHealthService(
@@ -105,6 +116,33 @@ export function createRoutes(app: App): (router: ConnectRouter) => void {
     );
     registerReflection(router, registry, [...meshworkServices, Health]);
   };
+}
+
+/** Liveness and readiness: open to anyone, for load balancers and orchestrators. */
+function healthRoutes(app: App): PlainRoute[] {
+  return [
+    {
+      methods: ["GET"],
+      pattern: /^\/healthz$/,
+      roles: "open",
+      what: "check liveness",
+      async handle({ res }) {
+        sendJson(res, 200, { status: "ok" });
+      },
+    },
+    {
+      methods: ["GET"],
+      pattern: /^\/readyz$/,
+      roles: "open",
+      what: "check readiness",
+      async handle({ res }) {
+        await app.database.ping().then(
+          () => sendJson(res, 200, { status: "ready" }),
+          () => sendJson(res, 503, { status: "database unreachable" }),
+        );
+      },
+    },
+  ];
 }
 
 /**
@@ -128,22 +166,18 @@ export function createHandler(app: App) {
     contextValues: (req) =>
       createContextValues().set(kCorrelationId, correlationIds.get(req) ?? randomUUID()),
   });
+  const plain = createPlainRouter(
+    [...healthRoutes(app), ...byteRoutes(app)],
+    app.guard,
+    toClientError,
+    app.log,
+  );
   return (req: Request, res: Response) => {
     const correlationId = correlationIdOf(req);
     correlationIds.set(req, correlationId);
     res.setHeader("x-correlation-id", correlationId);
-    const path = (req.url ?? "/").split("?", 1)[0];
-    if (req.method === "GET" && path === "/healthz") {
-      return sendJson(res, 200, { status: "ok" });
-    }
-    if (req.method === "GET" && path === "/readyz") {
-      app.database.ping().then(
-        () => sendJson(res, 200, { status: "ready" }),
-        () => sendJson(res, 503, { status: "database unreachable" }),
-      );
-      return;
-    }
-    if (path && handleByteRoute(app, toClientError, req, res, path)) return;
+    const path = (req.url ?? "/").split("?", 1)[0] ?? "/";
+    if (plain(req, res, path)) return;
     connect(req as http.IncomingMessage, res as http.ServerResponse);
   };
 }

@@ -1,4 +1,5 @@
 import { createArtifactStore } from "./artifacts/store.js";
+import { createTokenStore } from "./auth/token-store.js";
 import type { Config } from "./config.js";
 import type { Db, WithTx } from "./db/database.js";
 import { createFleetStore } from "./fleet/store.js";
@@ -16,6 +17,7 @@ export function createStores(db: Db, config: Pick<Config, "heartbeatIntervalSeco
     artifacts: createArtifactStore(db),
     placement: createPlacementStore(db, config.heartbeatIntervalSeconds),
     knowledge: createKnowledgeStore(db),
+    tokens: createTokenStore(db),
   };
 }
 

@@ -7,6 +7,7 @@ import {
   TaskStateCountSchema,
   WorkerState,
 } from "../../gen/meshwork/v1/fleet_pb.js";
+import { kPrincipal } from "../auth/principal.js";
 import type { Config } from "../config.js";
 import { invalid } from "../core/errors.js";
 import { decodeCursor, pageSize } from "../core/paging.js";
@@ -66,11 +67,12 @@ export interface FleetServiceDeps {
 export function createFleetService(app: FleetServiceDeps): ServiceImpl<typeof FleetService> {
   const interval = app.config.heartbeatIntervalSeconds;
   return {
-    async registerWorker(req) {
+    async registerWorker(req, ctx) {
       const input = workerInput(req);
       const worker = await app.fleet.register(
         input,
         req.workerId === "" ? undefined : uuidField("worker_id", req.workerId),
+        ctx.values.get(kPrincipal).tokenId,
       );
       app.workerCache.forget(worker.id);
       return { workerId: worker.id, heartbeatIntervalSeconds: interval, worker: toWorker(worker) };

@@ -54,8 +54,15 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
   }
 
   return {
-    /** Registers a new worker, or updates the one named by `id`. */
-    async register(input: WorkerInput, id?: string): Promise<WorkerView> {
+    /**
+     * Registers a new worker (owned by the token that registered it), or
+     * updates the one named by `id`.
+     */
+    async register(
+      input: WorkerInput,
+      id?: string,
+      ownerTokenId: string | null = null,
+    ): Promise<WorkerView> {
       const fields = {
         name: input.name,
         capabilities: input.capabilities,
@@ -68,7 +75,7 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
       };
       if (id === undefined) {
         const newId = randomUUID();
-        await db.insert(workers).values({ id: newId, ...fields });
+        await db.insert(workers).values({ id: newId, ownerTokenId, ...fields });
         return this.get(newId);
       }
       const updated = await db

@@ -8,6 +8,8 @@ import type { TaskRow } from "../db/schema/index.js";
 /** The one table from a domain refusal to a Connect code (docs/protocol.md#errors). */
 export const codeOfKind: Record<ErrorKind, Code> = {
   invalid_argument: Code.InvalidArgument,
+  unauthenticated: Code.Unauthenticated,
+  permission_denied: Code.PermissionDenied,
   not_found: Code.NotFound,
   already_exists: Code.AlreadyExists,
   aborted: Code.Aborted,
@@ -59,10 +61,13 @@ export function createErrorMapper(encodeTask: TaskEncoder) {
     ];
     if (error.details.task)
       details.push({ desc: TaskSchema, value: encodeTask(error.details.task) });
+    const retryAfter = error.details.retryAfterMs;
     return new ConnectError(
       error.message,
       codeOfKind[error.kind],
-      undefined,
+      retryAfter === undefined
+        ? undefined
+        : { "retry-after": String(Math.ceil(retryAfter / 1000)) },
       details as ConstructorParameters<typeof ConnectError>[3],
     );
   }

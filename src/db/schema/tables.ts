@@ -33,6 +33,8 @@ export const workers = pgTable(
     maxConcurrency: integer("max_concurrency").notNull().default(1),
     drained: boolean("drained").notNull().default(false),
     queueDepth: integer("queue_depth").notNull().default(0),
+    // The token that registered the worker: a worker token acts only for its own workers.
+    ownerTokenId: uuid("owner_token_id"),
     registeredAt: timestamptz("registered_at").notNull().defaultNow(),
     lastHeartbeatAt: timestamptz("last_heartbeat_at").notNull().defaultNow(),
   },
@@ -172,6 +174,33 @@ export const knowledgeEntries = pgTable(
     index("knowledge_updated_idx").on(t.updatedAt, t.kind, t.key),
   ],
 );
+
+export type TokenRoleName = "admin" | "client" | "worker";
+
+/**
+ * Bearer tokens. Only the SHA-256 digest of a token is stored; the token
+ * itself is shown once, when it is made. A revoked token stays, so that its
+ * name and history remain readable.
+ */
+export const tokens = pgTable(
+  "tokens",
+  {
+    id: uuid("id").primaryKey(),
+    name: text("name").notNull(),
+    role: text("role").$type<TokenRoleName>().notNull(),
+    digest: text("digest").notNull(),
+    createdAt: timestamptz("created_at").notNull().defaultNow(),
+    lastUsedAt: timestamptz("last_used_at"),
+    revokedAt: timestamptz("revoked_at"),
+  },
+  (t) => [
+    uniqueIndex("tokens_name_idx").on(t.name),
+    uniqueIndex("tokens_digest_idx").on(t.digest),
+    index("tokens_created_idx").on(t.createdAt.desc(), t.id.desc()),
+  ],
+);
+
+export type TokenRow = typeof tokens.$inferSelect;
 
 /** Facts about this coordinator's database, e.g. its stable `origin` id. */
 export const coordinatorMeta = pgTable("coordinator_meta", {

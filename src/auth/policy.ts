@@ -1,0 +1,97 @@
+import type { TokenRoleName } from "../db/schema/index.js";
+
+/**
+ * Who may call each RPC. Admin may call everything; `roles` lists the other
+ * roles allowed. `actsFor` names the workers a request acts for: a worker
+ * token may act only for workers registered with it. An RPC missing here is
+ * admin only (test/unit/policy.test.ts checks that every served RPC has a
+ * rule, so a new one cannot slip through unprotected by accident).
+ */
+export interface MethodRule {
+  roles: readonly TokenRoleName[];
+  actsFor?: (message: Record<string, unknown>) => string[];
+  /** A rule that depends on the message (uploads: inputs vs task artifacts). */
+  check?: (role: TokenRoleName, message: Record<string, unknown>) => string | undefined;
+}
+
+/** Services anyone may call, without a token. */
+export const openServices = new Set(["grpc.health.v1.Health"]);
+
+const worker = ["worker"] as const;
+const client = ["client"] as const;
+const anyRole = ["client", "worker"] as const;
+
+const own = (m: Record<string, unknown>): string[] =>
+  typeof m.workerId === "string" ? [m.workerId] : [];
+
+const uploadHeader = (m: Record<string, unknown>) => {
+  const payload = m.payload as { case?: string; value?: Record<string, unknown> } | undefined;
+  return payload?.case === "header" ? payload.value : undefined;
+};
+
+export const policy: Record<string, MethodRule> = {
+  // Fleet: workers register and look after themselves; clients read the fleet.
+  "meshwork.v1.FleetService/RegisterWorker": { roles: worker, actsFor: own },
+  "meshwork.v1.FleetService/GetWorker": { roles: anyRole },
+  "meshwork.v1.FleetService/ListWorkers": { roles: client },
+  "meshwork.v1.FleetService/Heartbeat": { roles: worker, actsFor: own },
+  "meshwork.v1.FleetService/DrainWorker": { roles: worker, actsFor: own },
+  "meshwork.v1.FleetService/DeregisterWorker": { roles: worker, actsFor: own },
+  "meshwork.v1.FleetService/GetFleetStatus": { roles: client },
+  // Tasks and placement: clients.
+  "meshwork.v1.TaskService/CreateTask": { roles: client },
+  "meshwork.v1.TaskService/CreateTasks": { roles: client },
+  "meshwork.v1.TaskService/GetTask": { roles: client },
+  "meshwork.v1.TaskService/ListTasks": { roles: client },
+  "meshwork.v1.TaskService/WatchTask": { roles: client },
+  "meshwork.v1.TaskService/CancelTask": { roles: client },
+  "meshwork.v1.TaskService/ScheduleTask": { roles: client },
+  "meshwork.v1.TaskService/RetryTask": { roles: client },
+  // Leases: workers, for their own workers.
+  "meshwork.v1.LeaseService/ClaimTasks": { roles: worker, actsFor: own },
+  "meshwork.v1.LeaseService/StartTask": { roles: worker, actsFor: own },
+  "meshwork.v1.LeaseService/RenewLease": { roles: worker, actsFor: own },
+  "meshwork.v1.LeaseService/StreamLeases": { roles: worker, actsFor: own },
+  "meshwork.v1.LeaseService/CompleteTask": { roles: worker, actsFor: own },
+  "meshwork.v1.LeaseService/CompleteTasks": {
+    roles: worker,
+    actsFor: (m) => ((m.completions as Record<string, unknown>[] | undefined) ?? []).flatMap(own),
+  },
+  "meshwork.v1.LeaseService/FailTask": { roles: worker, actsFor: own },
+  "meshwork.v1.LeaseService/ReleaseTask": { roles: worker, actsFor: own },
+  // Artifacts: clients upload inputs, workers their tasks' artifacts; both download.
+  "meshwork.v1.ArtifactService/UploadArtifact": {
+    roles: anyRole,
+    actsFor: (m) => {
+      const h = uploadHeader(m);
+      return h && h.taskId !== "" ? own(h) : [];
+    },
+    check: (role, m) => {
+      const h = uploadHeader(m);
+      if (!h || role === "admin") return undefined;
+      if (h.taskId === "" && role !== "client")
+        return "upload an input (an artifact without task_id)";
+      if (h.taskId !== "" && role !== "worker") return "upload a task's artifact";
+      return undefined;
+    },
+  },
+  "meshwork.v1.ArtifactService/DownloadArtifact": { roles: anyRole },
+  "meshwork.v1.ArtifactService/GetArtifact": { roles: anyRole },
+  "meshwork.v1.ArtifactService/ListArtifacts": { roles: anyRole },
+  // Knowledge: clients (directors).
+  "meshwork.v1.KnowledgeService/PutEntry": { roles: client },
+  "meshwork.v1.KnowledgeService/GetEntry": { roles: client },
+  "meshwork.v1.KnowledgeService/ListEntries": { roles: client },
+  "meshwork.v1.KnowledgeService/DeleteEntry": { roles: client },
+  "meshwork.v1.KnowledgeService/ExportKnowledge": { roles: client },
+  "meshwork.v1.KnowledgeService/ImportKnowledge": { roles: client },
+  // Tokens: admin only.
+  "meshwork.v1.TokenService/CreateToken": { roles: [] },
+  "meshwork.v1.TokenService/ListTokens": { roles: [] },
+  "meshwork.v1.TokenService/RevokeToken": { roles: [] },
+  // Reflection: any valid token.
+  "grpc.reflection.v1.ServerReflection/ServerReflectionInfo": { roles: anyRole },
+  "grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": { roles: anyRole },
+};
+
+export const adminOnly: MethodRule = { roles: [] };
