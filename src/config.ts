@@ -1,3 +1,4 @@
+import { join } from "node:path";
 import { parseArgs } from "node:util";
 
 /** Everything `meshwork serve` can be told, from flags or the environment (README: Configuration). */
@@ -43,6 +44,11 @@ export interface Config {
   maxConcurrentStreams: number;
   /** Largest request header block, in bytes (HTTP/1.1 and HTTP/2). */
   maxHeaderBytes: number;
+}
+
+/** Where the first admin token is written: `<data dir>/admin.token`. */
+export function adminTokenPath(dataDir: string): string {
+  return join(dataDir, "admin.token");
 }
 
 export class ConfigError extends Error {

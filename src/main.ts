@@ -1,16 +1,10 @@
 import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
 import { createApp } from "./app.js";
 import { createTokenStore } from "./auth/token-store.js";
-import type { Config } from "./config.js";
+import { adminTokenPath, type Config } from "./config.js";
 import { type Database, openDatabase } from "./db/database.js";
 import { createLogger, type Logger } from "./log.js";
 import { listen } from "./server.js";
-
-/** Where the first admin token is written. */
-export function adminTokenPath(dataDir: string): string {
-  return join(dataDir, "admin.token");
-}
 
 /**
  * On first start, with no token at all, makes an admin token and writes it

@@ -9,6 +9,7 @@ import {
 } from "../../gen/meshwork/v1/token_pb.js";
 import { invalid } from "../core/errors.js";
 import { decodeCursor, pageSize } from "../core/paging.js";
+import { uuidField } from "../core/validate.js";
 import type { TokenRoleName, TokenRow } from "../db/schema/index.js";
 import type { TokenStore } from "./token-store.js";
 
@@ -54,9 +55,13 @@ export function createTokenService(app: {
     },
 
     async revokeToken(req) {
-      const which = req.tokenId || req.name;
-      if (which === "") throw invalid("token_id or name is required");
-      return { token: toToken(await app.tokens.revoke(which)) };
+      if (req.tokenId !== "") {
+        return {
+          token: toToken(await app.tokens.revoke({ id: uuidField("token_id", req.tokenId) })),
+        };
+      }
+      if (req.name === "") throw invalid("token_id or name is required");
+      return { token: toToken(await app.tokens.revoke({ name: req.name })) };
     },
   };
 }

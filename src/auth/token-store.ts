@@ -1,8 +1,7 @@
 import { createHash, randomBytes, randomUUID } from "node:crypto";
-import { and, desc, eq, isNull, lt, or, sql } from "drizzle-orm";
+import { and, desc, eq, inArray, isNull, lt, or, sql } from "drizzle-orm";
 import { DomainError, invalid, notFound } from "../core/errors.js";
 import { byTimeAndId, keysetAfter, type Position, pageOf } from "../core/paging.js";
-import { isUuid } from "../core/validate.js";
 import type { Db } from "../db/database.js";
 import { lazy } from "../db/lazy.js";
 import { type TokenRoleName, type TokenRow, tokens } from "../db/schema/index.js";
@@ -97,10 +96,9 @@ export function createTokenStore(db: Db) {
     },
 
     /** Revokes by id or name (a revoked token stays revoked from its first revocation). */
-    async revoke(idOrName: string): Promise<TokenRow> {
-      const which = isUuid(idOrName)
-        ? eq(tokens.id, idOrName.toLowerCase())
-        : eq(tokens.name, idOrName);
+    async revoke(by: { id: string } | { name: string }): Promise<TokenRow> {
+      const idOrName = "id" in by ? by.id : by.name;
+      const which = "id" in by ? eq(tokens.id, by.id) : eq(tokens.name, by.name);
       await db
         .update(tokens)
         .set({ revokedAt: sql`now()` })
@@ -118,7 +116,7 @@ export function createTokenStore(db: Db) {
         .set({ lastUsedAt: sql`now()` })
         .where(
           and(
-            sql`${tokens.id} = any(${ids}::uuid[])`,
+            inArray(tokens.id, ids),
             or(isNull(tokens.lastUsedAt), lt(tokens.lastUsedAt, sql`now() - interval '1 minute'`)),
           ),
         );

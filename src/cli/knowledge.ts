@@ -4,20 +4,17 @@ import { parseArgs } from "node:util";
 import { fromJson, toJsonString } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { createClient } from "@connectrpc/connect";
-import { createConnectTransport } from "@connectrpc/connect-node";
 import {
   type KnowledgeEntry,
   KnowledgeEntrySchema,
   KnowledgeService,
 } from "../../gen/meshwork/v1/knowledge_pb.js";
+import { defaultUrl, type Endpoint, resolveToken, transportFor } from "./connect.js";
 
 const batch = 500;
 
-function client(url: string) {
-  return createClient(
-    KnowledgeService,
-    createConnectTransport({ baseUrl: url, httpVersion: "1.1" }),
-  );
+function client(endpoint: Endpoint) {
+  return createClient(KnowledgeService, transportFor(endpoint));
 }
 
 export interface Counts {
@@ -29,7 +26,7 @@ export interface Counts {
 
 /** Writes every entry (of `kind`, changed after `since`) as one JSON line each. */
 export async function exportKnowledge(
-  url: string,
+  url: Endpoint,
   out: Writable,
   filter: { kind?: string; since?: Date } = {},
 ): Promise<number> {
@@ -47,7 +44,10 @@ export async function exportKnowledge(
   return n;
 }
 
-async function importBatches(url: string, entries: AsyncIterable<KnowledgeEntry>): Promise<Counts> {
+async function importBatches(
+  url: Endpoint,
+  entries: AsyncIterable<KnowledgeEntry>,
+): Promise<Counts> {
   const total: Counts = { inserted: 0, updated: 0, unchanged: 0, rejected: 0 };
   const c = client(url);
   let pending: KnowledgeEntry[] = [];
@@ -69,7 +69,7 @@ async function importBatches(url: string, entries: AsyncIterable<KnowledgeEntry>
 }
 
 /** Reads JSON lines (as `export` writes them) and merges them into the coordinator at `url`. */
-export async function importKnowledge(url: string, input: Readable): Promise<Counts> {
+export async function importKnowledge(url: Endpoint, input: Readable): Promise<Counts> {
   let malformed = 0;
   async function* entries() {
     for await (const line of createInterface({ input })) {
@@ -86,7 +86,7 @@ export async function importKnowledge(url: string, input: Readable): Promise<Cou
 }
 
 /** One-way sync: everything `from` has is merged into `to` (idempotent). */
-export async function syncKnowledge(from: string, to: string): Promise<Counts> {
+export async function syncKnowledge(from: Endpoint, to: Endpoint): Promise<Counts> {
   async function* entries() {
     for await (const res of client(from).exportKnowledge({})) yield* res.entries;
   }
@@ -94,11 +94,13 @@ export async function syncKnowledge(from: string, to: string): Promise<Counts> {
 }
 
 const usage = `Usage:
-  meshwork knowledge export [--url URL] [--kind K] [--since RFC3339] > entries.jsonl
-  meshwork knowledge import [--url URL] < entries.jsonl
-  meshwork knowledge sync --from URL --to URL
+  meshwork knowledge export [--url URL] [--token T] [--kind K] [--since RFC3339] > entries.jsonl
+  meshwork knowledge import [--url URL] [--token T] < entries.jsonl
+  meshwork knowledge sync --from URL [--from-token T] --to URL [--to-token T]
 
-URL defaults to $MESHWORK_URL or http://127.0.0.1:8080.
+URL defaults to $MESHWORK_URL or http://127.0.0.1:8080. The token (a client
+or admin token) defaults to $MESHWORK_TOKEN, else <data dir>/admin.token of
+the local data dir (--data-dir, $MESHWORK_DATA_DIR or ./.meshwork).
 `;
 
 /** `meshwork knowledge …`; returns the exit code. */
@@ -112,10 +114,15 @@ export async function knowledgeCommand(argv: string[]): Promise<number> {
       since: { type: "string" },
       from: { type: "string" },
       to: { type: "string" },
+      token: { type: "string" },
+      "from-token": { type: "string" },
+      "to-token": { type: "string" },
+      "data-dir": { type: "string" },
     },
     strict: true,
   });
-  const url = values.url ?? process.env.MESHWORK_URL ?? "http://127.0.0.1:8080";
+  const token = resolveToken(values.token, values["data-dir"]);
+  const url: Endpoint = { url: values.url ?? defaultUrl(), token };
   const report = (c: Counts) =>
     process.stderr.write(
       `inserted ${c.inserted}, updated ${c.updated}, unchanged ${c.unchanged}, rejected ${c.rejected}\n`,
@@ -137,7 +144,12 @@ export async function knowledgeCommand(argv: string[]): Promise<number> {
         process.stderr.write(usage);
         return 2;
       }
-      report(await syncKnowledge(values.from, values.to));
+      report(
+        await syncKnowledge(
+          { url: values.from, token: values["from-token"] ?? token },
+          { url: values.to, token: values["to-token"] ?? token },
+        ),
+      );
       return 0;
     default:
       process.stderr.write(usage);

@@ -1,11 +1,13 @@
 import { ConfigError, loadConfig, serveUsage } from "../config.js";
 import { serve } from "../main.js";
 import { knowledgeCommand } from "./knowledge.js";
+import { tokenCommand } from "./token.js";
 
 const usage = `Usage: meshwork <command> [flags]
 
 Commands:
   serve       run the coordinator (default flags: embedded database in ./.meshwork, 127.0.0.1:8080)
+  token       create | list | revoke bearer tokens (admin)
   knowledge   export | import | sync knowledge entries between coordinators
 
 Run 'meshwork serve --help' for the serve flags.
@@ -42,6 +44,14 @@ export async function run(argv: string[]): Promise<number> {
       throw error;
     }
     return -1; // keeps running until a signal
+  }
+  if (command === "token") {
+    try {
+      return await tokenCommand(rest);
+    } catch (error) {
+      process.stderr.write(`meshwork token: ${(error as Error).message}\n`);
+      return 2;
+    }
   }
   if (command === "knowledge") {
     try {

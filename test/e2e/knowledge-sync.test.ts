@@ -2,9 +2,9 @@ import { execFile } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { promisify } from "node:util";
 import { createClient } from "@connectrpc/connect";
-import { createConnectTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
+import { transportFor } from "../../src/cli/connect.js";
 import { syncKnowledge } from "../../src/cli/knowledge.js";
 import { listen, type RunningServer } from "../../src/server.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
@@ -13,12 +13,16 @@ import { appOn } from "../support/harness.js";
 const run = promisify(execFile);
 const dbs: TestDatabase[] = [];
 const servers: RunningServer[] = [];
+/** Each coordinator's own admin token (auth on, as in production). */
+const tokens: string[] = [];
 
 beforeAll(async () => {
   for (let i = 0; i < 2; i++) {
     const db = await createTestDatabase();
     dbs.push(db);
-    servers.push(await listen(appOn(db.database), "127.0.0.1:0"));
+    const app = appOn(db.database, { auth: "on" });
+    tokens.push((await app.tokens.create(`admin-${i}`, "admin")).secret);
+    servers.push(await listen(app, "127.0.0.1:0"));
   }
 });
 afterAll(async () => {
@@ -26,11 +30,8 @@ afterAll(async () => {
   for (const d of dbs) await d.drop();
 });
 
-const client = (i: number) =>
-  createClient(
-    KnowledgeService,
-    createConnectTransport({ baseUrl: servers[i]?.url ?? "", httpVersion: "1.1" }),
-  );
+const endpoint = (i: number) => ({ url: servers[i]?.url ?? "", token: tokens[i] ?? "" });
+const client = (i: number) => createClient(KnowledgeService, transportFor(endpoint(i)));
 
 describe("knowledge sync between two live coordinators on two databases", () => {
   it("copies what one has to the other, once, and a second sync changes nothing", async () => {
@@ -38,9 +39,9 @@ describe("knowledge sync between two live coordinators on two databases", () => 
     await a.putEntry({ kind: "adaptation", key: "lr", value: { rate: 0.1 } });
     await a.putEntry({ kind: "pattern", key: "p1", value: { steps: [1, 2] } });
     await b.putEntry({ kind: "pattern", key: "p2", value: {} });
-    const first = await syncKnowledge(servers[0]?.url ?? "", servers[1]?.url ?? "");
+    const first = await syncKnowledge(endpoint(0), endpoint(1));
     expect(first).toEqual({ inserted: 2, updated: 0, unchanged: 0, rejected: 0 });
-    const again = await syncKnowledge(servers[0]?.url ?? "", servers[1]?.url ?? "");
+    const again = await syncKnowledge(endpoint(0), endpoint(1));
     expect(again).toEqual({ inserted: 0, updated: 0, unchanged: 2, rejected: 0 });
     const got = await b.getEntry({ kind: "adaptation", key: "lr" });
     const origin = (await a.getEntry({ kind: "adaptation", key: "lr" })).entry?.origin;
@@ -56,6 +57,8 @@ describe("knowledge sync between two live coordinators on two databases", () => 
       "export",
       "--url",
       servers[0]?.url ?? "",
+      "--token",
+      tokens[0] ?? "",
       "--kind",
       "cli",
     ]);
@@ -68,6 +71,8 @@ describe("knowledge sync between two live coordinators on two databases", () => 
       "import",
       "--url",
       servers[1]?.url ?? "",
+      "--token",
+      tokens[1] ?? "",
     ]);
     let stderr = "";
     child.stderr?.on("data", (d: Buffer) => {
@@ -87,6 +92,8 @@ describe("knowledge sync between two live coordinators on two databases", () => 
         ...process.env,
         A: servers[0]?.url ?? "",
         B: servers[1]?.url ?? "",
+        A_TOKEN: tokens[0] ?? "",
+        B_TOKEN: tokens[1] ?? "",
       },
     });
     const counts = stderr.split("\n").filter((l) => l.startsWith("inserted"));

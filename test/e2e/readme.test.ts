@@ -18,12 +18,14 @@ function block(name: string): string {
   return m[1];
 }
 
-const server = useListeningServer();
+// Auth on, as `npm start` runs: the walk-throughs pass the admin token.
+const server = useListeningServer({ auth: "on" });
+const env = () => ({ ...process.env, MW: server.url, MESHWORK_TOKEN: server.adminToken });
 
 describe("README", () => {
   it("runs the curl walk-through as written, ending with the task SUCCEEDED", async () => {
     const { stdout } = await run("bash", ["-euo", "pipefail", "-c", block("walkthrough")], {
-      env: { ...process.env, MW: server.url },
+      env: env(),
     });
     const lines = stdout.trim().split("\n");
     expect(JSON.parse(lines[0] ?? "").task.correlationId).toBe("readme-demo");
@@ -38,7 +40,7 @@ describe("README", () => {
   it("runs the bytes walk-through as written: input verified, output uploaded, result served", async () => {
     const dir = mkdtempSync(join(tmpdir(), "meshwork-readme-"));
     const { stdout } = await run("bash", ["-euo", "pipefail", "-c", block("bytes")], {
-      env: { ...process.env, MW: server.url },
+      env: env(),
       cwd: dir,
     });
     const lines = stdout.trim().split("\n");
@@ -50,7 +52,7 @@ describe("README", () => {
 
   it("runs the push walk-through as written: scheduled, started, extended, completed", async () => {
     const { stdout } = await run("bash", ["-euo", "pipefail", "-c", block("push")], {
-      env: { ...process.env, MW: server.url },
+      env: env(),
     });
     const lines = stdout.trim().split("\n");
     expect(lines[0]).toBe("http://worker-01.lan:8080/");
@@ -66,6 +68,8 @@ describe("README", () => {
       "--protocol",
       "grpc",
       "--http2-prior-knowledge",
+      "--reflect-header",
+      `authorization: Bearer ${server.adminToken}`,
       "--list-methods",
       server.url,
     ]);

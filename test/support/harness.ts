@@ -2,6 +2,7 @@ import { randomUUID } from "node:crypto";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import type { DescService } from "@bufbuild/protobuf";
 import { type Client, createClient, createRouterTransport } from "@connectrpc/connect";
 import { pino } from "pino";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
@@ -10,6 +11,7 @@ import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
 import { type App, createApp } from "../../src/app.js";
 import type { Config } from "../../src/config.js";
 import type { Database } from "../../src/db/database.js";
+import type { TokenRoleName } from "../../src/db/schema/index.js";
 import { createRoutes, rpcInterceptors } from "../../src/server.js";
 import { createTestDatabase, type TestDatabase } from "./database.js";
 
@@ -48,6 +50,10 @@ export interface Harness {
   fleet: Client<typeof FleetService>;
   tasks: Client<typeof TaskService>;
   leases: Client<typeof LeaseService>;
+  /** A client of `service` that presents `token` (for auth tests; the default clients send none). */
+  as<S extends DescService>(service: S, token: string): Client<S>;
+  /** Makes a token of `role` and returns its secret. */
+  token(role: TokenRoleName, name?: string): Promise<string>;
   close(): Promise<void>;
 }
 
@@ -63,12 +69,32 @@ export async function createHarness(overrides: Partial<Config> = {}): Promise<Ha
   const transport = createRouterTransport(createRoutes(app), {
     router: { interceptors: rpcInterceptors(app) },
   });
+  const routes = createRoutes(app);
   return {
     db,
     app,
     fleet: createClient(FleetService, transport),
     tasks: createClient(TaskService, transport),
     leases: createClient(LeaseService, transport),
+    as(service, token) {
+      return createClient(
+        service,
+        createRouterTransport(routes, {
+          router: { interceptors: rpcInterceptors(app) },
+          transport: {
+            interceptors: [
+              (next) => (req) => {
+                req.header.set("authorization", `Bearer ${token}`);
+                return next(req);
+              },
+            ],
+          },
+        }),
+      );
+    },
+    async token(role, name = `${role}-${randomUUID().slice(0, 8)}`) {
+      return (await app.tokens.create(name, role)).secret;
+    },
     async close() {
       await app.stop();
       await db.drop();

@@ -1,18 +1,26 @@
 import { afterAll, beforeAll } from "vitest";
+import type { Config } from "../../src/config.js";
 import { listen, type RunningServer } from "../../src/server.js";
 import { createTestDatabase, type TestDatabase } from "./database.js";
 import { appOn } from "./harness.js";
 
 /**
  * A real coordinator listening on 127.0.0.1:0 over a fresh database for the
- * test file that calls this; its `url` is set once `beforeAll` has run.
+ * test file that calls this; its `url` is set once `beforeAll` has run. With
+ * `auth: "on"`, `adminToken` is an admin token made on that database.
  */
-export function useListeningServer(): { readonly url: string } {
+export function useListeningServer(overrides: Partial<Config> = {}): {
+  readonly url: string;
+  readonly adminToken: string;
+} {
   let tdb: TestDatabase;
   let server: RunningServer | undefined;
+  let adminToken = "";
   beforeAll(async () => {
     tdb = await createTestDatabase();
-    server = await listen(appOn(tdb.database), "127.0.0.1:0");
+    const app = appOn(tdb.database, overrides);
+    adminToken = (await app.tokens.create("test-admin", "admin")).secret;
+    server = await listen(app, "127.0.0.1:0");
   });
   afterAll(async () => {
     await server?.close();
@@ -22,6 +30,9 @@ export function useListeningServer(): { readonly url: string } {
     get url() {
       if (!server) throw new Error("the server starts in beforeAll");
       return server.url;
+    },
+    get adminToken() {
+      return adminToken;
     },
   };
 }
