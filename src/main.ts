@@ -40,6 +40,13 @@ export async function serve(config: Config): Promise<void> {
     },
     "meshwork listening",
   );
+  const publicHost = new URL(config.publicUrl).hostname;
+  if (["0.0.0.0", "[::]", "::"].includes(publicHost) || new URL(config.publicUrl).port === "0") {
+    log.warn(
+      { public_url: config.publicUrl },
+      "artifact URIs are built from --public-url, which names no address a worker can reach: set --public-url (e.g. http://coordinator.lan:8080)",
+    );
+  }
   let stopping = false;
   const stop = async (signal: string) => {
     if (stopping) return;
