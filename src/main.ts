@@ -32,21 +32,6 @@ export async function serve(config: Config): Promise<void> {
   if (config.auth === "on") await firstAdminToken(database, config, log);
   const app = createApp(database, config, log);
   const server = await listen(app, config.listen);
-  log.info(
-    {
-      url: server.url,
-      database: database.kind === "pglite" ? `pglite:${config.dataDir}/db` : "postgres",
-      auth: config.auth,
-    },
-    "meshwork listening",
-  );
-  const publicHost = new URL(config.publicUrl).hostname;
-  if (["0.0.0.0", "[::]", "::"].includes(publicHost) || new URL(config.publicUrl).port === "0") {
-    log.warn(
-      { public_url: config.publicUrl },
-      "artifact URIs are built from --public-url, which names no address a worker can reach: set --public-url (e.g. http://coordinator.lan:8080)",
-    );
-  }
   let stopping = false;
   const stop = async (signal: string) => {
     if (stopping) return;
@@ -62,6 +47,22 @@ export async function serve(config: Config): Promise<void> {
       process.exit(1);
     }
   };
+  // Handled before the "listening" line: a supervisor may signal as soon as it sees it.
   process.on("SIGTERM", () => void stop("SIGTERM"));
   process.on("SIGINT", () => void stop("SIGINT"));
+  log.info(
+    {
+      url: server.url,
+      database: database.kind === "pglite" ? `pglite:${config.dataDir}/db` : "postgres",
+      auth: config.auth,
+    },
+    "meshwork listening",
+  );
+  const publicHost = new URL(config.publicUrl).hostname;
+  if (["0.0.0.0", "[::]", "::"].includes(publicHost) || new URL(config.publicUrl).port === "0") {
+    log.warn(
+      { public_url: config.publicUrl },
+      "artifact URIs are built from --public-url, which names no address a worker can reach: set --public-url (e.g. http://coordinator.lan:8080)",
+    );
+  }
 }

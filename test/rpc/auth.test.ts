@@ -200,39 +200,41 @@ describe("a worker token acts only for its own workers", () => {
     const l = h.as(LeaseService, theirs);
     const a = h.as(ArtifactService, theirs);
     const refusals = [
-      f.registerWorker({ workerId, capabilities: ["stolen"] }),
-      f.heartbeat({ workerId }),
-      f.drainWorker({ workerId, drained: true }),
-      f.deregisterWorker({ workerId }),
-      l.claimTasks({ workerId }),
-      l.startTask(lease),
-      l.renewLease(lease),
-      l.completeTask(lease),
-      l.completeTasks({ completions: [lease] }),
-      l.failTask({ ...lease, errorCode: "X" }),
-      l.releaseTask(lease),
-      (async () => {
-        for await (const _ of l.streamLeases(
-          (async function* () {
-            yield { workerId, leases: [lease] };
-          })(),
-        ))
-          break;
-      })(),
-      a.uploadArtifact(
-        (async function* () {
-          yield {
-            payload: {
-              case: "header" as const,
-              value: { ...lease, filename: "out.txt", contentType: "text/plain" },
-            },
-          };
-          yield { payload: { case: "chunk" as const, value: new TextEncoder().encode("x") } };
+      () => f.registerWorker({ workerId, capabilities: ["stolen"] }),
+      () => f.heartbeat({ workerId }),
+      () => f.drainWorker({ workerId, drained: true }),
+      () => f.deregisterWorker({ workerId }),
+      () => l.claimTasks({ workerId }),
+      () => l.startTask(lease),
+      () => l.renewLease(lease),
+      () => l.completeTask(lease),
+      () => l.completeTasks({ completions: [lease] }),
+      () => l.failTask({ ...lease, errorCode: "X" }),
+      () => l.releaseTask(lease),
+      () =>
+        (async () => {
+          for await (const _ of l.streamLeases(
+            (async function* () {
+              yield { workerId, leases: [lease] };
+            })(),
+          ))
+            break;
         })(),
-      ),
+      () =>
+        a.uploadArtifact(
+          (async function* () {
+            yield {
+              payload: {
+                case: "header" as const,
+                value: { ...lease, filename: "out.txt", contentType: "text/plain" },
+              },
+            };
+            yield { payload: { case: "chunk" as const, value: new TextEncoder().encode("x") } };
+          })(),
+        ),
     ];
     for (const call of refusals) {
-      expect(await outcome(call)).toMatchObject({
+      expect(await outcome(call())).toMatchObject({
         code: "PermissionDenied",
         reason: "FOREIGN_WORKER_TOKEN",
       });
