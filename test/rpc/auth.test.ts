@@ -1,6 +1,8 @@
 import type { DescMethod, DescService } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { Health } from "../../gen/grpc/health/v1/health_pb.js";
+import { ServerReflection } from "../../gen/grpc/reflection/v1/reflection_pb.js";
 import { ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
@@ -96,6 +98,27 @@ describe("authentication", () => {
     const unknown = await outcome(h.as(TaskService, `mw_${"B".repeat(43)}`).listTasks({}));
     expect(revoked).toEqual(unknown);
     expect(revoked.code).toBe("Unauthenticated");
+  });
+});
+
+describe("open services", () => {
+  it("answers health without a token, and reflection only with one", async () => {
+    const health = await outcome(h.as(Health, "").check({}));
+    expect(health.code).toBe("ok");
+    const list = (token: string) =>
+      outcome(
+        (async () => {
+          const reflection = h.as(ServerReflection, token);
+          for await (const _ of reflection.serverReflectionInfo(
+            (async function* () {
+              yield { messageRequest: { case: "listServices" as const, value: "" } };
+            })(),
+          ))
+            break;
+        })(),
+      );
+    expect((await list("")).code).toBe("Unauthenticated");
+    expect((await list(secrets.worker)).code).toBe("ok");
   });
 });
 
