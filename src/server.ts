@@ -155,6 +155,10 @@ export function createHandler(app: App) {
   const connect = connectNodeAdapter({
     routes,
     interceptors: rpcInterceptors(app),
+    // Largest message, after decompression: connect-node reads at most this
+    // much of a body and inflates a compressed one only up to it (zlib's
+    // maxOutputLength), so a small gzip bomb is refused while inflating.
+    // Encodings other than gzip and br are refused (unimplemented).
     readMaxBytes: app.config.readMaxBytes,
     // Responses are gzipped only when large (big listings); artifact chunks
     // (64 KiB) never are: compressing bytes that are often compressed already
