@@ -145,6 +145,38 @@ function healthRoutes(app: App): PlainRoute[] {
   ];
 }
 
+const grpcTimeoutUnitMs: Record<string, number> = {
+  H: 3_600_000,
+  M: 60_000,
+  S: 1000,
+  m: 1,
+  u: 0.001,
+  n: 0.000_001,
+};
+
+/**
+ * A client's deadline (connect-timeout-ms, grpc-timeout; gRPC-Web uses the
+ * latter) is cut to maxMs: a call holds a handler and maybe a long poll, so
+ * no client may ask to be served for longer. Rewritten in the request's
+ * headers, which connect-node reads next. A call without a deadline keeps
+ * none: streams (WatchTask, StreamLeases) are long by design, and unary
+ * calls are bounded by the services themselves (ClaimTasks waits ≤ 30 s).
+ * Malformed values are left for connect-node to refuse.
+ */
+export function clampDeadline(req: Request, maxMs: number): void {
+  const headers = req.headers;
+  const connect = headers["connect-timeout-ms"];
+  if (typeof connect === "string" && /^\d{1,10}$/.test(connect) && Number(connect) > maxMs) {
+    headers["connect-timeout-ms"] = String(maxMs);
+  }
+  const grpc = headers["grpc-timeout"];
+  const m = typeof grpc === "string" ? /^(\d{1,8})([HMSmun])$/.exec(grpc) : null;
+  if (m && Number(m[1]) * (grpcTimeoutUnitMs[m[2] ?? ""] ?? 0) > maxMs) {
+    // grpc-timeout has at most 8 digits; maxTimeoutMs is at most 86_400_000.
+    headers["grpc-timeout"] = maxMs < 1e8 ? `${maxMs}m` : `${Math.floor(maxMs / 1000)}S`;
+  }
+}
+
 /**
  * The request handler: Connect, gRPC and gRPC-Web for every service, the
  * standard health and reflection services, and the plain HTTP routes. It has
@@ -160,6 +192,9 @@ export function createHandler(app: App) {
     // maxOutputLength), so a small gzip bomb is refused while inflating.
     // Encodings other than gzip and br are refused (unimplemented).
     readMaxBytes: app.config.readMaxBytes,
+    // A backstop: longer deadlines are shortened by clampDeadline first,
+    // because connect-node refuses them (invalid_argument) rather than clamp.
+    maxTimeoutMs: app.config.maxTimeoutMs,
     // Responses are gzipped only when large (big listings); artifact chunks
     // (64 KiB) never are: compressing bytes that are often compressed already
     // cut DownloadArtifact to ~25 MB/s. Compressed requests are accepted.
@@ -182,6 +217,7 @@ export function createHandler(app: App) {
     res.setHeader("x-correlation-id", correlationId);
     const path = (req.url ?? "/").split("?", 1)[0] ?? "/";
     if (plain(req, res, path)) return;
+    clampDeadline(req, app.config.maxTimeoutMs);
     connect(req as http.IncomingMessage, res as http.ServerResponse);
   };
 }

@@ -2,11 +2,14 @@ import { once } from "node:events";
 import * as http from "node:http";
 import * as http2 from "node:http2";
 import { createGzip, gzipSync } from "node:zlib";
+import { create, toBinary } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ClaimTasksRequestSchema, LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
 import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
-import { listen, type RunningServer } from "../../src/server.js";
+import { clampDeadline, listen, type RunningServer } from "../../src/server.js";
+import { within } from "../support/bounded.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { outcome } from "../support/errors.js";
 import { appOn, uniqueWorkload } from "../support/harness.js";
@@ -266,5 +269,76 @@ describe("compressed requests", () => {
       'unknown compression "x-nope": supported encodings are gzip,br',
     );
     expect(await taskCount()).toBe(tasksBefore);
+  });
+});
+
+describe("client deadlines (maxTimeoutMs, 1 s here)", () => {
+  it("clamps a longer deadline: a 30 s long poll asked with 60 s ends after about a second", async () => {
+    const workload = uniqueWorkload("poll");
+    const reg = await h1(
+      "/meshwork.v1.FleetService/RegisterWorker",
+      { "content-type": "application/json" },
+      JSON.stringify({ name: "w", capabilities: [workload] }),
+    );
+    const workerId = JSON.parse(reg.body).workerId as string;
+    // The clients' own deadline is 60 s (connect-timeout-ms: 60000,
+    // grpc-timeout: 60000m); the server holds the call for 1 s, and
+    // ClaimTasks ends its poll when the call's signal fires, answering with
+    // what it has: no claims. Unclamped, the poll would last 30 s, and
+    // connect-node alone would refuse the deadline (invalid_argument).
+    const connect = createClient(
+      LeaseService,
+      createConnectTransport({ baseUrl: server.url, httpVersion: "1.1" }),
+    );
+    const grpc = createClient(LeaseService, createGrpcTransport({ baseUrl: server.url }));
+    for (const client of [connect, grpc]) {
+      const started = Date.now();
+      const answer = await within(
+        10_000,
+        client.claimTasks({ workerId, waitSeconds: 30 }, { timeoutMs: 60_000 }),
+      );
+      expect(answer).toMatchObject({ claims: [] });
+      // It did wait (a long poll, not a refusal), up to the clamped deadline.
+      expect(Date.now() - started).toBeGreaterThanOrEqual(900);
+    }
+  });
+
+  it("clamps grpc-timeout in any unit (1H here), where connect-node alone refuses it", async () => {
+    const workerId = JSON.parse(
+      (
+        await h1(
+          "/meshwork.v1.FleetService/RegisterWorker",
+          { "content-type": "application/json" },
+          JSON.stringify({ name: "w", capabilities: [uniqueWorkload("poll")] }),
+        )
+      ).body,
+    ).workerId as string;
+    const request = create(ClaimTasksRequestSchema, { workerId, waitSeconds: 30 });
+    const hour = await within(
+      10_000,
+      h2(
+        grpcHeaders("LeaseService/ClaimTasks", { "grpc-timeout": "1H" }),
+        grpcFrame(Buffer.from(toBinary(ClaimTasksRequestSchema, request)), false),
+      ),
+    );
+    expect(hour !== "timed out" && grpcStatus(hour)).toBe("0");
+  });
+
+  it("rewrites only deadlines above the cap; shorter, absent and malformed ones are left alone", () => {
+    const headersAfter = (headers: Record<string, string>) => {
+      const req = { headers: { ...headers } } as unknown as http.IncomingMessage;
+      clampDeadline(req, 1000);
+      return req.headers;
+    };
+    expect(headersAfter({ "connect-timeout-ms": "60000" })).toEqual({
+      "connect-timeout-ms": "1000",
+    });
+    expect(headersAfter({ "connect-timeout-ms": "999" })).toEqual({ "connect-timeout-ms": "999" });
+    expect(headersAfter({ "connect-timeout-ms": "1s" })).toEqual({ "connect-timeout-ms": "1s" });
+    expect(headersAfter({ "grpc-timeout": "2S" })).toEqual({ "grpc-timeout": "1000m" });
+    expect(headersAfter({ "grpc-timeout": "1H" })).toEqual({ "grpc-timeout": "1000m" });
+    expect(headersAfter({ "grpc-timeout": "999999u" })).toEqual({ "grpc-timeout": "999999u" });
+    expect(headersAfter({ "grpc-timeout": "5" })).toEqual({ "grpc-timeout": "5" });
+    expect(headersAfter({})).toEqual({});
   });
 });
