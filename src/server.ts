@@ -250,7 +250,7 @@ export async function listen(app: App, listenAddress: string): Promise<RunningSe
       });
       handler(req, res);
     },
-    { tls },
+    { tls, limits: app.config },
   );
   const sockets = new Set<Socket>();
   server.on("connection", (socket: Socket) => {

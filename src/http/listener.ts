@@ -9,19 +9,70 @@ type Handler = (
 
 const preface = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
 
+/** What one client may hold of the server (README: Security). */
+export interface ListenerLimits {
+  /** HTTP/1.1 request headers, the TLS handshake and the cleartext sniffing stage. */
+  headersTimeoutMs: number;
+  /** HTTP/1.1: a whole request, body included. */
+  requestTimeoutMs: number;
+  /** HTTP/1.1 keep-alive connections and HTTP/2 sessions with no open stream. */
+  idleTimeoutMs: number;
+}
+
+export interface ListenerOptions {
+  /** PEM certificate and key: serve TLS, choosing HTTP/2 or HTTP/1.1 by ALPN. */
+  tls?: { cert: Buffer; key: Buffer } | undefined;
+  limits: ListenerLimits;
+}
+
 /**
  * HTTP/2 flow-control windows sized for artifact streams: with the 64 KiB
  * defaults, a streamed upload stalls on WINDOW_UPDATE round trips.
  */
 const h2Settings: http2.Settings = { initialWindowSize: 4 * 1024 * 1024 };
 
-function widenWindow(session: http2.Http2Session): void {
-  session.setLocalWindowSize(16 * 1024 * 1024);
+/** Per-session set-up: the wide window, and closing the session once it is idle. */
+function onSession(limits: ListenerLimits): (session: http2.ServerHttp2Session) => void {
+  return (session) => {
+    session.setLocalWindowSize(16 * 1024 * 1024);
+    // An HTTP/2 connection costs a socket and nghttp2 state for as long as the
+    // client keeps it: after idleTimeoutMs without a frame either way and with
+    // no open stream, it is closed (GOAWAY). A session with an open stream is
+    // left alone, as a quiet WatchTask or long poll is not idle; each call is
+    // bounded by its own deadline (maxTimeoutMs). The timer re-arms on the next
+    // frame, e.g. when that stream ends.
+    let open = 0;
+    session.on("stream", (stream: http2.ServerHttp2Stream) => {
+      open++;
+      stream.once("close", () => open--);
+    });
+    // (Not setTimeout's callback: that one is called only once.)
+    session.setTimeout(limits.idleTimeoutMs);
+    session.on("timeout", () => {
+      if (open === 0) session.close();
+    });
+  };
 }
 
-export interface ListenerOptions {
-  /** PEM certificate and key: serve TLS, choosing HTTP/2 or HTTP/1.1 by ALPN. */
-  tls?: { cert: Buffer; key: Buffer } | undefined;
+/**
+ * HTTP/1.1 limits, for http.Server and for the HTTP/1.1 side of the TLS
+ * server (which reads the same properties).
+ */
+function http1Limits(limits: ListenerLimits) {
+  // Node rejects a headers timeout longer than the request timeout.
+  const headersTimeout = Math.min(limits.headersTimeoutMs, limits.requestTimeoutMs);
+  return {
+    // Slow-loris: a client that dribbles its headers holds a socket and a
+    // parser; it gets 408 and is closed after headersTimeout.
+    headersTimeout,
+    // A whole request, body included (artifact uploads too: the default is long).
+    requestTimeout: limits.requestTimeoutMs,
+    // Node checks both timeouts only every connectionsCheckingInterval
+    // (default 30 s, which would triple a 10 s headers timeout).
+    connectionsCheckingInterval: Math.max(100, Math.min(1000, headersTimeout / 2)),
+    // Idle keep-alive connections are closed after this.
+    keepAliveTimeout: limits.idleTimeoutMs,
+  } satisfies http.ServerOptions;
 }
 
 /**
@@ -34,38 +85,62 @@ export interface ListenerOptions {
  * in per-frame writes here. TCP_NODELAY is set on every connection: without
  * it Nagle and delayed ACKs add ~40 ms to each gRPC call. With TLS, ALPN
  * chooses (node:http2 with allowHTTP1).
+ *
+ * The limits are set here (README: Security); message sizes, compression and
+ * deadlines are the Connect adapter's (server.ts).
  */
-export function createListener(handler: Handler, options: ListenerOptions = {}): net.Server {
+export function createListener(handler: Handler, options: ListenerOptions): net.Server {
+  const { limits } = options;
   if (options.tls) {
     const server = http2.createSecureServer(
-      { ...options.tls, allowHTTP1: true, ALPNProtocols: ["h2", "http/1.1"], settings: h2Settings },
+      {
+        ...options.tls,
+        allowHTTP1: true,
+        ALPNProtocols: ["h2", "http/1.1"],
+        settings: h2Settings,
+        // A client that opens a connection and never finishes the handshake.
+        handshakeTimeout: limits.headersTimeoutMs,
+      },
       handler,
     );
-    server.on("session", widenWindow);
+    // The HTTP/1.1 side of this server reads the same properties as
+    // http.Server; they are set before listen() starts the checking interval.
+    Object.assign(server, http1Limits(limits));
+    server.on("session", onSession(limits));
     server.on("secureConnection", (socket: net.Socket) => socket.setNoDelay(true));
     return server;
   }
-  const h1 = http.createServer(handler);
+  const h1 = http.createServer(http1Limits(limits), handler);
+  // headersTimeout and requestTimeout are enforced by a checker that Node
+  // starts on 'listening'; h1 never listens (it is handed sockets), so start
+  // it here, before the first connection: without it, neither timeout
+  // applies at all.
+  h1.emit("listening");
   const h2 = http2.createServer({ settings: h2Settings }, handler);
-  h2.on("session", widenWindow);
+  h2.on("session", onSession(limits));
   const server = net.createServer({ noDelay: true }, (socket) => {
     socket.setNoDelay(true);
     socket.on("error", () => socket.destroy());
-    sniff(socket, Buffer.alloc(0));
+    // A connection that sends nothing, or less than the HTTP/2 preface, would
+    // otherwise sit here forever, out of reach of both servers' timeouts.
+    const sniffing = setTimeout(() => socket.destroy(), limits.headersTimeoutMs);
+    socket.once("close", () => clearTimeout(sniffing));
+    sniff(socket, Buffer.alloc(0), () => clearTimeout(sniffing));
   });
-  function sniff(socket: net.Socket, seen: Buffer): void {
+  function sniff(socket: net.Socket, seen: Buffer, handedOver: () => void): void {
     const chunk = socket.read() as Buffer | null;
     const data = chunk ? Buffer.concat([seen, chunk]) : seen;
     const maybeH2 = data
       .subarray(0, preface.length)
       .equals(preface.subarray(0, Math.min(data.length, preface.length)));
     if (data.length > 0 && (!maybeH2 || data.length >= preface.length)) {
+      handedOver();
       socket.removeAllListeners("error");
       socket.unshift(data);
       (maybeH2 ? h2 : h1).emit("connection", socket);
       return;
     }
-    socket.once("readable", () => sniff(socket, data));
+    socket.once("readable", () => sniff(socket, data, handedOver));
   }
   server.on("close", () => {
     h1.close();

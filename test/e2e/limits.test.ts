@@ -1,6 +1,12 @@
+import { execFileSync } from "node:child_process";
 import { once } from "node:events";
+import { mkdtempSync, readFileSync } from "node:fs";
 import * as http from "node:http";
 import * as http2 from "node:http2";
+import * as net from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import * as tls from "node:tls";
 import { createGzip, gzipSync } from "node:zlib";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
@@ -87,11 +93,25 @@ interface H2Answer {
   rstCode: number;
 }
 
-/** One HTTP/2 request on a session of its own (h2c). */
-async function h2(headers: http2.OutgoingHttpHeaders, body?: Buffer): Promise<H2Answer> {
+/**
+ * One HTTP/2 request on a session of its own (h2c). `settled`: first wait
+ * until the server has our acknowledgement of its SETTINGS (a PING round trip
+ * after it), from when on its advertised limits apply.
+ */
+async function h2(
+  headers: http2.OutgoingHttpHeaders,
+  body?: Buffer,
+  settled = false,
+): Promise<H2Answer> {
   const session = http2.connect(`http://127.0.0.1:${port}`);
   session.on("error", () => {});
   try {
+    if (settled) {
+      await once(session, "remoteSettings");
+      await new Promise((resolve, reject) =>
+        session.ping((err) => (err ? reject(err) : resolve(undefined))),
+      );
+    }
     return await new Promise<H2Answer>((resolve, reject) => {
       const stream = session.request({ ":method": "POST", ...headers });
       const answer: H2Answer = { headers: {}, trailers: {}, body: Buffer.alloc(0), rstCode: 0 };
@@ -340,5 +360,192 @@ describe("client deadlines (maxTimeoutMs, 1 s here)", () => {
     expect(headersAfter({ "grpc-timeout": "999999u" })).toEqual({ "grpc-timeout": "999999u" });
     expect(headersAfter({ "grpc-timeout": "5" })).toEqual({ "grpc-timeout": "5" });
     expect(headersAfter({})).toEqual({});
+  });
+});
+
+/** A socket's close, or "timed out" after `ms` (the socket is then destroyed). */
+async function closedWithin(socket: net.Socket, ms: number): Promise<"closed" | "timed out"> {
+  const closed = socket.closed ? Promise.resolve() : once(socket, "close");
+  const result = await within(
+    ms,
+    closed.then(() => "closed" as const),
+  );
+  socket.destroy();
+  return result;
+}
+
+async function connected(): Promise<net.Socket> {
+  const socket = net.connect(port, "127.0.0.1");
+  socket.on("error", () => {});
+  await once(socket, "connect");
+  return socket;
+}
+
+describe("slow and idle connections (headersTimeoutMs and idleTimeoutMs, 1 s here)", () => {
+  it("cuts off a client that sends its HTTP/1.1 headers a byte at a time, serving others meanwhile", async () => {
+    const socket = await connected();
+    const received: Buffer[] = [];
+    socket.on("data", (d: Buffer) => received.push(d));
+    const request = Buffer.from(
+      `GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ${"a".repeat(200)}\r\n\r\n`,
+    );
+    let sent = 0;
+    let othersServed = 0;
+    // At most 100 bytes, one every 200 ms: 20 s, far past the 1 s headers timeout.
+    for (; sent < 100 && !socket.closed && !socket.destroyed; sent++) {
+      socket.write(request.subarray(sent, sent + 1));
+      await new Promise((r) => setTimeout(r, 200));
+      if (sent === 2 && (await stillServes())) othersServed++;
+    }
+    expect(await closedWithin(socket, 5000)).toBe("closed");
+    expect(sent).toBeLessThan(100);
+    expect(othersServed).toBe(1);
+    expect(Buffer.concat(received).toString()).toMatch(/^HTTP\/1\.1 408 /);
+  });
+
+  it("closes a connection that sends nothing, or less than the HTTP/2 preface, after the headers timeout", async () => {
+    const silent = await connected();
+    const partial = await connected();
+    partial.write("PRI * HTTP/2.0\r\n");
+    expect(await closedWithin(silent, 10_000)).toBe("closed");
+    expect(await closedWithin(partial, 10_000)).toBe("closed");
+    expect(await stillServes()).toBe(true);
+  });
+
+  it("closes an idle HTTP/1.1 keep-alive connection", async () => {
+    const socket = await connected();
+    socket.write("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    await once(socket, "data");
+    expect(await closedWithin(socket, 10_000)).toBe("closed");
+  });
+
+  it("closes an idle HTTP/2 session, but not one with a call in progress", async () => {
+    const idle = http2.connect(`http://127.0.0.1:${port}`);
+    idle.on("error", () => {});
+    await once(idle, "connect");
+    const idleClosed = within(
+      10_000,
+      once(idle, "close").then(() => "closed"),
+    );
+    // A long poll of 3 s on another session: no frame moves while it waits,
+    // yet it is not cut after the 1 s idle timeout.
+    const busy = http2.connect(`http://127.0.0.1:${port}`);
+    busy.on("error", () => {});
+    const workerId = JSON.parse(
+      (
+        await h1(
+          "/meshwork.v1.FleetService/RegisterWorker",
+          { "content-type": "application/json" },
+          JSON.stringify({ name: "w", capabilities: [uniqueWorkload("idle")] }),
+        )
+      ).body,
+    ).workerId as string;
+    const stream = busy.request({
+      ":method": "POST",
+      ":path": "/meshwork.v1.LeaseService/ClaimTasks",
+      "content-type": "application/json",
+    });
+    const body: Buffer[] = [];
+    stream.on("data", (c: Buffer) => body.push(c));
+    stream.end(JSON.stringify({ workerId, waitSeconds: 3 }));
+    const [headers] = (await once(stream, "response")) as [http2.IncomingHttpHeaders];
+    await once(stream, "end");
+    expect(headers[":status"]).toBe(200);
+    expect(JSON.parse(Buffer.concat(body).toString())).toEqual({});
+    expect(busy.closed || busy.destroyed).toBe(false);
+    expect(await idleClosed).toBe("closed");
+    // Once its call is over, the busy session is idle too.
+    expect(
+      await within(
+        10_000,
+        once(busy, "close").then(() => "closed"),
+      ),
+    ).toBe("closed");
+    idle.destroy();
+    busy.destroy();
+  });
+});
+
+describe("the same limits with TLS (HTTP/2 or HTTP/1.1 by ALPN)", () => {
+  let tlsServer: RunningServer;
+  let tlsPort: number;
+  let ca: Buffer;
+  beforeAll(async () => {
+    const dir = mkdtempSync(join(tmpdir(), "meshwork-limits-tls-"));
+    const [cert, key] = [join(dir, "cert.pem"), join(dir, "key.pem")];
+    execFileSync(
+      "openssl",
+      [
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-addext",
+        "subjectAltName=IP:127.0.0.1",
+        "-days",
+        "1",
+        "-keyout",
+        key,
+        "-out",
+        cert,
+      ],
+      { stdio: "ignore" },
+    );
+    ca = readFileSync(cert);
+    tlsServer = await listen(
+      appOn(tdb.database, { ...limits, tlsCert: cert, tlsKey: key }),
+      "127.0.0.1:0",
+    );
+    tlsPort = tlsServer.port;
+  });
+  afterAll(async () => {
+    await tlsServer?.close();
+  });
+
+  async function tlsConnected(alpn: string): Promise<tls.TLSSocket> {
+    const socket = tls.connect({ host: "127.0.0.1", port: tlsPort, ca, ALPNProtocols: [alpn] });
+    socket.on("error", () => {});
+    await once(socket, "secureConnect");
+    return socket;
+  }
+
+  it("closes an idle HTTP/2 session", async () => {
+    const session = http2.connect(tlsServer.url, { ca });
+    session.on("error", () => {});
+    await once(session, "remoteSettings");
+    expect(
+      await within(
+        10_000,
+        once(session, "close").then(() => "closed"),
+      ),
+    ).toBe("closed");
+    session.destroy();
+  });
+
+  it("cuts off a slow HTTP/1.1 client with 408", async () => {
+    const slow = await tlsConnected("http/1.1");
+    const received: Buffer[] = [];
+    slow.on("data", (d: Buffer) => received.push(d));
+    const request = Buffer.from(
+      `GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ${"a".repeat(200)}\r\n\r\n`,
+    );
+    for (let sent = 0; sent < 100 && !slow.closed && !slow.destroyed; sent++) {
+      slow.write(request.subarray(sent, sent + 1));
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    expect(await closedWithin(slow, 5000)).toBe("closed");
+    expect(Buffer.concat(received).toString()).toMatch(/^HTTP\/1\.1 408 /);
+  });
+
+  it("closes a connection that never starts the TLS handshake", async () => {
+    const socket = net.connect(tlsPort, "127.0.0.1");
+    socket.on("error", () => {});
+    await once(socket, "connect");
+    expect(await closedWithin(socket, 10_000)).toBe("closed");
   });
 });
