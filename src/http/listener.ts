@@ -17,6 +17,9 @@ export interface ListenerLimits {
   requestTimeoutMs: number;
   /** HTTP/1.1 keep-alive connections and HTTP/2 sessions with no open stream. */
   idleTimeoutMs: number;
+  maxConcurrentStreams: number;
+  /** Request header block, HTTP/1.1 and HTTP/2. */
+  maxHeaderBytes: number;
 }
 
 export interface ListenerOptions {
@@ -25,11 +28,21 @@ export interface ListenerOptions {
   limits: ListenerLimits;
 }
 
-/**
- * HTTP/2 flow-control windows sized for artifact streams: with the 64 KiB
- * defaults, a streamed upload stalls on WINDOW_UPDATE round trips.
- */
-const h2Settings: http2.Settings = { initialWindowSize: 4 * 1024 * 1024 };
+function h2Settings(limits: ListenerLimits): http2.Settings {
+  return {
+    // Flow-control windows sized for artifact streams: with the 64 KiB
+    // defaults, a streamed upload stalls on WINDOW_UPDATE round trips.
+    initialWindowSize: 4 * 1024 * 1024,
+    // Streams one connection may have open at once: each is a handler, a
+    // body buffer and maybe a database call, so one client cannot start
+    // unbounded work on one connection (a client that opens more than it was
+    // told has its connection closed with GOAWAY).
+    maxConcurrentStreams: limits.maxConcurrentStreams,
+    // Decoded header block of a request, the HTTP/2 twin of HTTP/1.1's
+    // maxHeaderSize: a bigger one has its stream reset before any handler runs.
+    maxHeaderListSize: limits.maxHeaderBytes,
+  };
+}
 
 /** Per-session set-up: the wide window, and closing the session once it is idle. */
 function onSession(limits: ListenerLimits): (session: http2.ServerHttp2Session) => void {
@@ -55,6 +68,31 @@ function onSession(limits: ListenerLimits): (session: http2.ServerHttp2Session) 
 }
 
 /**
+ * maxHeaderListSize binds only once the client has acknowledged our SETTINGS;
+ * a request sent before that (or by a client that never acknowledges) gets
+ * nghttp2's own ceiling of about 64 KiB per field. The same limit is applied
+ * here to every HTTP/2 request, counted as HTTP/2 counts it (name + value +
+ * 32 per field), with the reset nghttp2 itself sends: ENHANCE_YOUR_CALM,
+ * which clients report as resource_exhausted.
+ */
+function refuseLargeHeaders(handler: Handler, maxHeaderBytes: number): Handler {
+  return (req, res) => {
+    if ("stream" in req) {
+      const raw = req.rawHeaders;
+      let size = 0;
+      for (let i = 0; i < raw.length; i += 2) {
+        size += (raw[i] ?? "").length + (raw[i + 1] ?? "").length + 32;
+      }
+      if (size > maxHeaderBytes) {
+        req.stream.close(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM);
+        return;
+      }
+    }
+    handler(req, res);
+  };
+}
+
+/**
  * HTTP/1.1 limits, for http.Server and for the HTTP/1.1 side of the TLS
  * server (which reads the same properties).
  */
@@ -72,6 +110,8 @@ function http1Limits(limits: ListenerLimits) {
     connectionsCheckingInterval: Math.max(100, Math.min(1000, headersTimeout / 2)),
     // Idle keep-alive connections are closed after this.
     keepAliveTimeout: limits.idleTimeoutMs,
+    // Larger request headers are answered 431 and the connection closed.
+    maxHeaderSize: limits.maxHeaderBytes,
   } satisfies http.ServerOptions;
 }
 
@@ -89,15 +129,16 @@ function http1Limits(limits: ListenerLimits) {
  * The limits are set here (README: Security); message sizes, compression and
  * deadlines are the Connect adapter's (server.ts).
  */
-export function createListener(handler: Handler, options: ListenerOptions): net.Server {
+export function createListener(serve: Handler, options: ListenerOptions): net.Server {
   const { limits } = options;
+  const handler = refuseLargeHeaders(serve, limits.maxHeaderBytes);
   if (options.tls) {
     const server = http2.createSecureServer(
       {
         ...options.tls,
         allowHTTP1: true,
         ALPNProtocols: ["h2", "http/1.1"],
-        settings: h2Settings,
+        settings: h2Settings(limits),
         // A client that opens a connection and never finishes the handshake.
         handshakeTimeout: limits.headersTimeoutMs,
       },
@@ -116,7 +157,7 @@ export function createListener(handler: Handler, options: ListenerOptions): net.
   // it here, before the first connection: without it, neither timeout
   // applies at all.
   h1.emit("listening");
-  const h2 = http2.createServer({ settings: h2Settings }, handler);
+  const h2 = http2.createServer({ settings: h2Settings(limits) }, handler);
   h2.on("session", onSession(limits));
   const server = net.createServer({ noDelay: true }, (socket) => {
     socket.setNoDelay(true);

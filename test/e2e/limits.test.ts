@@ -466,6 +466,212 @@ describe("slow and idle connections (headersTimeoutMs and idleTimeoutMs, 1 s her
   });
 });
 
+/** An HTTP/2 frame: 24-bit length, type, flags, stream id. */
+function h2Frame(type: number, flags: number, streamId: number, payload: Buffer): Buffer {
+  const head = Buffer.alloc(9);
+  head.writeUIntBE(payload.length, 0, 3);
+  head.writeUInt8(type, 3);
+  head.writeUInt8(flags, 4);
+  head.writeUInt32BE(streamId, 5);
+  return Buffer.concat([head, payload]);
+}
+
+/** The HTTP/2 frames in `data` (a server's bytes: it sends no preface). */
+function framesOf(data: Buffer): { type: number; streamId: number; payload: Buffer }[] {
+  const frames = [];
+  for (let at = 0; at + 9 <= data.length; at += 9 + data.readUIntBE(at, 3)) {
+    const length = data.readUIntBE(at, 3);
+    frames.push({
+      type: data.readUInt8(at + 3),
+      streamId: data.readUInt32BE(at + 5) & 0x7fffffff,
+      payload: data.subarray(at + 9, at + 9 + length),
+    });
+  }
+  return frames;
+}
+
+/** An HPACK literal header field without indexing, new name (RFC 7541 §6.2.2); short strings only. */
+function hpackLiteral(name: string, value: string): Buffer {
+  return Buffer.concat([
+    Buffer.from([0x00, name.length]),
+    Buffer.from(name),
+    Buffer.from([value.length]),
+    Buffer.from(value),
+  ]);
+}
+
+describe("HTTP/2 abuse (maxConcurrentStreams 100, maxHeaderBytes 8 KiB here)", () => {
+  it("advertises the stream and header limits in its SETTINGS", async () => {
+    const session = http2.connect(`http://127.0.0.1:${port}`);
+    session.on("error", () => {});
+    await once(session, "remoteSettings");
+    expect(session.remoteSettings).toMatchObject({
+      maxConcurrentStreams: 100,
+      maxHeaderListSize: 8192,
+    });
+    session.destroy();
+  });
+
+  it("refuses the stream beyond maxConcurrentStreams on one connection, and keeps serving", async () => {
+    const socket = await connected();
+    const received: Buffer[] = [];
+    socket.on("data", (d: Buffer) => received.push(d));
+    socket.write(Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"));
+    socket.write(h2Frame(0x4, 0, 0, Buffer.alloc(0))); // SETTINGS, empty
+    await once(socket, "data"); // the server's SETTINGS
+    socket.write(h2Frame(0x4, 0x1, 0, Buffer.alloc(0))); // SETTINGS ACK: its limits now bind
+    // 101 requests whose bodies never come (END_HEADERS, no END_STREAM):
+    // each holds a stream open. :method POST, :scheme http, then :authority,
+    // :path and content-type as literals with indexed names (RFC 7541 §6.2.2).
+    const block = Buffer.concat([
+      Buffer.from([0x83, 0x86, 0x01, 9]),
+      Buffer.from("127.0.0.1"),
+      Buffer.from([0x04, 35]),
+      Buffer.from("/meshwork.v1.TaskService/CreateTask"),
+      Buffer.from([0x0f, 0x10, 16]),
+      Buffer.from("application/json"),
+    ]);
+    for (let i = 0; i < 101; i++) socket.write(h2Frame(0x1, 0x4, 1 + 2 * i, block));
+    const lastStream = 1 + 2 * 100;
+    // Wait (bounded) for the refusal of the 101st: RST_STREAM on it, or (what
+    // Node does: the client broke the limit it was told) a GOAWAY whose last
+    // stream is the 100th, ending the connection.
+    const refusal = await within(
+      10_000,
+      new Promise<{ type: number; streamId: number; payload: Buffer }>((resolve) => {
+        const look = () => {
+          const frame = framesOf(Buffer.concat(received)).find(
+            (f) => (f.type === 0x3 && f.streamId === lastStream) || f.type === 0x7,
+          );
+          if (frame) resolve(frame);
+        };
+        socket.on("data", look);
+        look();
+      }),
+    );
+    expect(refusal).not.toBe("timed out");
+    if (refusal !== "timed out" && refusal.type === 0x7) {
+      expect(refusal.payload.readUInt32BE(0)).toBe(lastStream - 2);
+    }
+    socket.destroy();
+    expect(await stillServes()).toBe(true);
+  });
+
+  it("survives a rapid reset of 5,000 streams on one session, and serves a new connection", async () => {
+    const session = http2.connect(`http://127.0.0.1:${port}`);
+    session.on("error", () => {});
+    await once(session, "remoteSettings");
+    let goaway: number | undefined;
+    session.on("goaway", (code: number) => {
+      goaway = code;
+    });
+    const rssBefore = process.memoryUsage().rss;
+    let opened = 0;
+    // 50 rounds of 100 streams opened and cancelled at once, yielding to the
+    // event loop between rounds so that the frames go out; stops early if
+    // the server closes the session (it may: that is the defence).
+    for (let round = 0; round < 50 && !session.closed && !session.destroyed; round++) {
+      for (let i = 0; i < 100; i++) {
+        try {
+          const stream = session.request({
+            ":method": "POST",
+            ":path": "/meshwork.v1.TaskService/CreateTask",
+            "content-type": "application/json",
+          });
+          stream.on("error", () => {});
+          stream.close(http2.constants.NGHTTP2_CANCEL);
+          opened++;
+        } catch {
+          break; // the session is going away
+        }
+      }
+      await new Promise((r) => setImmediate(r));
+    }
+    // nghttp2's rapid-reset defence (CVE-2023-44487) ended the session with
+    // a GOAWAY long before the 5,000th stream.
+    expect(goaway).toBeDefined();
+    expect(opened).toBeLessThan(5000);
+    session.destroy();
+    expect(await stillServes()).toBe(true);
+    // A bound, not a measurement (the server is in this process).
+    expect(process.memoryUsage().rss - rssBefore).toBeLessThan(50 * MiB);
+  });
+
+  it("closes a connection that floods CONTINUATION frames, and serves a new one", async () => {
+    const socket = await connected();
+    const received: Buffer[] = [];
+    socket.on("data", (d: Buffer) => received.push(d));
+    const rssBefore = process.memoryUsage().rss;
+    socket.write(Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"));
+    socket.write(h2Frame(0x4, 0, 0, Buffer.alloc(0))); // SETTINGS, empty
+    // HEADERS (no END_HEADERS): :method POST, :scheme http, :path /, then
+    // CONTINUATION frames without END_HEADERS, each one more header field.
+    socket.write(h2Frame(0x1, 0, 1, Buffer.from([0x83, 0x86, 0x84])));
+    let frames = 0;
+    for (; frames < 10_000 && !socket.destroyed && !socket.writableEnded; frames++) {
+      const more = h2Frame(0x9, 0, 1, hpackLiteral(`x-flood-${frames % 100}`, "v".repeat(50)));
+      if (!socket.write(more)) {
+        const drained = await within(
+          5000,
+          new Promise((resolve) => {
+            socket.once("drain", resolve);
+            socket.once("close", resolve);
+          }),
+        );
+        if (drained === "timed out") break;
+      }
+      if (frames % 100 === 0) await new Promise((r) => setImmediate(r));
+    }
+    expect(await closedWithin(socket, 10_000)).toBe("closed");
+    // It was the server that ended it, with a GOAWAY (nghttp2 accepts only a
+    // few CONTINUATION frames per header block: CVE-2024-27983).
+    expect(framesOf(Buffer.concat(received)).map((f) => f.type)).toContain(0x7);
+    expect(frames).toBeLessThan(10_000);
+    expect(await stillServes()).toBe(true);
+    expect(process.memoryUsage().rss - rssBefore).toBeLessThan(50 * MiB);
+  });
+
+  it("answers an HTTP/1.1 header block above the limit with 431, and keeps serving", async () => {
+    const tasksBefore = await taskCount();
+    const big = await h1(
+      "/meshwork.v1.TaskService/CreateTask",
+      { "content-type": "application/json", "x-big": "a".repeat(10_000) },
+      `{"workload":"${uniqueWorkload("hdr")}"}`,
+    );
+    expect(big.status).toBe(431);
+    expect(await taskCount()).toBe(tasksBefore);
+    expect(await stillServes()).toBe(true);
+  });
+
+  it("refuses an HTTP/2 header block above the limit before any handler runs, and keeps serving", async () => {
+    const tasksBefore = await taskCount();
+    const big = await h2(
+      grpcHeaders("TaskService/CreateTask", { "x-big": "a".repeat(10_000) }),
+      grpcFrame(Buffer.alloc(0), false),
+      true,
+    );
+    // nghttp2 resets the stream (ENHANCE_YOUR_CALM) once the client has
+    // acknowledged the SETTINGS; the listener does the same before that.
+    expect(big).toMatchObject({ headers: {}, rstCode: http2.constants.NGHTTP2_ENHANCE_YOUR_CALM });
+    const early = await h2(
+      grpcHeaders("TaskService/CreateTask", { "x-big": "a".repeat(10_000) }),
+      grpcFrame(Buffer.alloc(0), false),
+    );
+    expect(early).toMatchObject({
+      headers: {},
+      rstCode: http2.constants.NGHTTP2_ENHANCE_YOUR_CALM,
+    });
+    // Just under the limit passes (the handler runs: workload is required).
+    const under = await h2(
+      grpcHeaders("TaskService/CreateTask", { "x-big": "a".repeat(7000) }),
+      grpcFrame(Buffer.alloc(0), false),
+    );
+    expect(grpcStatus(under)).toBe("3");
+    expect(await taskCount()).toBe(tasksBefore);
+    expect(await stillServes()).toBe(true);
+  });
+});
+
 describe("the same limits with TLS (HTTP/2 or HTTP/1.1 by ALPN)", () => {
   let tlsServer: RunningServer;
   let tlsPort: number;
@@ -514,10 +720,14 @@ describe("the same limits with TLS (HTTP/2 or HTTP/1.1 by ALPN)", () => {
     return socket;
   }
 
-  it("closes an idle HTTP/2 session", async () => {
+  it("advertises the HTTP/2 limits and closes an idle session", async () => {
     const session = http2.connect(tlsServer.url, { ca });
     session.on("error", () => {});
     await once(session, "remoteSettings");
+    expect(session.remoteSettings).toMatchObject({
+      maxConcurrentStreams: 100,
+      maxHeaderListSize: 8192,
+    });
     expect(
       await within(
         10_000,
@@ -527,7 +737,7 @@ describe("the same limits with TLS (HTTP/2 or HTTP/1.1 by ALPN)", () => {
     session.destroy();
   });
 
-  it("cuts off a slow HTTP/1.1 client with 408", async () => {
+  it("cuts off a slow HTTP/1.1 client with 408, and refuses large headers with 431", async () => {
     const slow = await tlsConnected("http/1.1");
     const received: Buffer[] = [];
     slow.on("data", (d: Buffer) => received.push(d));
@@ -540,6 +750,12 @@ describe("the same limits with TLS (HTTP/2 or HTTP/1.1 by ALPN)", () => {
     }
     expect(await closedWithin(slow, 5000)).toBe("closed");
     expect(Buffer.concat(received).toString()).toMatch(/^HTTP\/1\.1 408 /);
+    const big = await tlsConnected("http/1.1");
+    const answer: Buffer[] = [];
+    big.on("data", (d: Buffer) => answer.push(d));
+    big.write(`GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ${"a".repeat(10_000)}\r\n\r\n`);
+    expect(await closedWithin(big, 5000)).toBe("closed");
+    expect(Buffer.concat(answer).toString()).toMatch(/^HTTP\/1\.1 431 /);
   });
 
   it("closes a connection that never starts the TLS handshake", async () => {
