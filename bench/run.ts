@@ -2,7 +2,8 @@
  * `npm run bench`: scenarios 1 (drain) and 3 (create→claim
  * latency), against PostgreSQL and embedded PGlite. The coordinator runs as
  * its own process (`meshwork serve`), the workers in this one, over gRPC on
- * h2c. Prints one JSON line per scenario and database. docs/benchmarks.md
+ * h2c, presenting the admin token the coordinator wrote (auth on, as in
+ * production). Prints one JSON line per scenario and database. docs/benchmarks.md
  * says what each scenario measures and how to read the figures.
  *
  * Also the artifact scenario: a 256 MiB artifact uploaded and downloaded
@@ -33,8 +34,8 @@ import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { create, toBinary } from "@bufbuild/protobuf";
-import { type Client, createClient, type Transport } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { type Client, createClient, type Interceptor, type Transport } from "@connectrpc/connect";
+import { createGrpcTransport, type GrpcTransportOptions } from "@connectrpc/connect-node";
 import postgres from "postgres";
 import {
   ArtifactKind,
@@ -59,6 +60,8 @@ interface Coordinator {
   url: string;
   database: string;
   pid: number;
+  /** The admin token the coordinator wrote on its first start: every call presents it (auth on). */
+  token: string;
   stop(): Promise<void>;
 }
 
@@ -105,6 +108,7 @@ async function startCoordinator(database: "postgres" | "pglite"): Promise<Coordi
     url,
     database,
     pid: child.pid ?? 0,
+    token: readFileSync(join(dataDir, "admin.token"), "utf8").trim(),
     async stop() {
       child.kill("SIGTERM");
       await new Promise((r) => child.once("exit", r));
@@ -115,6 +119,15 @@ async function startCoordinator(database: "postgres" | "pglite"): Promise<Coordi
       rmSync(dataDir, { recursive: true, force: true });
     },
   };
+}
+
+/** A gRPC (h2c) transport to the coordinator that presents its admin token. */
+function grpc(co: Coordinator, options: Partial<GrpcTransportOptions> = {}): Transport {
+  const bearer: Interceptor = (next) => (req) => {
+    req.header.set("authorization", `Bearer ${co.token}`);
+    return next(req);
+  };
+  return createGrpcTransport({ ...options, baseUrl: co.url, interceptors: [bearer] });
 }
 
 interface Clients {
@@ -147,14 +160,14 @@ async function enqueue(c: Clients, workload: string, n: number): Promise<number>
 
 /** Scenario 1: W workers claim and complete every task; batch = max_tasks. */
 async function drain(co: Coordinator, batch: number) {
-  const setup = clients(createGrpcTransport({ baseUrl: co.url }));
+  const setup = clients(grpc(co));
   const workload = `drain-${batch}-${Date.now()}`;
   const enqueueRate = await enqueue(setup, workload, totalTasks);
   let completed = 0;
   const started = performance.now();
   await Promise.all(
     Array.from({ length: workerCount }, async () => {
-      const c = clients(createGrpcTransport({ baseUrl: co.url }));
+      const c = clients(grpc(co));
       const { workerId } = await c.fleet.registerWorker({
         capabilities: [workload],
         maxConcurrency: batch,
@@ -211,8 +224,8 @@ async function drain(co: Coordinator, batch: number) {
 
 /** Scenario 3: one idle worker long-polls; serial CreateTask; create→claim latency. */
 async function latency(co: Coordinator) {
-  const creator = clients(createGrpcTransport({ baseUrl: co.url }));
-  const worker = clients(createGrpcTransport({ baseUrl: co.url }));
+  const creator = clients(grpc(co));
+  const worker = clients(grpc(co));
   const workload = `latency-${Date.now()}`;
   const { workerId } = await worker.fleet.registerWorker({ capabilities: [workload] });
   const samples: number[] = [];
@@ -317,7 +330,7 @@ async function artifactsScenario(co: Coordinator) {
   const digest = execFileSync("sha256sum", [file], { encoding: "utf8" }).split(" ")[0] ?? "";
   const sha256sumMbps = Math.round((size / 1e6 / ((performance.now() - t0) / 1000)) * 10) / 10;
 
-  const c = clients(createGrpcTransport({ baseUrl: co.url }));
+  const c = clients(grpc(co));
   const workload = `bytes-${Date.now()}`;
   const { workerId } = await c.fleet.registerWorker({ capabilities: [workload] });
   await c.tasks.createTask({ workload, leaseSeconds: 3600 });
@@ -327,10 +340,7 @@ async function artifactsScenario(co: Coordinator) {
   if (env.BENCH_OPEN_CLIENT_WINDOW !== "0") openClientWindows();
   const artifactsClient = createClient(
     ArtifactService,
-    createGrpcTransport({
-      baseUrl: co.url,
-      nodeOptions: { settings: { initialWindowSize: 4 * 1024 * 1024 } },
-    }),
+    grpc(co, { nodeOptions: { settings: { initialWindowSize: 4 * 1024 * 1024 } } }),
   );
   const results: Record<string, unknown>[] = [];
 
@@ -347,6 +357,7 @@ async function artifactsScenario(co: Coordinator) {
           "x-worker-id": workerId,
           "x-task-attempt": String(claim.attempt),
           "x-content-sha256": digest,
+          authorization: `Bearer ${co.token}`,
         },
       );
       httpId = (JSON.parse(body) as { artifact_id: string }).artifact_id;
@@ -355,7 +366,9 @@ async function artifactsScenario(co: Coordinator) {
   results.push({
     transfer: "http-get",
     ...(await measured(co, size, async () => {
-      const res = await fetch(`${co.url}/artifacts/${httpId}/download`);
+      const res = await fetch(`${co.url}/artifacts/${httpId}/download`, {
+        headers: { authorization: `Bearer ${co.token}` },
+      });
       const hash = createHash("sha256");
       for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>)
         hash.update(chunk);
@@ -417,6 +430,7 @@ async function artifactsScenario(co: Coordinator) {
         ":path": "/meshwork.v1.ArtifactService/DownloadArtifact",
         "content-type": "application/grpc",
         te: "trailers",
+        authorization: `Bearer ${co.token}`,
       });
       let received = 0;
       req.on("data", (d: Buffer) => {
