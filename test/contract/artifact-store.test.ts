@@ -86,6 +86,31 @@ describeEachEngine("artifact store", (db) => {
     await expect(artifacts.checkLease(lease)).rejects.toMatchObject({ kind: "not_found" });
   });
 
+  it("completes only with an artifact of the same task and attempt and its sha256 (ARTIFACT_MISMATCH)", async () => {
+    const lease = await leased();
+    const other = await leased();
+    const mine = await artifacts.insert(output(lease), lease);
+    const theirs = await artifacts.insert(output(other), other);
+    const ref = (a: typeof mine, sha256 = a.sha256) => ({
+      artifactId: a.id,
+      uri: `http://127.0.0.1:8080/artifacts/${a.id}/download`,
+      sha256,
+      sizeBytes: a.sizeBytes,
+      contentType: a.contentType,
+    });
+    const complete = (result: ReturnType<typeof ref>) =>
+      leases.complete([{ ...lease, result, summary: "", metrics: {} }]);
+    for (const result of [ref(theirs), ref(mine, "b".repeat(64))]) {
+      const [refused] = await complete(result);
+      expect(refused).toMatchObject({ error: { kind: "aborted", reason: "ARTIFACT_MISMATCH" } });
+    }
+    const [done] = await complete(ref(mine));
+    expect(done && "ok" in done && done.ok).toMatchObject({
+      state: "SUCCEEDED",
+      result: { artifactId: mine.id, sha256: mine.sha256 },
+    });
+  });
+
   it("lists a task's artifacts oldest first, page by page, and only that task's", async () => {
     const lease = await leased();
     const other = await leased();

@@ -331,4 +331,26 @@ describe.skipIf(!onPostgres)("claims beside another transaction's row lock on Po
       "best",
     ]);
   });
+
+  it("skips an expired-lease task another transaction holds, and hands out the next one at once", async () => {
+    const taskStore = createTaskStore(tdb.database.db);
+    const leases = createLeaseStore(tdb.database.db);
+    const workload = uniqueWorkload();
+    await taskStore.create([newTask({ workload, name: "expired", priority: 9 })]);
+    const [held] = await leases.claim(worker(workerA, [workload]), 1);
+    await expireLease(tdb.database.db, held?.id ?? "");
+    await taskStore.create([newTask({ workload, name: "next", priority: 1 })]);
+    const other = postgres(tdb.url ?? "", { max: 1, onnotice: () => {} });
+    const locker = await other.reserve();
+    try {
+      await locker`begin`;
+      await locker`select id from tasks where id = ${held?.id ?? ""} for update`;
+      const claimed = await within(5000, leases.claim(worker(workerA, [workload]), 1));
+      expect(claimed === "timed out" ? claimed : claimed.map((r) => r.name)).toEqual(["next"]);
+    } finally {
+      await locker`rollback`;
+      locker.release();
+      await other.end();
+    }
+  });
 });

@@ -107,6 +107,12 @@ describeEachEngine("lease store", (db) => {
       await expireLease(tdb.database.db, first.id);
       const second = await claimOne(workload, workerB);
       expect(second).toMatchObject({ id: first.id, attempt: 2, leaseWorkerId: workerB });
+      // The task says what happened to attempt 1; a first claim says nothing.
+      expect(first).toMatchObject({ errorCode: "", errorMessage: "" });
+      expect(second).toMatchObject({
+        errorCode: "LEASE_EXPIRED",
+        errorMessage: "the lease on attempt 1 expired",
+      });
       const [late] = await leases.complete([completion(first, workerA)]);
       expect(late).toMatchObject({ error: { kind: "aborted", reason: "STALE_ATTEMPT" } });
       const [ok] = await leases.complete([completion(second, workerB)]);
@@ -120,6 +126,25 @@ describeEachEngine("lease store", (db) => {
       await insertWorker(tdb.database.db, small, false, 2);
       expect(await leases.claim(worker(small, [workload]), 5)).toHaveLength(2);
       expect(await leases.claim(worker(small, [workload]), 5)).toEqual([]);
+    });
+
+    it("frees a worker's slot as soon as its task completes, fails, is released or cancelled", async () => {
+      const workload = uniqueWorkload();
+      const one = "e2000000-0000-4000-8000-0000000000e2";
+      await insertWorker(tdb.database.db, one, false, 1);
+      await taskStore.create(
+        Array.from({ length: 5 }, () => newTask({ workload, maxAttempts: 1 })),
+      );
+      const take = async () => {
+        const [row] = await leases.claim(worker(one, [workload]), 5);
+        if (!row) throw new Error("the slot was not freed");
+        return { taskId: row.id, workerId: one, attempt: row.attempt, token: "" };
+      };
+      await leases.complete([{ ...(await take()), result: null, summary: "", metrics: {} }]);
+      await leases.fail(await take(), "E", "failed", false);
+      await leases.release(await take(), "");
+      await taskStore.cancel((await take()).taskId, "no longer needed");
+      expect(await take()).toBeDefined();
     });
 
     it("gives nothing to a drained or unknown worker", async () => {

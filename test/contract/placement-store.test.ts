@@ -105,6 +105,11 @@ describeEachEngine("placement store", (db) => {
     await fleet.heartbeat(busy, 1);
     expect((await place(await task(w))).assignedWorkerId).toBe(busy); // 2 vs 2: depth 1 < 5
     await fleet.heartbeat(roomy, 1);
+    // Two heartbeats can land in the same millisecond: busy's is moved back.
+    await db()
+      .db.update(workers)
+      .set({ lastHeartbeatAt: sql`now() - interval '1 second'` })
+      .where(eq(workers.id, busy));
     // 1 free each, depth 1 each: the latest heartbeat (roomy's) wins.
     expect((await place(await task(w))).assignedWorkerId).toBe(roomy);
   });

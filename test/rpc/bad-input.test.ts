@@ -1,6 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { createClient, createRouterTransport } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
 import { TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { createRoutes, rpcInterceptors } from "../../src/server.js";
 import { createTestDatabase } from "../support/database.js";
@@ -216,6 +217,58 @@ describe("bad input: each refused with its code, nothing changed", () => {
     expect((await outcome(h.leases.renewLease({ ...lease, extendSeconds: 59 }))).code).toBe(
       "InvalidArgument",
     );
+    expect(await snapshot()).toEqual(before);
+  });
+
+  it("a lease token over 256 characters is invalid_argument wherever a lease is named, never cut", async () => {
+    const { lease, snapshot } = await leased();
+    const before = await snapshot();
+    const long = { ...lease, leaseToken: "a".repeat(257) };
+    const refusals: [string, () => Promise<unknown>][] = [
+      ["lease_token", () => h.leases.startTask(long)],
+      ["lease_token", () => h.leases.renewLease(long)],
+      ["lease_token", () => h.leases.failTask(long)],
+      [
+        "leases[0].lease_token",
+        async () => {
+          for await (const _ of h.leases.streamLeases(
+            (async function* () {
+              yield { workerId: lease.workerId, leases: [long] };
+            })(),
+          ))
+            break;
+        },
+      ],
+      [
+        "lease_token",
+        () =>
+          createClient(ArtifactService, h.transport).uploadArtifact(
+            (async function* () {
+              yield {
+                payload: {
+                  case: "header" as const,
+                  value: { ...long, filename: "out.txt", contentType: "text/plain" },
+                },
+              };
+            })(),
+          ),
+      ],
+    ];
+    for (const [field, call] of refusals) {
+      const o = await outcome(call());
+      expect(o.code, field).toBe("InvalidArgument");
+      expect(o.message, field).toContain(field);
+    }
+    // A batch answers the bad item in its place.
+    const batch = await h.leases.completeTasks({ completions: [long] });
+    const item = batch.results[0]?.outcome;
+    expect(item?.case === "error" && item.value).toMatchObject({
+      code: "invalid_argument",
+      message: expect.stringContaining("completions[0].lease_token"),
+    });
+    // 256 characters is a token (just not this lease's).
+    const [at256] = [{ ...lease, leaseToken: "a".repeat(256) }];
+    expect(await outcome(h.leases.renewLease(at256))).toMatchObject({ reason: "TOKEN_MISMATCH" });
     expect(await snapshot()).toEqual(before);
   });
 

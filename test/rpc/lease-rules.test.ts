@@ -1,4 +1,5 @@
 import type { MessageInitShape } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   LeaseStatus,
@@ -108,5 +109,31 @@ describe("long-poll wake-up when a retry's backoff ends", () => {
     expect(res === "timed out" ? res : res.claims.map((c) => [c.taskId, c.attempt])).toEqual([
       [claim.taskId, 2],
     ]);
+  });
+});
+
+describe("the sweeper and deadlines", () => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await createHarness();
+  });
+  afterAll(() => h.close());
+
+  it("fails a PENDING task whose deadline passed (DEADLINE_EXCEEDED) and tells its watcher", async () => {
+    const { task } = await h.tasks.createTask({
+      workload: uniqueWorkload(),
+      deadline: timestampFromDate(new Date(Date.now() - 1000)),
+    });
+    const taskId = task?.taskId ?? "";
+    const seen: TaskState[] = [];
+    const watching = (async () => {
+      for await (const res of h.tasks.watchTask({ taskId }))
+        if (res.task) seen.push(res.task.state);
+    })();
+    await h.app.sweeper.runOnce();
+    expect(await within(10_000, watching)).not.toBe("timed out");
+    const { task: after } = await h.tasks.getTask({ taskId });
+    expect(after).toMatchObject({ state: TaskState.FAILED, error: { code: "DEADLINE_EXCEEDED" } });
+    expect(seen.at(-1)).toBe(TaskState.FAILED);
   });
 });

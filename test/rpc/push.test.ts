@@ -146,9 +146,14 @@ describe("push placement", () => {
     expect((await h.tasks.scheduleTask({ taskId: await task(w) })).task?.assignedWorkerId).toBe(
       roomy,
     );
-    // roomy 1, small 1, equal depth: the most recent heartbeat wins.
+    // roomy 1, small 1, equal depth: the most recent heartbeat wins (roomy's
+    // is moved a second back: two heartbeats can land in the same millisecond).
     await h.fleet.heartbeat({ workerId: roomy, queueDepth: 0 });
     await h.fleet.heartbeat({ workerId: small, queueDepth: 0 });
+    await h.db.database.db
+      .update(workers)
+      .set({ lastHeartbeatAt: sql`now() - interval '1 second'` })
+      .where(eq(workers.id, roomy));
     expect((await h.tasks.scheduleTask({ taskId: await task(w) })).task?.assignedWorkerId).toBe(
       small,
     );

@@ -3,7 +3,12 @@ import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { DescService } from "@bufbuild/protobuf";
-import { type Client, createClient, createRouterTransport } from "@connectrpc/connect";
+import {
+  type Client,
+  createClient,
+  createRouterTransport,
+  type Transport,
+} from "@connectrpc/connect";
 import { pino } from "pino";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { type Claim, LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
@@ -50,6 +55,8 @@ export interface Harness {
   fleet: Client<typeof FleetService>;
   tasks: Client<typeof TaskService>;
   leases: Client<typeof LeaseService>;
+  /** The in-memory transport of the default clients (no token), for other services. */
+  transport: Transport;
   /** A client of `service` that presents `token` (for auth tests; the default clients send none). */
   as<S extends DescService>(service: S, token: string): Client<S>;
   /** Makes a token of `role` and returns its secret. */
@@ -76,6 +83,7 @@ export async function createHarness(overrides: Partial<Config> = {}): Promise<Ha
     fleet: createClient(FleetService, transport),
     tasks: createClient(TaskService, transport),
     leases: createClient(LeaseService, transport),
+    transport,
     as(service, token) {
       return createClient(
         service,
