@@ -28,9 +28,9 @@ import { createPlainRouter, type PlainRoute } from "./http/routes.js";
 import { createKnowledgeService } from "./knowledge/service.js";
 import { createLeaseService } from "./leases/service.js";
 import { kCorrelationId } from "./rpc/context.js";
-import { createErrorMapper, type ToClientError } from "./rpc/errors.js";
+import { createErrorMapper, fixForWire, type ToClientError } from "./rpc/errors.js";
 import { createHealthService } from "./rpc/health.js";
-import { createRpcInterceptor } from "./rpc/interceptors.js";
+import { createNulInterceptor, createRpcInterceptor } from "./rpc/interceptors.js";
 import { registerReflection } from "./rpc/reflection.js";
 import { toTask } from "./tasks/convert.js";
 import { createTaskService } from "./tasks/service.js";
@@ -77,10 +77,15 @@ const toClientError: ToClientError = createErrorMapper(toTask);
 /**
  * The interceptors every RPC goes through (also for in-memory test
  * transports): logging and error mapping outermost, so that refusals of
- * authentication are logged and mapped like any other; then auth.
+ * authentication are logged and mapped like any other; then auth; then the
+ * refusal of strings PostgreSQL cannot hold (U+0000).
  */
 export function rpcInterceptors(app: Pick<App, "log" | "guard">) {
-  return [createRpcInterceptor(app.log, toClientError), createAuthInterceptor(app.guard)];
+  return [
+    createRpcInterceptor(app.log, toClientError),
+    createAuthInterceptor(app.guard),
+    createNulInterceptor(),
+  ];
 }
 
 /** Every RPC service Meshwork serves, for the Connect adapter and for in-memory test transports. */
@@ -202,6 +207,20 @@ export function createHandler(app: App) {
     // A misspelt field in Connect JSON is an error, not silently dropped.
     jsonOptions: { ignoreUnknownFields: false },
     shutdownSignal: app.shutdownSignal,
+    // Runs before the request is read. connect-es passes every error to the
+    // call's `abort` (not in its public type) right before it serializes it:
+    // there, an undecodable request becomes `invalid_argument`, not
+    // `internal`, and a message gRPC could not encode is mended
+    // (rpc/errors.ts, fixForWire).
+    requestGate: (context) => {
+      const call = context as typeof context & { abort?: (reason?: unknown) => void };
+      const abort = call.abort;
+      if (typeof abort !== "function") return;
+      call.abort = (reason?: unknown) => {
+        fixForWire(reason);
+        abort.call(context, reason);
+      };
+    },
     contextValues: (req) =>
       createContextValues().set(kCorrelationId, correlationIds.get(req) ?? randomUUID()),
   });

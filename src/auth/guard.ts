@@ -1,5 +1,6 @@
 import { timingSafeEqual } from "node:crypto";
 import { DomainError, permissionDenied, unauthenticated } from "../core/errors.js";
+import { isUuid } from "../core/validate.js";
 import type { TokenRoleName, TokenRow } from "../db/schema/index.js";
 import { anonymousAdmin, type Principal } from "./principal.js";
 import { createRateLimiter } from "./rate-limit.js";
@@ -89,12 +90,14 @@ export function createGuard(options: GuardOptions) {
 
     /**
      * A worker token acts only for workers registered with it. A worker
-     * that does not exist is left to the handler (`not_found`).
+     * that does not exist is left to the handler (`not_found`), and so is an
+     * id that is not a UUID (`invalid_argument`): no worker can have it, and
+     * looking it up would fail the statement's uuid cast.
      */
     async actsFor(principal: Principal, workerIds: Iterable<string>): Promise<void> {
       if (principal.role !== "worker") return;
       for (const id of new Set(workerIds)) {
-        if (id === "") continue;
+        if (!isUuid(id)) continue;
         const owner = await options.ownerOf(id.toLowerCase());
         if (owner !== undefined && owner !== principal.tokenId) {
           throw permissionDenied(

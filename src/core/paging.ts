@@ -1,6 +1,6 @@
 import { type Column, type SQL, sql } from "drizzle-orm";
 import { DomainError, invalid } from "./errors.js";
-import { isUuid } from "./validate.js";
+import { isStorableTime, isUuid } from "./validate.js";
 
 /**
  * Keyset paging. A page token is the position of the last row of a page:
@@ -18,7 +18,9 @@ export function encodePageToken(p: Position): string {
 
 /**
  * Decodes a page token of `keyCount` keys, each accepted by `validKey`; an
- * empty token is the first page. Anything else is `invalid_argument`.
+ * empty token is the first page. Anything else is `invalid_argument`, as is
+ * a time outside 0001–9999 or a key with U+0000: both go into a statement,
+ * which would fail on them.
  */
 export function decodePageToken(
   token: string,
@@ -30,8 +32,9 @@ export function decodePageToken(
     const [ms, ...keys] = JSON.parse(Buffer.from(token, "base64url").toString("utf8")) as unknown[];
     if (
       typeof ms === "number" &&
+      isStorableTime(new Date(ms)) &&
       keys.length === keyCount &&
-      keys.every((k): k is string => typeof k === "string" && validKey(k))
+      keys.every((k): k is string => typeof k === "string" && !k.includes("\u0000") && validKey(k))
     ) {
       return { at: new Date(ms), keys };
     }

@@ -65,3 +65,52 @@ export function uuidField(field: string, value: string): string {
 export function attemptField(field: string, value: number): number {
   return intInRange(field, value, 1, 2_000_000_000);
 }
+
+/**
+ * The times a protobuf Timestamp may hold, 0001-01-01 to 9999-12-31 UTC. A
+ * Date outside them (or invalid) cannot be sent to PostgreSQL: a year past
+ * 9999 is written "+010000-…", which it does not parse.
+ */
+const earliestMs = -62_135_596_800_000;
+const latestMs = 253_402_300_799_999;
+
+/** A valid Date from 0001-01-01 to 9999-12-31 UTC. */
+export function isStorableTime(d: Date): boolean {
+  const ms = d.getTime();
+  return ms >= earliestMs && ms <= latestMs;
+}
+
+/** Checks a time a client sent (a Timestamp field): storable, else `invalid_argument`. */
+export function timeField(field: string, d: Date): Date {
+  if (!isStorableTime(d)) throw invalid(`${field} must be a time from 0001-01-01 to 9999-12-31`);
+  return d;
+}
+
+/**
+ * Where a request message holds a string with U+0000 (a field, element,
+ * map key or JSON value), as a path such as `entries[2].value.a`; undefined
+ * when none does. PostgreSQL cannot store or compare such a string: a
+ * request carrying one is refused before any statement sees it. Bytes
+ * fields (Uint8Array) are not strings and may hold zeros. Iterative, so
+ * that deeply nested JSON cannot exhaust the stack.
+ */
+export function nulPath(message: unknown): string | undefined {
+  const stack: [unknown, string][] = [[message, ""]];
+  for (let next = stack.pop(); next; next = stack.pop()) {
+    const [value, path] = next;
+    if (typeof value === "string") {
+      if (value.includes("\u0000")) return path || "(message)";
+    } else if (Array.isArray(value)) {
+      value.forEach((v, i) => {
+        stack.push([v, `${path}[${i}]`]);
+      });
+    } else if (value !== null && typeof value === "object" && !(value instanceof Uint8Array)) {
+      for (const [k, v] of Object.entries(value)) {
+        const at = path ? `${path}.${k}` : k;
+        if (k.includes("\u0000")) return at;
+        stack.push([v, at]);
+      }
+    }
+  }
+  return undefined;
+}

@@ -75,7 +75,15 @@ async function sendArtifact(
     res.end();
     return;
   }
-  await pipeline(app.blobs.read(row.sha256, range), res as http.ServerResponse);
+  await pipeline(app.blobs.read(row.sha256, range), res as http.ServerResponse).catch(
+    (error: unknown) => {
+      // The client went away mid-download (the response closed before the
+      // blob was all sent): there is no one to answer, and nothing went
+      // wrong here. A blob that cannot be read fails with its own error.
+      if ((error as NodeJS.ErrnoException).code === "ERR_STREAM_PREMATURE_CLOSE") return;
+      throw error;
+    },
+  );
 }
 
 /**

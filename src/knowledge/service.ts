@@ -8,7 +8,7 @@ import {
 } from "../../gen/meshwork/v1/knowledge_pb.js";
 import { invalid } from "../core/errors.js";
 import { decodePageToken, type Position, pageOf, pageSize } from "../core/paging.js";
-import { text } from "../core/validate.js";
+import { isStorableTime, text, timeField } from "../core/validate.js";
 import type { KnowledgeRow } from "../db/schema/index.js";
 import type { KnowledgeStore } from "./store.js";
 
@@ -35,7 +35,7 @@ function fromEntry(e: KnowledgeEntry): KnowledgeRow | undefined {
     const version = Number(e.version);
     if (!Number.isSafeInteger(version) || version < 1) return undefined;
     const updatedAt = timestampDate(e.updatedAt);
-    if (Number.isNaN(updatedAt.getTime())) return undefined;
+    if (!isStorableTime(updatedAt)) return undefined;
     return {
       kind: text("kind", e.kind),
       key: text("key", e.key),
@@ -91,7 +91,7 @@ export function createKnowledgeService(app: {
     async *exportKnowledge(req, ctx) {
       const filter = {
         kind: req.kind === "" ? undefined : req.kind,
-        since: req.since ? timestampDate(req.since) : undefined,
+        since: req.since ? timeField("since", timestampDate(req.since)) : undefined,
       };
       let after: Position | undefined;
       for (;;) {

@@ -38,6 +38,49 @@ export function codeName(code: Code): string {
   return Code[code].replace(/([a-z])([A-Z])/g, "$1_$2").toLowerCase();
 }
 
+/**
+ * What connect-es 2.2 and connect-node say, with code `internal`, about
+ * request bytes they cannot decode: a message that is not valid binary
+ * protobuf, a body that does not decompress, a compressed envelope without
+ * an encoding. JSON that does not parse is already `invalid_argument`.
+ */
+const undecodable = [
+  /^parse binary: /,
+  /^decompression failed$/,
+  /^received compressed envelope, but do not know how to decompress$/,
+];
+
+/** A request the caller sent undecodable: its error, `invalid_argument`, never the server's. */
+export function isUndecodableRequest(error: unknown): error is ConnectError {
+  return (
+    error instanceof ConnectError &&
+    error.code === Code.Internal &&
+    undecodable.some((r) => r.test(error.rawMessage))
+  );
+}
+
+/** Half of a UTF-16 surrogate pair, alone. */
+const loneSurrogate = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g;
+
+/**
+ * Fixes, in place, an error connect-es 2.2 is about to send:
+ * - an undecodable request gets its code, `invalid_argument`;
+ * - a message with a lone surrogate (half of a character a client sent,
+ *   quoted by a JSON parser or a refusal) gets U+FFFD in its place: gRPC
+ *   and gRPC-Web percent-encode the message, encodeURIComponent throws on
+ *   a lone surrogate, and the call would never be answered.
+ * For unary RPCs connect-es decodes the request before any interceptor runs
+ * and serializes the error itself; it passes every error to the call's
+ * `abort` right before serializing it (see server.ts, requestGate), the one
+ * place that sees them all.
+ */
+export function fixForWire(error: unknown): void {
+  if (!(error instanceof ConnectError)) return;
+  if (isUndecodableRequest(error)) (error as { code: Code }).code = Code.InvalidArgument;
+  const message = error.rawMessage.replace(loneSurrogate, "\ufffd");
+  if (message !== error.rawMessage) (error as { rawMessage: string }).rawMessage = message;
+}
+
 /** The public form of a task, for errors that carry one (given by the caller: tasks/convert.ts). */
 export type TaskEncoder = (row: TaskRow) => Task;
 
@@ -47,7 +90,8 @@ export type TaskEncoder = (row: TaskRow) => Task;
  * is, when the refusal carries one: a placement conflict); a ConnectError
  * raised on purpose stays as it is; anything else becomes `internal` with
  * the message "internal error" (the cause goes to the log only) and
- * `unexpected` true.
+ * `unexpected` true. A request that cannot be decoded is
+ * `invalid_argument` (isUndecodableRequest).
  */
 export function createErrorMapper(encodeTask: TaskEncoder) {
   function connectErrorOf(error: DomainError): ConnectError {
@@ -74,6 +118,10 @@ export function createErrorMapper(encodeTask: TaskEncoder) {
 
   return function toClientError(error: unknown): { error: ConnectError; unexpected: boolean } {
     if (error instanceof DomainError) return { error: connectErrorOf(error), unexpected: false };
+    if (isUndecodableRequest(error)) {
+      // Streaming RPCs decode their messages while the handler reads them.
+      return { error: new ConnectError(error.rawMessage, Code.InvalidArgument), unexpected: false };
+    }
     if (error instanceof ConnectError) {
       if (error.code === Code.Internal || error.code === Code.Unknown) {
         return { error: new ConnectError("internal error", Code.Internal), unexpected: true };

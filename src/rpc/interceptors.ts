@@ -1,4 +1,6 @@
 import type { Interceptor } from "@connectrpc/connect";
+import { invalid } from "../core/errors.js";
+import { nulPath } from "../core/validate.js";
 import type { Logger } from "../log.js";
 import { kCorrelationId } from "./context.js";
 import type { ToClientError } from "./errors.js";
@@ -52,5 +54,34 @@ export function createRpcInterceptor(log: Logger, toClientError: ToClientError):
         finish(undefined);
       })(),
     } as typeof res;
+  };
+}
+
+/**
+ * Refuses a request message holding a string with U+0000 (core/validate.ts,
+ * nulPath) with `invalid_argument`, before the handler sees it: PostgreSQL
+ * cannot store or compare such a string, and the statement would fail as an
+ * unexpected error. Every message of a stream is checked as it arrives.
+ */
+export function createNulInterceptor(): Interceptor {
+  const check = (message: unknown) => {
+    const path = nulPath(message);
+    if (path !== undefined) throw invalid(`${path} must not contain U+0000 (NUL)`);
+  };
+  return (next) => async (req) => {
+    if (!req.stream) {
+      check(req.message);
+      return next(req);
+    }
+    const messages = req.message;
+    return next({
+      ...req,
+      message: (async function* () {
+        for await (const m of messages) {
+          check(m);
+          yield m;
+        }
+      })(),
+    });
   };
 }

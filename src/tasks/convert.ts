@@ -14,7 +14,7 @@ import {
   TaskState,
 } from "../../gen/meshwork/v1/task_pb.js";
 import { invalid } from "../core/errors.js";
-import { intInRange, stringList, stringMap, text } from "../core/validate.js";
+import { intInRange, isStorableTime, stringList, stringMap, text } from "../core/validate.js";
 import type { ArtifactRefJson, TaskRow, TaskStateName } from "../db/schema/index.js";
 import type { NewTask } from "./store.js";
 
@@ -97,7 +97,7 @@ export function toTask(row: TaskRow, withToken = false): Task {
 
 function validTimestamp(field: string, t: Timestamp): Date {
   const d = timestampDate(t);
-  if (Number.isNaN(d.getTime()) || t.nanos < 0 || t.nanos > 999_999_999) {
+  if (!isStorableTime(d) || t.nanos < 0 || t.nanos > 999_999_999) {
     throw invalid(`${field} is not a valid time`);
   }
   return d;

@@ -1,12 +1,13 @@
 import { createHash } from "node:crypto";
 import { readdirSync } from "node:fs";
 import { request } from "node:http";
+import { connect, constants } from "node:http2";
 import { createServer } from "node:net";
 import { join } from "node:path";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { count, eq } from "drizzle-orm";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { ArtifactKind, ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
@@ -176,6 +177,34 @@ describe("artifacts over plain HTTP", () => {
     expect(new Uint8Array(await tail.arrayBuffer())).toEqual(data.subarray(99_995));
     const beyond = await fetch(String(put1.body.uri), { headers: { range: "bytes=100000-" } });
     expect(beyond.status).toBe(416);
+  });
+
+  it("takes a client that goes away mid-download in its stride: nothing logged as an error", async () => {
+    const { lease, headers } = await claimed();
+    const data = bytes(maxArtifactBytes);
+    const stored = await put(lease.taskId, "big.bin", data, headers);
+    expect(stored.status).toBe(201);
+    const errors = vi.spyOn(app.log, "error");
+    try {
+      // Over HTTP/2 the server can send only a flow-control window ahead of
+      // what the client reads: cancelling after the headers cuts the body short.
+      const session = connect(url);
+      const cut = await new Promise<number>((resolve) => {
+        const req = session.request({ ":path": new URL(String(stored.body.uri)).pathname });
+        req.on("response", () => req.close(constants.NGHTTP2_CANCEL));
+        req.on("close", () => resolve(req.rstCode));
+        req.end();
+      });
+      session.close();
+      expect(cut).toBe(constants.NGHTTP2_CANCEL);
+      await new Promise((r) => setTimeout(r, 200)); // the server sees the reset
+      expect(errors).not.toHaveBeenCalled();
+    } finally {
+      errors.mockRestore();
+    }
+    // And the next client gets every byte.
+    const whole = await fetch(String(stored.body.uri));
+    expect(sha(new Uint8Array(await whole.arrayBuffer()))).toBe(sha(data));
   });
 
   it("keeps the same bytes once however often they are stored", async () => {

@@ -231,4 +231,19 @@ describe("the byte routes under auth", () => {
     expect((await call(`/artifacts/${artifact_id}/download`, worker)).status).toBe(200);
     expect((await fetch(`${server.url}/artifacts/${artifact_id}/download`)).status).toBe(401);
   });
+
+  it("answers an upload naming a worker id that is not a UUID with 400, not 500", async () => {
+    const worker = await makeToken("worker");
+    const res = await call(
+      `/tasks/${"0".repeat(8)}-0000-4000-8000-${"0".repeat(12)}/artifacts/a`,
+      worker,
+      {
+        method: "PUT",
+        headers: { "x-worker-id": "not-a-uuid", "x-task-attempt": "1" },
+        body: "x",
+      },
+    );
+    expect(res.status).toBe(400);
+    expect(await res.json()).toMatchObject({ error: "invalid_argument" });
+  });
 });

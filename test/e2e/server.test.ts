@@ -1,6 +1,8 @@
 import { mkdtempSync, rmSync } from "node:fs";
+import * as http2 from "node:http2";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { gzipSync } from "node:zlib";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
 import { describe, expect, it } from "vitest";
@@ -253,6 +255,90 @@ describe("gRPC over h2c with generated clients", () => {
           : 0;
       expect(count).toBeGreaterThan(1); // lease.proto and the files it imports
     }
+  });
+});
+
+/** One gRPC call over a fresh h2c session: its grpc-status and grpc-message (trailer or header). */
+async function grpcCall(
+  path: string,
+  contentType: string,
+  payload: Buffer,
+): Promise<{ status: string; message: string }> {
+  const session = http2.connect(server.url);
+  try {
+    return await new Promise((resolve, reject) => {
+      const frame = Buffer.alloc(5);
+      frame.writeUInt32BE(payload.length, 1);
+      const req = session.request({
+        ":method": "POST",
+        ":path": path,
+        "content-type": contentType,
+        te: "trailers",
+      });
+      let found = { status: "", message: "" };
+      const take = (h: http2.IncomingHttpHeaders) => {
+        if (h["grpc-status"] !== undefined)
+          found = {
+            status: String(h["grpc-status"]),
+            message: decodeURIComponent(String(h["grpc-message"] ?? "")),
+          };
+      };
+      // A call left unanswered fails the test rather than hanging it.
+      const timer = setTimeout(() => req.close(http2.constants.NGHTTP2_CANCEL), 5000);
+      req.on("response", take);
+      req.on("trailers", take);
+      req.on("data", () => {});
+      req.on("error", reject);
+      req.on("close", () => {
+        clearTimeout(timer);
+        resolve(found);
+      });
+      req.end(Buffer.concat([frame, payload]));
+    });
+  } finally {
+    session.close();
+  }
+}
+
+describe("requests that cannot be decoded", () => {
+  const path = "/meshwork.v1.TaskService/GetTask";
+
+  it("are invalid_argument (400), not internal, in Connect binary and with a broken gzip body", async () => {
+    const truncated = await fetch(`${server.url}${path}`, {
+      method: "POST",
+      headers: { "content-type": "application/proto" },
+      body: new Uint8Array([0x0a, 0x05]), // task_id promising 5 bytes, none sent
+    });
+    expect(truncated.status).toBe(400);
+    expect(await truncated.json()).toMatchObject({ code: "invalid_argument" });
+    const gzip = await fetch(`${server.url}${path}`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "content-encoding": "gzip" },
+      body: new Uint8Array(gzipSync("{}").subarray(0, 12)), // cut short
+    });
+    expect(gzip.status).toBe(400);
+    expect(await gzip.json()).toMatchObject({ code: "invalid_argument" });
+  });
+
+  it("are INVALID_ARGUMENT (3) over gRPC, unary and streaming", async () => {
+    expect(await grpcCall(path, "application/grpc", Buffer.from([0x0a, 0x05]))).toMatchObject({
+      status: "3",
+    });
+    expect(
+      await grpcCall(
+        "/meshwork.v1.ArtifactService/UploadArtifact",
+        "application/grpc",
+        Buffer.from([0x0a, 0x05]),
+      ),
+    ).toMatchObject({ status: "3" });
+  });
+
+  it("are answered over gRPC even when the parser quotes half of a character", async () => {
+    // JSON.parse reports the first UTF-16 unit of "😀", a lone surrogate, which
+    // gRPC's percent-encoding of grpc-message cannot encode.
+    const res = await grpcCall(path, "application/grpc+json", Buffer.from("😀"));
+    expect(res.status).toBe("3");
+    expect(res.message).toContain("\ufffd");
   });
 });
 

@@ -272,6 +272,22 @@ describe("a worker token acts only for its own workers", () => {
   });
 });
 
+describe("a worker id that is not a UUID", () => {
+  it("is invalid_argument for a worker token, as for any other, not an unexpected error", async () => {
+    const worker = h.as(FleetService, secrets.worker);
+    const leases = h.as(LeaseService, secrets.worker);
+    for (const workerId of ["abc", "../x", "00000000-0000-4000-8000-00000000000g"]) {
+      // The ownership check runs first: it must not send the id to a uuid column.
+      expect(await outcome(worker.heartbeat({ workerId }))).toMatchObject({
+        code: "InvalidArgument",
+      });
+      expect(await outcome(leases.claimTasks({ workerId }))).toMatchObject({
+        code: "InvalidArgument",
+      });
+    }
+  });
+});
+
 describe("tokens", () => {
   it("shows a secret once, never in a listing, and refuses a duplicate name or no role", async () => {
     const tokens = h.as(TokenService, secrets.admin);

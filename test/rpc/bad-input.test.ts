@@ -1,7 +1,10 @@
 import { randomUUID } from "node:crypto";
+import { create } from "@bufbuild/protobuf";
+import { TimestampSchema } from "@bufbuild/protobuf/wkt";
 import { createClient, createRouterTransport } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
+import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
 import { TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { createRoutes, rpcInterceptors } from "../../src/server.js";
 import { createTestDatabase } from "../support/database.js";
@@ -270,6 +273,57 @@ describe("bad input: each refused with its code, nothing changed", () => {
     const [at256] = [{ ...lease, leaseToken: "a".repeat(256) }];
     expect(await outcome(h.leases.renewLease(at256))).toMatchObject({ reason: "TOKEN_MISMATCH" });
     expect(await snapshot()).toEqual(before);
+  });
+
+  it("times outside 0001–9999 are invalid_argument, never a statement that fails", async () => {
+    const knowledge = h.as(KnowledgeService, "");
+    // 9999-12-31T23:59:59.999999999Z rounds up to year 10000 as a Date.
+    const lastNano = create(TimestampSchema, { seconds: 253_402_300_799n, nanos: 999_999_999 });
+    const year10000 = create(TimestampSchema, { seconds: 253_402_300_800n });
+    const correlationId = randomUUID();
+    for (const deadline of [lastNano, year10000]) {
+      expect(
+        await outcome(h.tasks.createTask({ workload: "w", deadline, correlationId })),
+      ).toMatchObject({ code: "InvalidArgument" });
+    }
+    expect(await tasksWithCorrelation(correlationId)).toBe(0);
+    const exported = (async () => {
+      for await (const _ of knowledge.exportKnowledge({ since: lastNano }));
+    })();
+    expect(await outcome(exported)).toMatchObject({ code: "InvalidArgument" });
+    const imported = await knowledge.importKnowledge({
+      entries: [{ kind: "k", key: randomUUID(), version: 1n, updatedAt: lastNano, origin: "o" }],
+    });
+    expect(imported).toMatchObject({ inserted: 0n, rejected: 1n });
+    const token = (at: number, ...keys: string[]) =>
+      Buffer.from(JSON.stringify([at, ...keys])).toString("base64url");
+    expect(await outcome(h.tasks.listTasks({ pageToken: token(1e20, unknownId) }))).toMatchObject({
+      code: "InvalidArgument",
+      reason: "INVALID_PAGE_TOKEN",
+    });
+    expect(
+      await outcome(knowledge.listEntries({ pageToken: token(253_402_300_800_000, "k", "a") })),
+    ).toMatchObject({ code: "InvalidArgument", reason: "INVALID_PAGE_TOKEN" });
+  });
+
+  it("a string with U+0000 is invalid_argument wherever it is, and nothing is stored", async () => {
+    const knowledge = h.as(KnowledgeService, "");
+    const correlationId = randomUUID();
+    const refused = [
+      h.tasks.createTask({ workload: "a\u0000b", correlationId }),
+      h.tasks.createTask({ workload: "w", parameters: { k: ["\u0000"] }, correlationId }),
+      h.tasks.createTask({ workload: "w", parameters: { "\u0000": 1 }, correlationId }),
+      h.fleet.listWorkers({ capability: "\u0000" }),
+      knowledge.putEntry({ kind: "k", key: "\u0000", value: {} }),
+      // Inside a page token, where no interceptor looks.
+      knowledge.listEntries({
+        pageToken: Buffer.from(JSON.stringify([0, "\u0000", "k"])).toString("base64url"),
+      }),
+    ];
+    for (const call of refused) {
+      expect(await outcome(call)).toMatchObject({ code: "InvalidArgument" });
+    }
+    expect(await tasksWithCorrelation(correlationId)).toBe(0);
   });
 
   it("a database failure reaches the client as `internal error`, with no driver detail", async () => {
