@@ -1,4 +1,5 @@
 import type { Interceptor } from "@connectrpc/connect";
+import { checkEachMessage } from "../rpc/interceptors.js";
 import type { Guard } from "./guard.js";
 import { adminOnly, openServices, policy } from "./policy.js";
 import { kPrincipal } from "./principal.js";
@@ -26,19 +27,6 @@ export function createAuthInterceptor(guard: Guard): Interceptor {
       if (refused) guard.authorize(principal, [], refused);
       if (rule.actsFor) await guard.actsFor(principal, rule.actsFor(m));
     };
-    if (!req.stream) {
-      await inspect(req.message);
-      return next(req);
-    }
-    const messages = req.message;
-    return next({
-      ...req,
-      message: (async function* () {
-        for await (const m of messages) {
-          await inspect(m);
-          yield m;
-        }
-      })(),
-    });
+    return next(await checkEachMessage(req, inspect));
   };
 }

@@ -1,4 +1,4 @@
-import type { Interceptor } from "@connectrpc/connect";
+import type { Interceptor, StreamRequest, UnaryRequest } from "@connectrpc/connect";
 import { invalid } from "../core/errors.js";
 import { nulPath } from "../core/validate.js";
 import type { Logger } from "../log.js";
@@ -68,20 +68,30 @@ export function createNulInterceptor(): Interceptor {
     const path = nulPath(message);
     if (path !== undefined) throw invalid(`${path} must not contain U+0000 (NUL)`);
   };
-  return (next) => async (req) => {
-    if (!req.stream) {
-      check(req.message);
-      return next(req);
-    }
-    const messages = req.message;
-    return next({
-      ...req,
-      message: (async function* () {
-        for await (const m of messages) {
-          check(m);
-          yield m;
-        }
-      })(),
-    });
+  return (next) => async (req) => next(await checkEachMessage(req, check));
+}
+
+/**
+ * Runs `check` on a request's message before the handler sees it: at once
+ * for a unary call, on each message of a stream as it arrives. The request
+ * to pass on is returned (a stream's messages wrapped).
+ */
+export async function checkEachMessage<R extends UnaryRequest | StreamRequest>(
+  req: R,
+  check: (message: unknown) => unknown,
+): Promise<R> {
+  if (!req.stream) {
+    await check(req.message);
+    return req;
+  }
+  const messages = req.message;
+  return {
+    ...req,
+    message: (async function* () {
+      for await (const m of messages) {
+        await check(m);
+        yield m;
+      }
+    })(),
   };
 }

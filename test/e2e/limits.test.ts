@@ -1,11 +1,8 @@
-import { execFileSync } from "node:child_process";
 import { once } from "node:events";
-import { mkdtempSync, readFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import * as http from "node:http";
 import * as http2 from "node:http2";
 import * as net from "node:net";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import * as tls from "node:tls";
 import { createGzip, gzipSync } from "node:zlib";
 import { create, toBinary } from "@bufbuild/protobuf";
@@ -19,6 +16,7 @@ import { within } from "../support/bounded.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { outcome } from "../support/errors.js";
 import { appOn, uniqueWorkload } from "../support/harness.js";
+import { selfSignedCert } from "../support/tls.js";
 
 /**
  * One coordinator with tight limits, so that each one trips within a second
@@ -677,31 +675,7 @@ describe("the same limits with TLS (HTTP/2 or HTTP/1.1 by ALPN)", () => {
   let tlsPort: number;
   let ca: Buffer;
   beforeAll(async () => {
-    const dir = mkdtempSync(join(tmpdir(), "meshwork-limits-tls-"));
-    const [cert, key] = [join(dir, "cert.pem"), join(dir, "key.pem")];
-    execFileSync(
-      "openssl",
-      [
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-subj",
-        "/CN=localhost",
-        "-addext",
-        "subjectAltName=IP:127.0.0.1",
-        "-days",
-        "1",
-        "-keyout",
-        key,
-        "-out",
-        cert,
-      ],
-      { stdio: "ignore" },
-    );
+    const { cert, key } = selfSignedCert("meshwork-limits-tls-");
     ca = readFileSync(cert);
     tlsServer = await listen(
       appOn(tdb.database, { ...limits, tlsCert: cert, tlsKey: key }),

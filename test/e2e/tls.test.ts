@@ -1,8 +1,5 @@
-import { execFileSync } from "node:child_process";
-import { mkdtempSync, readFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { request } from "node:https";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -10,37 +7,14 @@ import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { listen, type RunningServer } from "../../src/server.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { appOn } from "../support/harness.js";
+import { selfSignedCert } from "../support/tls.js";
 
 let tdb: TestDatabase;
 let server: RunningServer;
 let ca: Buffer;
 
 beforeAll(async () => {
-  const dir = mkdtempSync(join(tmpdir(), "meshwork-tls-"));
-  const [cert, key] = [join(dir, "cert.pem"), join(dir, "key.pem")];
-  execFileSync(
-    "openssl",
-    [
-      "req",
-      "-x509",
-      "-newkey",
-      "ec",
-      "-pkeyopt",
-      "ec_paramgen_curve:prime256v1",
-      "-nodes",
-      "-subj",
-      "/CN=localhost",
-      "-addext",
-      "subjectAltName=IP:127.0.0.1",
-      "-days",
-      "1",
-      "-keyout",
-      key,
-      "-out",
-      cert,
-    ],
-    { stdio: "ignore" },
-  );
+  const { cert, key } = selfSignedCert("meshwork-tls-");
   ca = readFileSync(cert);
   tdb = await createTestDatabase();
   server = await listen(appOn(tdb.database, { tlsCert: cert, tlsKey: key }), "127.0.0.1:0");
