@@ -424,8 +424,13 @@ describe("inputs, results and checkpoints", () => {
     }
     expect((await tasks().getTask({ taskId: mine.lease.taskId })).task).toEqual(before);
     // Another attempt: the task is reclaimed, the first attempt's artifact no longer fits.
+    // The sweeper runs here and may hold the expired row for a moment (the
+    // claim skips locked rows): a long poll is woken when it lets go.
     await expireLease(app.database.db, mine.lease.taskId);
-    const { claims } = await leases().claimTasks({ workerId: mine.lease.workerId });
+    const { claims } = await leases().claimTasks({
+      workerId: mine.lease.workerId,
+      waitSeconds: 10,
+    });
     const second = claims.find((c) => c.taskId === mine.lease.taskId);
     expect(second?.attempt).toBe(2);
     const res = await outcome(
