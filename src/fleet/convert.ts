@@ -12,6 +12,7 @@ export function toWorker(w: WorkerView): Worker {
     cpuCount: w.cpuCount,
     memoryMb: BigInt(w.memoryMb),
     apiBaseUrl: w.apiBaseUrl,
+    peerId: w.peerId ?? "",
     maxConcurrency: w.maxConcurrency,
     drained: w.drained,
     state: w.lost ? WorkerState.LOST : WorkerState.ACTIVE,

@@ -47,7 +47,20 @@ function workerInput(req: RegisterWorkerRequest): WorkerInput {
       req.maxConcurrency === undefined
         ? undefined
         : intInRange("max_concurrency", req.maxConcurrency, 1, 10_000),
+    peerId: req.peerId === "" ? undefined : peerIdField("peer_id", req.peerId),
   };
+}
+
+const peerIdPattern = /^[A-Za-z0-9._:@~+-]{1,256}$/;
+
+/** A peer id names a worker in URL paths: 1–256 of `A–Z a–z 0–9 . _ : @ ~ + -`. */
+export function peerIdField(field: string, value: string): string {
+  if (!peerIdPattern.test(value)) {
+    throw invalid(
+      `${field} must be 1 to 256 characters of A-Z a-z 0-9 . _ : @ ~ + -, not ${JSON.stringify(value.slice(0, 64))}`,
+    );
+  }
+  return value;
 }
 
 /** What FleetService uses. */
@@ -69,16 +82,27 @@ export function createFleetService(app: FleetServiceDeps): ServiceImpl<typeof Fl
   return {
     async registerWorker(req, ctx) {
       const input = workerInput(req);
+      if (req.workerId !== "" && input.peerId !== undefined) {
+        throw invalid("give worker_id or peer_id, not both");
+      }
+      const principal = ctx.values.get(kPrincipal);
       const worker = await app.fleet.register(
         input,
         req.workerId === "" ? undefined : uuidField("worker_id", req.workerId),
-        ctx.values.get(kPrincipal).tokenId,
+        principal.tokenId,
+        // A worker token updates only its own workers (by worker_id, the auth
+        // interceptor checks that before the call; by peer_id, the store).
+        { mayUpdateAny: principal.role !== "worker" },
       );
       app.workerCache.forget(worker.id);
       return { workerId: worker.id, heartbeatIntervalSeconds: interval, worker: toWorker(worker) };
     },
 
     async getWorker(req) {
+      if (req.peerId !== "") {
+        if (req.workerId !== "") throw invalid("give worker_id or peer_id, not both");
+        return { worker: toWorker(await app.fleet.getByPeer(text("peer_id", req.peerId))) };
+      }
       return { worker: toWorker(await app.fleet.get(uuidField("worker_id", req.workerId))) };
     },
 
@@ -150,6 +174,7 @@ export function createFleetService(app: FleetServiceDeps): ServiceImpl<typeof Fl
         })),
         workers: workers.map((w) => ({
           workerId: w.id,
+          peerId: w.peerId ?? "",
           name: w.name,
           state: w.lost ? WorkerState.LOST : WorkerState.ACTIVE,
           drained: w.drained,

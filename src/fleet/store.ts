@@ -1,8 +1,9 @@
 import { randomUUID } from "node:crypto";
-import { and, asc, eq, getTableColumns, type SQL, sql } from "drizzle-orm";
-import { type DomainError, notFound as notFoundError } from "../core/errors.js";
+import { and, asc, eq, getTableColumns, isNull, or, type SQL, sql } from "drizzle-orm";
+import { type DomainError, notFound as notFoundError, permissionDenied } from "../core/errors.js";
 import { byTimeAndId, keysetAfter, type Position, pageOf } from "../core/paging.js";
 import { liveLeases } from "../core/task-sql.js";
+import { isUuid } from "../core/validate.js";
 import { workerLost } from "../core/worker-sql.js";
 import type { Db } from "../db/database.js";
 import { lazy } from "../db/lazy.js";
@@ -16,6 +17,8 @@ export interface WorkerInput {
   memoryMb: number;
   apiBaseUrl: string;
   maxConcurrency: number | undefined;
+  /** A caller-chosen stable name: registering with it again updates the same worker. */
+  peerId?: string | undefined;
 }
 
 /** A worker as read: the row plus what is derived from it by the database clock. */
@@ -29,6 +32,20 @@ export interface WorkerFilter {
   labels?: Record<string, string> | undefined;
   lost?: boolean | undefined;
   drained?: boolean | undefined;
+}
+
+/** The columns a registration sets. */
+function fieldsOf(input: WorkerInput) {
+  return {
+    name: input.name,
+    capabilities: input.capabilities,
+    labels: input.labels,
+    cpuCount: input.cpuCount,
+    memoryMb: input.memoryMb,
+    apiBaseUrl: input.apiBaseUrl,
+    ...(input.maxConcurrency !== undefined && { maxConcurrency: input.maxConcurrency }),
+    lastHeartbeatAt: sql`now()`,
+  };
 }
 
 /** Worker registry. LOST is derived: no heartbeat for 3 intervals, by the database clock. */
@@ -56,23 +73,18 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
   return {
     /**
      * Registers a new worker (owned by the token that registered it), or
-     * updates the one named by `id`.
+     * updates the one named by `id`, or by `input.peerId` (registerPeer).
      */
     async register(
       input: WorkerInput,
       id?: string,
       ownerTokenId: string | null = null,
+      options: { mayUpdateAny: boolean } = { mayUpdateAny: true },
     ): Promise<WorkerView> {
-      const fields = {
-        name: input.name,
-        capabilities: input.capabilities,
-        labels: input.labels,
-        cpuCount: input.cpuCount,
-        memoryMb: input.memoryMb,
-        apiBaseUrl: input.apiBaseUrl,
-        ...(input.maxConcurrency !== undefined && { maxConcurrency: input.maxConcurrency }),
-        lastHeartbeatAt: sql`now()`,
-      };
+      const fields = fieldsOf(input);
+      if (id === undefined && input.peerId !== undefined) {
+        return this.registerPeer(input.peerId, input, ownerTokenId, options);
+      }
       if (id === undefined) {
         const newId = randomUUID();
         await db.insert(workers).values({ id: newId, ownerTokenId, ...fields });
@@ -85,6 +97,58 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
         .returning({ id: workers.id });
       if (updated.length === 0) throw notFound(id);
       return this.get(id);
+    },
+
+    /**
+     * Registers the worker named `peerId`, or updates it: one statement, so
+     * two registrations racing with one peer id make one worker. Unless
+     * `mayUpdateAny`, only the token that registered it may update it.
+     */
+    async registerPeer(
+      peerId: string,
+      input: WorkerInput,
+      ownerTokenId: string | null,
+      options: { mayUpdateAny: boolean },
+    ): Promise<WorkerView> {
+      const fields = fieldsOf(input);
+      const [row] = await db
+        .insert(workers)
+        .values({ id: randomUUID(), peerId, ownerTokenId, ...fields })
+        .onConflictDoUpdate({
+          target: workers.peerId,
+          set: fields,
+          ...(!options.mayUpdateAny && {
+            setWhere: sql`${workers.ownerTokenId} is not distinct from ${ownerTokenId}::uuid`,
+          }),
+        })
+        .returning({ id: workers.id });
+      if (!row) {
+        throw permissionDenied(
+          `worker ${JSON.stringify(peerId)} was registered with another token`,
+          "FOREIGN_WORKER_TOKEN",
+        );
+      }
+      return this.get(row.id);
+    },
+
+    /**
+     * The worker named by `peer`: its peer_id, or, for a worker registered
+     * without one, its worker_id.
+     */
+    async getByPeer(peer: string): Promise<WorkerView> {
+      const byPeer = eq(workers.peerId, peer);
+      const [row] = await db
+        .select(view)
+        .from(workers)
+        .where(
+          isUuid(peer)
+            ? or(byPeer, and(isNull(workers.peerId), eq(workers.id, peer.toLowerCase())))
+            : byPeer,
+        )
+        .orderBy(sql`${workers.peerId} is null`)
+        .limit(1);
+      if (!row) throw notFoundError(`worker ${JSON.stringify(peer)}`);
+      return row;
     },
 
     async get(id: string): Promise<WorkerView> {

@@ -2,11 +2,13 @@ import { create, type JsonObject } from "@bufbuild/protobuf";
 import { timestampDate, timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { ServiceImpl } from "@connectrpc/connect";
 import {
+  type ImportRejection,
+  ImportRejectionSchema,
   type KnowledgeEntry,
   KnowledgeEntrySchema,
   type KnowledgeService,
 } from "../../gen/meshwork/v1/knowledge_pb.js";
-import { invalid } from "../core/errors.js";
+import { DomainError, invalid } from "../core/errors.js";
 import { decodePageToken, type Position, pageOf, pageSize } from "../core/paging.js";
 import { isStorableTime, text, timeField } from "../core/validate.js";
 import type { KnowledgeRow } from "../db/schema/index.js";
@@ -28,14 +30,20 @@ export function toEntry(row: KnowledgeRow): KnowledgeEntry {
   });
 }
 
-/** An imported entry checked field by field; undefined when malformed. */
-function fromEntry(e: KnowledgeEntry): KnowledgeRow | undefined {
+/**
+ * An imported entry checked field by field: the row to merge, or why it is
+ * refused. An entry without updated_at is taken as updated now (exports
+ * written by hand or by older directors often lack it).
+ */
+function fromEntry(e: KnowledgeEntry, now: Date): KnowledgeRow | { reason: string } {
   try {
-    if (!e.updatedAt || e.origin === "" || e.origin.length > 256) return undefined;
+    if (e.origin === "") return { reason: "origin must not be empty" };
+    if (e.origin.length > 256) return { reason: "origin is longer than 256 characters" };
     const version = Number(e.version);
-    if (!Number.isSafeInteger(version) || version < 1) return undefined;
-    const updatedAt = timestampDate(e.updatedAt);
-    if (!isStorableTime(updatedAt)) return undefined;
+    if (!Number.isSafeInteger(version) || version < 1)
+      return { reason: "version must be a positive integer" };
+    const updatedAt = e.updatedAt ? timestampDate(e.updatedAt) : now;
+    if (!isStorableTime(updatedAt)) return { reason: "updated_at is out of range" };
     return {
       kind: text("kind", e.kind),
       key: text("key", e.key),
@@ -44,10 +52,14 @@ function fromEntry(e: KnowledgeEntry): KnowledgeRow | undefined {
       updatedAt,
       origin: e.origin,
     };
-  } catch {
-    return undefined;
+  } catch (error) {
+    if (error instanceof DomainError) return { reason: error.message };
+    throw error;
   }
 }
+
+/** At most this many rejections are explained in an import's answer. */
+const explainedRejections = 100;
 
 /** KnowledgeService: versioned entries, and export/import between coordinators. */
 export function createKnowledgeService(app: {
@@ -106,18 +118,34 @@ export function createKnowledgeService(app: {
 
     async importKnowledge(req) {
       const valid: KnowledgeRow[] = [];
+      const rejections: ImportRejection[] = [];
       let rejected = 0;
-      for (const e of req.entries) {
-        const row = fromEntry(e);
-        if (row) valid.push(row);
-        else rejected++;
-      }
+      const now = new Date();
+      req.entries.forEach((e, index) => {
+        const row = fromEntry(e, now);
+        if (!("reason" in row)) {
+          valid.push(row);
+          return;
+        }
+        rejected++;
+        if (rejections.length < explainedRejections) {
+          rejections.push(
+            create(ImportRejectionSchema, {
+              index,
+              kind: e.kind.slice(0, 256),
+              key: e.key.slice(0, 256),
+              reason: row.reason,
+            }),
+          );
+        }
+      });
       const counts = await store.merge(valid);
       return {
         inserted: BigInt(counts.inserted),
         updated: BigInt(counts.updated),
         unchanged: BigInt(counts.unchanged),
         rejected: BigInt(rejected),
+        rejections,
       };
     },
   };

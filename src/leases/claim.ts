@@ -7,13 +7,15 @@ export interface ClaimingWorker {
   id: string;
   capabilities: string[];
   labels: Record<string, string>;
+  /** Stands for the registered max_concurrency in this claim (REST workers state it per claim). */
+  maxConcurrency?: number | undefined;
 }
 
 const p = sql.placeholder;
 
 /**
  * The claim: one statement calling `meshwork_claim` (migration
- * 0006_claim.sql), the single SQL text that says which tasks a worker may
+ * 0006_claim.sql, redefined in 0008 with the `concurrency` parameter), the single SQL text that says which tasks a worker may
  * take, in which order, and the lease each gets, with the plan decisions
  * that keep it O(claimed) whatever the backlog and the statistics. Rows
  * come back best first (`with ordinality` keeps the function's order).
@@ -25,7 +27,7 @@ export function createClaimStatement(db: Db) {
   // The function's rows under the table's name, so that Drizzle maps them
   // to TaskRow exactly as it maps a select from the table.
   const claimed = new Subquery(
-    sql`select * from meshwork_claim(${p("worker")}::uuid, ${p("caps")}::text[], ${p("labels")}::jsonb, ${p("max")}::int) with ordinality`,
+    sql`select * from meshwork_claim(${p("worker")}::uuid, ${p("caps")}::text[], ${p("labels")}::jsonb, ${p("max")}::int, ${p("concurrency")}::int) with ordinality`,
     columns,
     "tasks",
   );
@@ -40,5 +42,6 @@ export function createClaimStatement(db: Db) {
       caps: worker.capabilities,
       labels: JSON.stringify(worker.labels),
       max,
+      concurrency: worker.maxConcurrency ?? null,
     });
 }

@@ -155,6 +155,10 @@ export function createLeaseService(
       const max = req.maxTasks === 0 ? 1 : intInRange("max_tasks", req.maxTasks, 1, 100);
       const waitSeconds = intInRange("wait_seconds", req.waitSeconds, 0, 30);
       const capabilities = stringList("capabilities", req.capabilities, 1000);
+      const maxConcurrency =
+        req.maxConcurrency === undefined
+          ? undefined
+          : intInRange("max_concurrency", req.maxConcurrency, 1, 10_000);
       const worker = await app.workerCache.get(workerId);
       app.heartbeats.touch(workerId);
       if (worker.drained) return { claims: [] };
@@ -162,6 +166,7 @@ export function createLeaseService(
         id: workerId,
         capabilities: capabilities.length > 0 ? capabilities : worker.capabilities,
         labels: worker.labels,
+        maxConcurrency,
       };
       const signal = AbortSignal.any([ctx.signal, app.shutdownSignal]);
       const deadline = Date.now() + waitSeconds * 1000;

@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file meshwork/v1/knowledge.proto.
  */
 export const file_meshwork_v1_knowledge: GenFile = /*@__PURE__*/
-  fileDesc("ChttZXNod29yay92MS9rbm93bGVkZ2UucHJvdG8SC21lc2h3b3JrLnYxIqQBCg5Lbm93bGVkZ2VFbnRyeRIMCgRraW5kGAEgASgJEgsKA2tleRgCIAEoCRImCgV2YWx1ZRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDwoHdmVyc2lvbhgEIAEoAxIuCgp1cGRhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZvcmlnaW4YBiABKAkiZQoPUHV0RW50cnlSZXF1ZXN0EgwKBGtpbmQYASABKAkSCwoDa2V5GAIgASgJEiYKBXZhbHVlGAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIPCgd2ZXJzaW9uGAQgASgDIj4KEFB1dEVudHJ5UmVzcG9uc2USKgoFZW50cnkYASABKAsyGy5tZXNod29yay52MS5Lbm93bGVkZ2VFbnRyeSIsCg9HZXRFbnRyeVJlcXVlc3QSDAoEa2luZBgBIAEoCRILCgNrZXkYAiABKAkiPgoQR2V0RW50cnlSZXNwb25zZRIqCgVlbnRyeRgBIAEoCzIbLm1lc2h3b3JrLnYxLktub3dsZWRnZUVudHJ5IkkKEkxpc3RFbnRyaWVzUmVxdWVzdBIMCgRraW5kGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIlwKE0xpc3RFbnRyaWVzUmVzcG9uc2USLAoHZW50cmllcxgBIAMoCzIbLm1lc2h3b3JrLnYxLktub3dsZWRnZUVudHJ5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIvChJEZWxldGVFbnRyeVJlcXVlc3QSDAoEa2luZBgBIAEoCRILCgNrZXkYAiABKAkiFQoTRGVsZXRlRW50cnlSZXNwb25zZSJRChZFeHBvcnRLbm93bGVkZ2VSZXF1ZXN0EgwKBGtpbmQYASABKAkSKQoFc2luY2UYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIkcKF0V4cG9ydEtub3dsZWRnZVJlc3BvbnNlEiwKB2VudHJpZXMYASADKAsyGy5tZXNod29yay52MS5Lbm93bGVkZ2VFbnRyeSJGChZJbXBvcnRLbm93bGVkZ2VSZXF1ZXN0EiwKB2VudHJpZXMYASADKAsyGy5tZXNod29yay52MS5Lbm93bGVkZ2VFbnRyeSJhChdJbXBvcnRLbm93bGVkZ2VSZXNwb25zZRIQCghpbnNlcnRlZBgBIAEoAxIPCgd1cGRhdGVkGAIgASgDEhEKCXVuY2hhbmdlZBgDIAEoAxIQCghyZWplY3RlZBgEIAEoAzKVBAoQS25vd2xlZGdlU2VydmljZRJHCghQdXRFbnRyeRIcLm1lc2h3b3JrLnYxLlB1dEVudHJ5UmVxdWVzdBodLm1lc2h3b3JrLnYxLlB1dEVudHJ5UmVzcG9uc2USTAoIR2V0RW50cnkSHC5tZXNod29yay52MS5HZXRFbnRyeVJlcXVlc3QaHS5tZXNod29yay52MS5HZXRFbnRyeVJlc3BvbnNlIgOQAgESVQoLTGlzdEVudHJpZXMSHy5tZXNod29yay52MS5MaXN0RW50cmllc1JlcXVlc3QaIC5tZXNod29yay52MS5MaXN0RW50cmllc1Jlc3BvbnNlIgOQAgESUAoLRGVsZXRlRW50cnkSHy5tZXNod29yay52MS5EZWxldGVFbnRyeVJlcXVlc3QaIC5tZXNod29yay52MS5EZWxldGVFbnRyeVJlc3BvbnNlEmMKD0V4cG9ydEtub3dsZWRnZRIjLm1lc2h3b3JrLnYxLkV4cG9ydEtub3dsZWRnZVJlcXVlc3QaJC5tZXNod29yay52MS5FeHBvcnRLbm93bGVkZ2VSZXNwb25zZSIDkAIBMAESXAoPSW1wb3J0S25vd2xlZGdlEiMubWVzaHdvcmsudjEuSW1wb3J0S25vd2xlZGdlUmVxdWVzdBokLm1lc2h3b3JrLnYxLkltcG9ydEtub3dsZWRnZVJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChttZXNod29yay92MS9rbm93bGVkZ2UucHJvdG8SC21lc2h3b3JrLnYxIqQBCg5Lbm93bGVkZ2VFbnRyeRIMCgRraW5kGAEgASgJEgsKA2tleRgCIAEoCRImCgV2YWx1ZRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDwoHdmVyc2lvbhgEIAEoAxIuCgp1cGRhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZvcmlnaW4YBiABKAkiZQoPUHV0RW50cnlSZXF1ZXN0EgwKBGtpbmQYASABKAkSCwoDa2V5GAIgASgJEiYKBXZhbHVlGAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIPCgd2ZXJzaW9uGAQgASgDIj4KEFB1dEVudHJ5UmVzcG9uc2USKgoFZW50cnkYASABKAsyGy5tZXNod29yay52MS5Lbm93bGVkZ2VFbnRyeSIsCg9HZXRFbnRyeVJlcXVlc3QSDAoEa2luZBgBIAEoCRILCgNrZXkYAiABKAkiPgoQR2V0RW50cnlSZXNwb25zZRIqCgVlbnRyeRgBIAEoCzIbLm1lc2h3b3JrLnYxLktub3dsZWRnZUVudHJ5IkkKEkxpc3RFbnRyaWVzUmVxdWVzdBIMCgRraW5kGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIlwKE0xpc3RFbnRyaWVzUmVzcG9uc2USLAoHZW50cmllcxgBIAMoCzIbLm1lc2h3b3JrLnYxLktub3dsZWRnZUVudHJ5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIvChJEZWxldGVFbnRyeVJlcXVlc3QSDAoEa2luZBgBIAEoCRILCgNrZXkYAiABKAkiFQoTRGVsZXRlRW50cnlSZXNwb25zZSJRChZFeHBvcnRLbm93bGVkZ2VSZXF1ZXN0EgwKBGtpbmQYASABKAkSKQoFc2luY2UYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIkcKF0V4cG9ydEtub3dsZWRnZVJlc3BvbnNlEiwKB2VudHJpZXMYASADKAsyGy5tZXNod29yay52MS5Lbm93bGVkZ2VFbnRyeSJGChZJbXBvcnRLbm93bGVkZ2VSZXF1ZXN0EiwKB2VudHJpZXMYASADKAsyGy5tZXNod29yay52MS5Lbm93bGVkZ2VFbnRyeSKTAQoXSW1wb3J0S25vd2xlZGdlUmVzcG9uc2USEAoIaW5zZXJ0ZWQYASABKAMSDwoHdXBkYXRlZBgCIAEoAxIRCgl1bmNoYW5nZWQYAyABKAMSEAoIcmVqZWN0ZWQYBCABKAMSMAoKcmVqZWN0aW9ucxgFIAMoCzIcLm1lc2h3b3JrLnYxLkltcG9ydFJlamVjdGlvbiJLCg9JbXBvcnRSZWplY3Rpb24SDQoFaW5kZXgYASABKAUSDAoEa2luZBgCIAEoCRILCgNrZXkYAyABKAkSDgoGcmVhc29uGAQgASgJMpUEChBLbm93bGVkZ2VTZXJ2aWNlEkcKCFB1dEVudHJ5EhwubWVzaHdvcmsudjEuUHV0RW50cnlSZXF1ZXN0Gh0ubWVzaHdvcmsudjEuUHV0RW50cnlSZXNwb25zZRJMCghHZXRFbnRyeRIcLm1lc2h3b3JrLnYxLkdldEVudHJ5UmVxdWVzdBodLm1lc2h3b3JrLnYxLkdldEVudHJ5UmVzcG9uc2UiA5ACARJVCgtMaXN0RW50cmllcxIfLm1lc2h3b3JrLnYxLkxpc3RFbnRyaWVzUmVxdWVzdBogLm1lc2h3b3JrLnYxLkxpc3RFbnRyaWVzUmVzcG9uc2UiA5ACARJQCgtEZWxldGVFbnRyeRIfLm1lc2h3b3JrLnYxLkRlbGV0ZUVudHJ5UmVxdWVzdBogLm1lc2h3b3JrLnYxLkRlbGV0ZUVudHJ5UmVzcG9uc2USYwoPRXhwb3J0S25vd2xlZGdlEiMubWVzaHdvcmsudjEuRXhwb3J0S25vd2xlZGdlUmVxdWVzdBokLm1lc2h3b3JrLnYxLkV4cG9ydEtub3dsZWRnZVJlc3BvbnNlIgOQAgEwARJcCg9JbXBvcnRLbm93bGVkZ2USIy5tZXNod29yay52MS5JbXBvcnRLbm93bGVkZ2VSZXF1ZXN0GiQubWVzaHdvcmsudjEuSW1wb3J0S25vd2xlZGdlUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * KnowledgeEntry is one versioned entry.
@@ -391,6 +391,13 @@ export type ImportKnowledgeResponse = Message<"meshwork.v1.ImportKnowledgeRespon
    * @generated from field: int64 rejected = 4;
    */
   rejected: bigint;
+
+  /**
+   * rejections say why entries were rejected: the first 100, in order.
+   *
+   * @generated from field: repeated meshwork.v1.ImportRejection rejections = 5;
+   */
+  rejections: ImportRejection[];
 };
 
 /**
@@ -399,6 +406,48 @@ export type ImportKnowledgeResponse = Message<"meshwork.v1.ImportKnowledgeRespon
  */
 export const ImportKnowledgeResponseSchema: GenMessage<ImportKnowledgeResponse> = /*@__PURE__*/
   messageDesc(file_meshwork_v1_knowledge, 12);
+
+/**
+ * ImportRejection says why one imported entry was skipped.
+ *
+ * @generated from message meshwork.v1.ImportRejection
+ */
+export type ImportRejection = Message<"meshwork.v1.ImportRejection"> & {
+  /**
+   * index is the entry's position in the request's entries (from 0).
+   *
+   * @generated from field: int32 index = 1;
+   */
+  index: number;
+
+  /**
+   * kind is the entry's kind, as sent.
+   *
+   * @generated from field: string kind = 2;
+   */
+  kind: string;
+
+  /**
+   * key is the entry's key, as sent.
+   *
+   * @generated from field: string key = 3;
+   */
+  key: string;
+
+  /**
+   * reason says what was wrong, e.g. "key must not be empty".
+   *
+   * @generated from field: string reason = 4;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message meshwork.v1.ImportRejection.
+ * Use `create(ImportRejectionSchema)` to create a new message.
+ */
+export const ImportRejectionSchema: GenMessage<ImportRejection> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_knowledge, 13);
 
 /**
  * KnowledgeService keeps versioned entries ("adaptations", "patterns") that

@@ -35,6 +35,8 @@ export const workers = pgTable(
     queueDepth: integer("queue_depth").notNull().default(0),
     // The token that registered the worker: a worker token acts only for its own workers.
     ownerTokenId: uuid("owner_token_id"),
+    // A caller-chosen stable name (the director routes' peerId); unique when set.
+    peerId: text("peer_id").unique("workers_peer_id_key"),
     registeredAt: timestamptz("registered_at").notNull().defaultNow(),
     lastHeartbeatAt: timestamptz("last_heartbeat_at").notNull().defaultNow(),
   },
