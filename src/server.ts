@@ -5,7 +5,7 @@ import type * as http2 from "node:http2";
 import type { AddressInfo, Socket } from "node:net";
 import { create, createFileRegistry, type DescFile, type FileRegistry } from "@bufbuild/protobuf";
 import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
-import { type ConnectRouter, createContextValues } from "@connectrpc/connect";
+import type { ConnectRouter } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { file_grpc_health_v1_health, Health } from "../gen/grpc/health/v1/health_pb.js";
 import { ArtifactService, file_meshwork_v1_artifact } from "../gen/meshwork/v1/artifact_pb.js";
@@ -27,7 +27,10 @@ import { createListener } from "./http/listener.js";
 import { createPlainRouter, type PlainRoute } from "./http/routes.js";
 import { createKnowledgeService } from "./knowledge/service.js";
 import { createLeaseService } from "./leases/service.js";
-import { kCorrelationId } from "./rpc/context.js";
+import { directorRestRoutes } from "./rest/director.js";
+import { createInProcessCaller } from "./rest/in-process.js";
+import { workerRestRoutes } from "./rest/worker.js";
+import { type Correlation, correlationValues } from "./rpc/context.js";
 import { createErrorMapper, fixForWire, type ToClientError } from "./rpc/errors.js";
 import { createHealthService } from "./rpc/health.js";
 import { createNulInterceptor, createRpcInterceptor } from "./rpc/interceptors.js";
@@ -48,13 +51,17 @@ const meshworkServices = [
 ];
 
 /** The request's correlation id, set by the listener before any handler runs. */
-const correlationIds = new WeakMap<Request, string>();
+const correlations = new WeakMap<Request, Correlation>();
 
-/** A caller's x-correlation-id when it is sane (printable, ≤ 128 characters), else a new UUID. */
-function correlationIdOf(req: Request): string {
+/**
+ * The correlation id a caller sent (x-correlation-id, or its alias
+ * X-Ashlar-Correlation-Id) when it is sane (printable, ≤ 128 characters),
+ * else "".
+ */
+function sentCorrelationId(req: Request): string {
   const given = req.headers["x-correlation-id"] ?? req.headers["x-ashlar-correlation-id"];
   const value = Array.isArray(given) ? given[0] : given;
-  return value && /^[\x21-\x7e]{1,128}$/.test(value) ? value : randomUUID();
+  return value && /^[\x21-\x7e]{1,128}$/.test(value) ? value : "";
 }
 
 /** A registry of the given files and everything they import. */
@@ -222,20 +229,35 @@ export function createHandler(app: App) {
       };
     },
     contextValues: (req) =>
-      createContextValues().set(kCorrelationId, correlationIds.get(req) ?? randomUUID()),
+      correlationValues(correlations.get(req) ?? { id: randomUUID(), sent: "" }),
   });
+  // The REST routes call the services in process, through the same interceptors.
+  const call = createInProcessCaller(routes, rpcInterceptors(app));
   const plain = createPlainRouter(
-    [...healthRoutes(app), ...byteRoutes(app)],
+    [
+      ...healthRoutes(app),
+      ...byteRoutes(app),
+      ...workerRestRoutes(call, app.config.readMaxBytes),
+      ...directorRestRoutes({
+        call,
+        maxBodyBytes: app.config.readMaxBytes,
+        async leaseOf(taskId) {
+          const row = await app.tasks.get(taskId);
+          return row.leaseWorkerId ? { workerId: row.leaseWorkerId, attempt: row.attempt } : null;
+        },
+      }),
+    ],
     app.guard,
     toClientError,
     app.log,
   );
   return (req: Request, res: Response) => {
-    const correlationId = correlationIdOf(req);
-    correlationIds.set(req, correlationId);
-    res.setHeader("x-correlation-id", correlationId);
+    const sent = sentCorrelationId(req);
+    const correlation = { id: sent || randomUUID(), sent };
+    correlations.set(req, correlation);
+    res.setHeader("x-correlation-id", correlation.id);
     const path = (req.url ?? "/").split("?", 1)[0] ?? "/";
-    if (plain(req, res, path)) return;
+    if (plain(req, res, path, correlation)) return;
     clampDeadline(req, app.config.maxTimeoutMs);
     connect(req as http.IncomingMessage, res as http.ServerResponse);
   };

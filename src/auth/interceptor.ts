@@ -2,7 +2,7 @@ import type { Interceptor } from "@connectrpc/connect";
 import { checkEachMessage } from "../rpc/interceptors.js";
 import type { Guard } from "./guard.js";
 import { adminOnly, openServices, policy } from "./policy.js";
-import { kPrincipal } from "./principal.js";
+import { kPreauthenticated, kPrincipal } from "./principal.js";
 
 /**
  * Authentication and authorization for every RPC, unary and streaming, on
@@ -16,10 +16,11 @@ export function createAuthInterceptor(guard: Guard): Interceptor {
   return (next) => async (req) => {
     if (openServices.has(req.service.typeName)) return next(req);
     const key = `${req.service.typeName}/${req.method.name}`;
-    const principal = await guard.authenticate(req.header.get("authorization"));
+    const given = req.contextValues.get(kPreauthenticated);
+    const principal = given ?? (await guard.authenticate(req.header.get("authorization")));
     const rule = policy[key] ?? adminOnly;
     guard.authorize(principal, rule.roles, `call ${key}`);
-    guard.rateLimit(principal);
+    if (!given) guard.rateLimit(principal);
     req.contextValues.set(kPrincipal, principal);
     const inspect = async (message: unknown) => {
       const m = message as Record<string, unknown>;

@@ -92,6 +92,23 @@ async function sendArtifact(
  * its result.
  */
 export function byteRoutes(app: App): PlainRoute[] {
+  /** A task's input or result bytes (match: task id, "input" or "result"). */
+  const taskBytes = (pattern: RegExp): PlainRoute => ({
+    methods: ["GET", "HEAD"],
+    pattern,
+    roles: reader,
+    what: "download a task's input or result",
+    async handle({ req, res, match }) {
+      const [, id = "", which] = match;
+      if (!isUuid(id)) throw invalid("task id must be a UUID");
+      const task = await app.tasks.get(id);
+      const ref = which === "input" ? task.input : task.result;
+      if (!ref) {
+        throw new DomainError("not_found", "NOT_FOUND", `task ${id} has no ${which}`);
+      }
+      await sendArtifact(app, req, res, await app.artifacts.get(ref.artifactId));
+    },
+  });
   const reader = ["client", "worker"] as const;
   return [
     {
@@ -148,21 +165,8 @@ export function byteRoutes(app: App): PlainRoute[] {
         await sendArtifact(app, req, res, await app.artifacts.get(id));
       },
     },
-    {
-      methods: ["GET", "HEAD"],
-      pattern: /^\/tasks\/([^/]+)\/(input|result)$/,
-      roles: reader,
-      what: "download a task's input or result",
-      async handle({ req, res, match }) {
-        const [, id = "", which] = match;
-        if (!isUuid(id)) throw invalid("task id must be a UUID");
-        const task = await app.tasks.get(id);
-        const ref = which === "input" ? task.input : task.result;
-        if (!ref) {
-          throw new DomainError("not_found", "NOT_FOUND", `task ${id} has no ${which}`);
-        }
-        await sendArtifact(app, req, res, await app.artifacts.get(ref.artifactId));
-      },
-    },
+    taskBytes(/^\/tasks\/([^/]+)\/(input|result)$/),
+    // The director contract's route (under /api/mesh) for the same result bytes.
+    taskBytes(/^\/api\/mesh\/tasks\/([^/]+)\/(result)$/),
   ];
 }

@@ -1,9 +1,11 @@
 import type * as http from "node:http";
 import type * as http2 from "node:http2";
+import { ErrorInfoSchema } from "../../gen/meshwork/v1/errors_pb.js";
 import type { Guard } from "../auth/guard.js";
 import { anonymousAdmin, type Principal } from "../auth/principal.js";
 import type { TokenRoleName } from "../db/schema/index.js";
 import type { Logger } from "../log.js";
+import type { Correlation } from "../rpc/context.js";
 import { codeName, httpStatusOfCode, type ToClientError } from "../rpc/errors.js";
 import { sendJson } from "./json.js";
 
@@ -28,6 +30,7 @@ export interface PlainRoute {
     res: Response;
     match: RegExpExecArray;
     principal: Principal;
+    correlation: Correlation;
   }): Promise<void>;
 }
 
@@ -40,7 +43,8 @@ export function header(req: Request, name: string): string {
 /**
  * Dispatches plain HTTP routes. Before a route runs: the bearer token, the
  * role, the rate limit and worker ownership (guard.ts), exactly as for RPCs.
- * Errors answer `{"error": "<code>", "message": "..."}` with the status of
+ * Errors answer `{"error": "<code>", "message": "...", "reason": "..."}`
+ * (reason when there is one, e.g. FOREIGN_WORKER) with the status of
  * the error table (docs/protocol.md#errors); nothing internal is shown.
  * Returns false when no route matches (the request goes on to Connect).
  */
@@ -60,13 +64,15 @@ export function createPlainRouter(
     const retryAfter = e.metadata.get("retry-after");
     if (retryAfter) res.setHeader("retry-after", retryAfter);
     if (e.code === 16) res.setHeader("www-authenticate", 'Bearer realm="meshwork"');
+    const reason = e.findDetails(ErrorInfoSchema)[0]?.reason;
     sendJson(res, httpStatusOfCode[e.code] ?? 500, {
       error: codeName(e.code),
       message: e.rawMessage,
+      ...(reason && reason !== "INVALID_ARGUMENT" && { reason }),
     });
   }
 
-  return (req: Request, res: Response, path: string): boolean => {
+  return (req: Request, res: Response, path: string, correlation: Correlation): boolean => {
     const method = req.method ?? "GET";
     let route: PlainRoute | undefined;
     let found: RegExpExecArray | null = null;
@@ -86,7 +92,7 @@ export function createPlainRouter(
         guard.rateLimit(principal);
         if (route.actsFor) await guard.actsFor(principal, route.actsFor(req));
       }
-      await route.handle({ req, res, match: found, principal });
+      await route.handle({ req, res, match: found, principal, correlation });
     })().catch((error: unknown) => {
       sendError(res, error);
       // Stop reading a refused upload.

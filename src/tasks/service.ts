@@ -15,7 +15,7 @@ import { decodeCursor, pageSize } from "../core/paging.js";
 import { terminalStates } from "../core/task-sql.js";
 import { intInRange, text, uuidField } from "../core/validate.js";
 import type { ArtifactRefJson } from "../db/schema/index.js";
-import { kCorrelationId } from "../rpc/context.js";
+import { kCorrelationId, kCorrelationSent } from "../rpc/context.js";
 import { fromCreateRequest, fromTaskState, toTask } from "./convert.js";
 import type { TaskEvents } from "./events.js";
 import type { PlacementRequest, PlacementStore } from "./placement.js";
@@ -37,11 +37,22 @@ export interface TaskServiceDeps extends UploadDeps {
 const watchRecheckMs = 5000;
 
 /** The fields ScheduleTask and RetryTask share, checked. */
-function placementOf(req: ScheduleTaskRequest | RetryTaskRequest): PlacementRequest {
+/**
+ * A placement's fields. The correlation id recorded is the body's, else the
+ * one the caller sent in its headers (never a generated one); empty keeps
+ * the task's.
+ */
+function placementOf(
+  req: ScheduleTaskRequest | RetryTaskRequest,
+  sentCorrelationId: string,
+): PlacementRequest {
   return {
     taskId: uuidField("task_id", req.taskId),
     key: text("schedule_idempotency_key", req.scheduleIdempotencyKey, { optional: true }),
-    correlationId: text("correlation_id", req.correlationId, { optional: true }),
+    correlationId:
+      req.correlationId === ""
+        ? sentCorrelationId
+        : text("correlation_id", req.correlationId, { optional: true }),
     leaseSeconds:
       req.leaseSeconds === undefined
         ? 600
@@ -186,14 +197,14 @@ export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typ
       }
     },
 
-    async scheduleTask(req) {
-      const row = await app.placement.schedule(placementOf(req));
+    async scheduleTask(req, ctx) {
+      const row = await app.placement.schedule(placementOf(req, ctx.values.get(kCorrelationSent)));
       app.events.emit([row.id]);
       return { task: toTask(row, true) };
     },
 
-    async retryTask(req) {
-      const row = await app.placement.retry(placementOf(req));
+    async retryTask(req, ctx) {
+      const row = await app.placement.retry(placementOf(req, ctx.values.get(kCorrelationSent)));
       app.events.emit([row.id]);
       return { task: toTask(row, true) };
     },

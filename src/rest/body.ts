@@ -1,0 +1,133 @@
+import { DomainError, invalid } from "../core/errors.js";
+import type { Request } from "../http/routes.js";
+
+/** A JSON object as a REST client sent it. */
+export type JsonBody = Record<string, unknown>;
+
+/**
+ * Reads a request's JSON object body, at most `maxBytes` (the RPC message
+ * limit, `resource_exhausted` beyond it). An empty body is `{}` when
+ * `optional` (the director's schedule and retry take an optional body).
+ * Anything but a JSON object is `invalid_argument`; so is a field not in
+ * `known`: a misspelt field is an error, never silently dropped.
+ */
+export async function readJson(
+  req: Request,
+  maxBytes: number,
+  known: readonly string[] | "any",
+  { optional = false } = {},
+): Promise<JsonBody> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of req as AsyncIterable<Buffer>) {
+    size += chunk.length;
+    if (size > maxBytes) {
+      req.resume();
+      throw new DomainError(
+        "resource_exhausted",
+        "MESSAGE_TOO_LARGE",
+        `the body is larger than ${maxBytes} bytes`,
+      );
+    }
+    chunks.push(chunk);
+  }
+  const text = Buffer.concat(chunks).toString("utf8");
+  if (text.trim() === "") {
+    if (optional) return {};
+    throw invalid("the body must be a JSON object");
+  }
+  let body: unknown;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    throw invalid("the body is not valid JSON");
+  }
+  if (typeof body !== "object" || body === null || Array.isArray(body)) {
+    throw invalid("the body must be a JSON object");
+  }
+  for (const key of Object.keys(body)) {
+    if (known !== "any" && !known.includes(key)) {
+      throw invalid(
+        `unknown field ${JSON.stringify(key.slice(0, 64))}; known: ${known.join(", ")}`,
+      );
+    }
+  }
+  return body as JsonBody;
+}
+
+/** Field readers: each returns the value (undefined when absent or null) or refuses the type. */
+export const field = {
+  string(body: JsonBody, name: string): string | undefined {
+    const v = body[name];
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "string") throw invalid(`${name} must be a string`);
+    return v;
+  },
+  int(body: JsonBody, name: string): number | undefined {
+    const v = body[name];
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "number" || !Number.isInteger(v) || Math.abs(v) > 2 ** 31 - 1) {
+      throw invalid(`${name} must be a whole number`);
+    }
+    return v;
+  },
+  bool(body: JsonBody, name: string): boolean | undefined {
+    const v = body[name];
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "boolean") throw invalid(`${name} must be true or false`);
+    return v;
+  },
+  strings(body: JsonBody, name: string): string[] | undefined {
+    const v = body[name];
+    if (v === undefined || v === null) return undefined;
+    if (!Array.isArray(v) || v.some((s) => typeof s !== "string")) {
+      throw invalid(`${name} must be a list of strings`);
+    }
+    return v as string[];
+  },
+  stringMap(body: JsonBody, name: string): Record<string, string> | undefined {
+    const v = field.object(body, name);
+    if (v === undefined) return undefined;
+    for (const [k, s] of Object.entries(v)) {
+      if (typeof s !== "string") throw invalid(`${name}.${k} must be a string`);
+    }
+    return v as Record<string, string>;
+  },
+  numberMap(body: JsonBody, name: string): Record<string, number> | undefined {
+    const v = field.object(body, name);
+    if (v === undefined) return undefined;
+    for (const [k, n] of Object.entries(v)) {
+      if (typeof n !== "number") throw invalid(`${name}.${k} must be a number`);
+    }
+    return v as Record<string, number>;
+  },
+  object(body: JsonBody, name: string): JsonBody | undefined {
+    const v = body[name];
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "object" || Array.isArray(v)) throw invalid(`${name} must be a JSON object`);
+    return v as JsonBody;
+  },
+  /** An RFC 3339 time. */
+  time(body: JsonBody, name: string): Date | undefined {
+    const v = field.string(body, name);
+    if (v === undefined) return undefined;
+    const at = parseTime(v);
+    if (!at) throw invalid(`${name} must be an RFC 3339 time such as 2026-07-23T12:05:00Z`);
+    return at;
+  },
+};
+
+const rfc3339 = /^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$/;
+
+/** An RFC 3339 time with a zone (Z or an offset), or undefined. */
+export function parseTime(value: string): Date | undefined {
+  if (!rfc3339.test(value)) return undefined;
+  // Date keeps milliseconds: longer fractions are cut, not refused.
+  const at = new Date(value.replace(/(\.\d{3})\d+/, "$1"));
+  return Number.isNaN(at.getTime()) ? undefined : at;
+}
+
+/** RFC 3339 UTC in whole seconds, as the worker contract writes times: `2026-07-23T12:05:00Z`. */
+export function secondsUtc(at: Date): string {
+  return `${at.toISOString().slice(0, 19)}Z`;
+}
