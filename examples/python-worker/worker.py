@@ -40,7 +40,7 @@ class ApiError(Exception):
     """A failed call: an HTTP error status, or status 0 when no answer came."""
 
     def __init__(self, status, code, message, transient=False, retry_after=None):
-        super().__init__(f"{status or 'no answer'} {code}: {message}")
+        super().__init__(f"{status or 'no answer'}{' ' + code if code else ''}: {message}")
         self.status, self.code = status, code
         self.transient, self.retry_after = transient, retry_after
 
