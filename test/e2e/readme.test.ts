@@ -61,6 +61,39 @@ describe("README", () => {
     expect(lines[3]).toBe("TASK_STATE_SUCCEEDED");
   });
 
+  it("runs the worker REST walk-through as written: registered, claimed, renewed, verified, completed, then 204", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "meshwork-readme-"));
+    const { stdout } = await run("bash", ["-euo", "pipefail", "-c", block("worker-rest")], {
+      env: env(),
+      cwd: dir,
+    });
+    const lines = stdout.trim().split("\n");
+    expect(lines[0]).toBe("20");
+    expect(JSON.parse(lines[1] ?? "")).toEqual({
+      lease_expires_at: expect.stringMatching(/^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$/),
+      cancel_requested: false,
+    });
+    expect(lines[2]).toBe("input.smi: OK");
+    expect(JSON.parse(lines[3] ?? "")).toMatchObject({ attempt: 1, state: "succeeded" });
+    expect(lines[4]).toBe("204");
+  });
+
+  it("runs the director REST walk-through as written: node, task, placement, reports, knowledge", async () => {
+    const { stdout } = await run("bash", ["-euo", "pipefail", "-c", block("director-rest")], {
+      env: env(),
+    });
+    expect(stdout.trim().split("\n")).toEqual([
+      "gpu-07",
+      "http://gpu-07.lan:8080/",
+      "Running",
+      "gpu-07",
+      "Succeeded",
+      "batch-7",
+      JSON.stringify({ inserted: 1, updated: 0, unchanged: 0, rejected: 0, rejections: [] }),
+      "3",
+    ]);
+  });
+
   it("lists methods with buf curl through reflection", async () => {
     const { stdout } = await run("npx", [
       "buf",
