@@ -303,7 +303,7 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
       ["FleetService/DeregisterWorker"],
       "remove a fleet node",
       async (s, _req, match) => {
-        const worker = await s.workerOf(decodeURIComponent(match[1] ?? ""));
+        const worker = await s.workerOf(peerIdOf(match));
         const { releasedTaskIds } = await s.fleet.deregisterWorker({ workerId: worker.workerId });
         return [200, { peerId: worker.peerId || worker.workerId, releasedTaskIds }];
       },
@@ -316,7 +316,7 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
       "heartbeat for a fleet node",
       async (s, req, match) => {
         const body = await readJson(req, max, ["queueDepth"], { optional: true });
-        const worker = await s.workerOf(decodeURIComponent(match[1] ?? ""));
+        const worker = await s.workerOf(peerIdOf(match));
         const beat = await s.fleet.heartbeat({
           workerId: worker.workerId,
           queueDepth: field.int(body, "queueDepth"),
@@ -339,7 +339,7 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
       "drain a fleet node",
       async (s, req, match) => {
         const body = await readJson(req, max, ["drained"], { optional: true });
-        const worker = await s.workerOf(decodeURIComponent(match[1] ?? ""));
+        const worker = await s.workerOf(peerIdOf(match));
         const { worker: after } = await s.fleet.drainWorker({
           workerId: worker.workerId,
           drained: field.bool(body, "drained") ?? true,
@@ -750,4 +750,13 @@ async function importKnowledge(s: Session, body: JsonBody) {
       a.group === b.group ? a.index - b.index : a.group < b.group ? -1 : 1,
     ),
   };
+}
+
+/** The peer id in a route's path, percent-decoded. */
+function peerIdOf(match: RegExpExecArray): string {
+  try {
+    return decodeURIComponent(match[1] ?? "");
+  } catch {
+    throw invalid("the peer id in the path is not valid percent-encoding");
+  }
 }

@@ -540,9 +540,29 @@ function leakProblems(answer: Answer, sent: Sent, mayHoldNewSecret: boolean): st
 }
 
 /** The routes of src/http (method + path shape), whose errors must be {"error","message"}. */
+/** The REST routes of docs/rest.md (a method and a path without its query). */
+function isRestRoute(method: string, p: string): boolean {
+  const id = "[^/]+";
+  const routes: [string, string][] = [
+    ["POST", "/workers/register"],
+    ["POST", "/tasks/claim"],
+    ["POST", `/tasks/${id}/(heartbeat|result|failure)`],
+    ["GET", "/api/mesh/(fleet/nodes|elastic/status|tasks|knowledge/export)"],
+    ["POST", "/api/mesh/(fleet/nodes|tasks|knowledge/import)"],
+    ["DELETE", `/api/mesh/fleet/nodes/${id}`],
+    ["POST", `/api/mesh/fleet/nodes/${id}/(heartbeat|drain)`],
+    ["GET", `/api/mesh/tasks/${id}(/result)?`],
+    ["HEAD", `/api/mesh/tasks/${id}/result`],
+    ["POST", `/api/mesh/tasks/${id}/(schedule|retry|lease/extend|migrate-for-checkpoint)`],
+    ["PATCH", `/api/mesh/tasks/${id}/status`],
+  ];
+  return routes.some(([m, path]) => m === method && new RegExp(`^${path}$`).test(p));
+}
+
 function isPlainRoute(method: string, path: string): boolean {
   const p = path.split("?", 1)[0] ?? "";
   if (method === "PUT" && /^\/tasks\/[^/]+\/artifacts\/[^/]*$/.test(p)) return true;
+  if (isRestRoute(method, p)) return true;
   if (!["GET", "HEAD"].includes(method)) return false;
   return (
     (method === "GET" && /^\/(healthz|readyz)$/.test(p)) ||
@@ -1526,6 +1546,21 @@ const filenameArb = fc.oneof(
   segmentArb,
 );
 
+/** A JSON object with the REST routes' field names and random values. */
+const restBodyArb = fc
+  .dictionary(
+    fc.constantFrom(
+      ...["worker_id", "attempt", "capabilities", "max_concurrency", "result", "metrics"],
+      ...["error_code", "error_message", "name", "cpu_count", "memory_mb", "lease_token"],
+      ...["peerId", "status", "leaseToken", "resultHandle", "idempotencyKey", "drained"],
+      ...["requiredBrickIds", "adaptations", "patterns", "queueDepth", "extendSeconds"],
+      ...["checkpointHandle", "scheduleIdempotencyKey", "leaseSeconds", "deadlineUtc"],
+    ),
+    fc.jsonValue({ maxDepth: 2 }),
+    { maxKeys: 6 },
+  )
+  .map((o) => new TextEncoder().encode(JSON.stringify(o)));
+
 const anyMethodArb = fc.oneof(
   { weight: 8, arbitrary: fc.constantFrom("GET", "HEAD", "PUT") },
   { weight: 2, arbitrary: fc.constantFrom("POST", "DELETE", "OPTIONS", "PATCH", "TRACE") },
@@ -1552,6 +1587,43 @@ const routeArb: fc.Arbitrary<[string, string[]]> = fc.oneof(
     arbitrary: fc
       .tuple(segmentArb, fc.constantFrom("input", "result"))
       .map(([id, which]): [string, string[]] => [`/tasks/${id}/${which}`, ["GET", "HEAD"]]),
+  },
+  {
+    weight: 3,
+    arbitrary: fc.oneof(
+      fc.constantFrom<[string, string[]]>(
+        ["/workers/register", ["POST"]],
+        ["/tasks/claim", ["POST"]],
+        ["/api/mesh/fleet/nodes", ["GET", "POST"]],
+        ["/api/mesh/elastic/status", ["GET"]],
+        ["/api/mesh/tasks", ["GET", "POST"]],
+        ["/api/mesh/knowledge/export", ["GET"]],
+        ["/api/mesh/knowledge/import", ["POST"]],
+      ),
+      fc
+        .tuple(segmentArb, fc.constantFrom("heartbeat", "result", "failure"))
+        .map(([id, op]): [string, string[]] => [`/tasks/${id}/${op}`, ["POST"]]),
+      fc
+        .tuple(segmentArb, fc.constantFrom("", "/heartbeat", "/drain"))
+        .map(([id, op]): [string, string[]] => [
+          `/api/mesh/fleet/nodes/${id}${op}`,
+          op === "" ? ["DELETE"] : ["POST"],
+        ]),
+      fc
+        .tuple(
+          segmentArb,
+          fc.constantFrom<[string, string[]]>(
+            ["", ["GET"]],
+            ["/result", ["GET", "HEAD"]],
+            ["/schedule", ["POST"]],
+            ["/retry", ["POST"]],
+            ["/lease/extend", ["POST"]],
+            ["/migrate-for-checkpoint", ["POST"]],
+            ["/status", ["PATCH"]],
+          ),
+        )
+        .map(([id, [op, methods]]): [string, string[]] => [`/api/mesh/tasks/${id}${op}`, methods]),
+    ),
   },
   {
     weight: 2,
@@ -1651,7 +1723,10 @@ const plainCase = fc.record({
     "content-type": maybe(fc.oneof(fc.constantFrom("text/plain", "x".repeat(300)), printable)),
     "x-correlation-id": maybe(printable),
   }),
-  body: fc.option(fc.uint8Array({ maxLength: 2048 }), { freq: 2, nil: undefined }),
+  body: fc.option(fc.oneof(fc.uint8Array({ maxLength: 2048 }), restBodyArb), {
+    freq: 2,
+    nil: undefined,
+  }),
   chunked: fc.boolean(),
 });
 
