@@ -245,6 +245,9 @@ export function createHandler(app: App) {
           const row = await app.tasks.get(taskId);
           return row.leaseWorkerId ? { workerId: row.leaseWorkerId, attempt: row.attempt } : null;
         },
+        async readTask(taskId) {
+          return toTask(await app.tasks.get(taskId));
+        },
       }),
     ],
     app.guard,

@@ -40,6 +40,8 @@ export interface DirectorDeps {
    * RPCs take, which then check everything (token included).
    */
   leaseOf(taskId: string): Promise<LeaseOf | null>;
+  /** A task as GetTask shows it, for the answer of a lease route its holder called. */
+  readTask(taskId: string): Promise<Task>;
 }
 
 /** A task state as the director contract spells it. */
@@ -395,7 +397,8 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
         state,
         workload: query.get("workload") ?? "",
         correlationId: query.get("correlationId") ?? "",
-        pageSize: pageSizeText === null ? 0 : queryInt("pageSize", pageSizeText),
+        // 0 would mean "the default" to the RPC: here it is out of range, as documented.
+        pageSize: pageSizeText === null ? 0 : queryInt("pageSize", pageSizeText, 1),
         pageToken: query.get("pageToken") ?? "",
       });
       return [
@@ -474,19 +477,16 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
           ...lease,
           extendSeconds: field.int(body, "extendSeconds"),
         });
-        const { task } = await s.tasks.getTask({ taskId: lease.taskId }).catch(() => ({
-          task: undefined,
-        }));
+        // The holder proved the lease: it may see the task it holds (even
+        // with a worker token, which may not call GetTask).
+        const task = await deps.readTask(lease.taskId);
         return [
           200,
-          task
-            ? { ...(await s.taskJson(task)), leaseToken: lease.leaseToken }
-            : {
-                taskId: lease.taskId,
-                leaseToken: lease.leaseToken,
-                leaseExpiresUtc: iso(renewed.leaseExpiresAt),
-                cancelRequested: renewed.cancelRequested,
-              },
+          {
+            ...(await s.taskJson(task)),
+            leaseToken: lease.leaseToken,
+            leaseExpiresUtc: iso(renewed.leaseExpiresAt),
+          },
         ];
       },
     ),
@@ -614,8 +614,10 @@ function stateOfStatus(status: string): TaskState {
   throw invalid(`status must be one of Pending, Assigned, Running, Succeeded, Failed, Canceled`);
 }
 
-function queryInt(name: string, text: string): number {
-  if (!/^\d{1,9}$/.test(text)) throw invalid(`${name} must be a whole number`);
+function queryInt(name: string, text: string, min: number): number {
+  if (!/^\d{1,9}$/.test(text) || Number(text) < min) {
+    throw invalid(`${name} must be a whole number, at least ${min}`);
+  }
   return Number(text);
 }
 
