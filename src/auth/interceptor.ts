@@ -10,7 +10,10 @@ import { kPreauthenticated, kPrincipal } from "./principal.js";
  * (policy.ts), the per-token rate limit, and, for a worker token, that each
  * message acts only for workers registered with it — checked on every
  * message of a stream as it arrives, before the handler sees it. The caller
- * is put in the context (kPrincipal) for the handlers.
+ * is put in the context (kPrincipal) for the handlers. A REST route's
+ * in-process call brings its caller (kPreauthenticated), already
+ * authenticated and counted by the route: only the rule and ownership are
+ * checked again.
  */
 export function createAuthInterceptor(guard: Guard): Interceptor {
   return (next) => async (req) => {
