@@ -22,7 +22,11 @@ export interface Counts {
   updated: number;
   unchanged: number;
   rejected: number;
+  /** Why entries were rejected ("line 3 (pattern/p1): origin must not be empty"), the first 100. */
+  reasons: string[];
 }
+
+const maxReasons = 100;
 
 /** Writes every entry (of `kind`, changed after `since`) as one JSON line each. */
 export async function exportKnowledge(
@@ -44,20 +48,25 @@ export async function exportKnowledge(
   return n;
 }
 
+/** Entries to import, each with where it came from ("line 3", "entry 7") for rejections. */
 async function importBatches(
   url: Endpoint,
-  entries: AsyncIterable<KnowledgeEntry>,
+  entries: AsyncIterable<{ entry: KnowledgeEntry; from: string }>,
+  total: Counts = { inserted: 0, updated: 0, unchanged: 0, rejected: 0, reasons: [] },
 ): Promise<Counts> {
-  const total: Counts = { inserted: 0, updated: 0, unchanged: 0, rejected: 0 };
   const c = client(url);
-  let pending: KnowledgeEntry[] = [];
+  let pending: { entry: KnowledgeEntry; from: string }[] = [];
   const flush = async () => {
     if (pending.length === 0) return;
-    const res = await c.importKnowledge({ entries: pending });
+    const res = await c.importKnowledge({ entries: pending.map((p) => p.entry) });
     total.inserted += Number(res.inserted);
     total.updated += Number(res.updated);
     total.unchanged += Number(res.unchanged);
     total.rejected += Number(res.rejected);
+    for (const r of res.rejections) {
+      if (total.reasons.length >= maxReasons) break;
+      total.reasons.push(`${pending[r.index]?.from} (${r.kind}/${r.key}): ${r.reason}`);
+    }
     pending = [];
   };
   for await (const e of entries) {
@@ -70,25 +79,32 @@ async function importBatches(
 
 /** Reads JSON lines (as `export` writes them) and merges them into the coordinator at `url`. */
 export async function importKnowledge(url: Endpoint, input: Readable): Promise<Counts> {
-  let malformed = 0;
+  const total: Counts = { inserted: 0, updated: 0, unchanged: 0, rejected: 0, reasons: [] };
   async function* entries() {
+    let n = 0;
     for await (const line of createInterface({ input })) {
+      n++;
       if (line.trim() === "") continue;
       try {
-        yield fromJson(KnowledgeEntrySchema, JSON.parse(line));
+        yield { entry: fromJson(KnowledgeEntrySchema, JSON.parse(line)), from: `line ${n}` };
       } catch {
-        malformed++;
+        total.rejected++;
+        if (total.reasons.length < maxReasons) {
+          total.reasons.push(`line ${n}: not a knowledge entry in JSON`);
+        }
       }
     }
   }
-  const counts = await importBatches(url, entries());
-  return { ...counts, rejected: counts.rejected + malformed };
+  return importBatches(url, entries(), total);
 }
 
 /** One-way sync: everything `from` has is merged into `to` (idempotent). */
 export async function syncKnowledge(from: Endpoint, to: Endpoint): Promise<Counts> {
   async function* entries() {
-    for await (const res of client(from).exportKnowledge({})) yield* res.entries;
+    let n = 0;
+    for await (const res of client(from).exportKnowledge({})) {
+      for (const entry of res.entries) yield { entry, from: `entry ${++n}` };
+    }
   }
   return importBatches(to, entries());
 }
@@ -123,10 +139,12 @@ export async function knowledgeCommand(argv: string[]): Promise<number> {
   });
   const token = resolveToken(values.token, values["data-dir"]);
   const url: Endpoint = { url: values.url ?? defaultUrl(), token };
-  const report = (c: Counts) =>
+  const report = (c: Counts) => {
+    for (const reason of c.reasons) process.stderr.write(`rejected ${reason}\n`);
     process.stderr.write(
       `inserted ${c.inserted}, updated ${c.updated}, unchanged ${c.unchanged}, rejected ${c.rejected}\n`,
     );
+  };
   switch (sub) {
     case "export": {
       const since = values.since ? new Date(values.since) : undefined;

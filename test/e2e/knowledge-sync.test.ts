@@ -40,9 +40,9 @@ describe("knowledge sync between two live coordinators on two databases", () => 
     await a.putEntry({ kind: "pattern", key: "p1", value: { steps: [1, 2] } });
     await b.putEntry({ kind: "pattern", key: "p2", value: {} });
     const first = await syncKnowledge(endpoint(0), endpoint(1));
-    expect(first).toEqual({ inserted: 2, updated: 0, unchanged: 0, rejected: 0 });
+    expect(first).toEqual({ inserted: 2, updated: 0, unchanged: 0, rejected: 0, reasons: [] });
     const again = await syncKnowledge(endpoint(0), endpoint(1));
-    expect(again).toEqual({ inserted: 0, updated: 0, unchanged: 2, rejected: 0 });
+    expect(again).toEqual({ inserted: 0, updated: 0, unchanged: 2, rejected: 0, reasons: [] });
     const got = await b.getEntry({ kind: "adaptation", key: "lr" });
     const origin = (await a.getEntry({ kind: "adaptation", key: "lr" })).entry?.origin;
     expect(got.entry).toMatchObject({ value: { rate: 0.1 }, version: 1n, origin });
@@ -78,9 +78,14 @@ describe("knowledge sync between two live coordinators on two databases", () => 
     child.stderr?.on("data", (d: Buffer) => {
       stderr += d.toString();
     });
-    child.stdin?.end(`${exported.stdout}{not json}\n`);
+    child.stdin?.end(
+      `${exported.stdout}{not json}\n${JSON.stringify({ kind: "cli", key: "y", version: "1" })}\n`,
+    );
     await new Promise((resolve) => child.on("exit", resolve));
-    expect(stderr).toContain("inserted 1, updated 0, unchanged 0, rejected 1");
+    // Each rejected line is named, with why.
+    expect(stderr).toContain("rejected line 2: not a knowledge entry in JSON");
+    expect(stderr).toContain("rejected line 3 (cli/y): origin must not be empty");
+    expect(stderr).toContain("inserted 1, updated 0, unchanged 0, rejected 2");
     expect((await client(1).getEntry({ kind: "cli", key: "x" })).entry?.value).toEqual({ n: 1 });
   });
 
