@@ -41,7 +41,7 @@ describe.skipIf(!onPostgres)("the claim's plan on PostgreSQL", () => {
 
   async function claimPlan(): Promise<string> {
     plans.length = 0;
-    const rows = await sql`select id from meshwork_claim(${worker}, '{w}', '{}', 10)`;
+    const rows = await sql`select id from meshwork_claim(${worker}, '{w}', '{}', 10, null)`;
     expect(rows).toHaveLength(10);
     return plans.find((p) => p.includes("WITH pending AS MATERIALIZED")) ?? "";
   }
