@@ -28,6 +28,14 @@ async function firstAdminToken(database: Database, config: Config, log: Logger):
  */
 export async function serve(config: Config): Promise<void> {
   const log = createLogger(config.logLevel);
+  // The last resort: a promise a library rejected with nothing listening
+  // (postgres.js has done so while reconnecting) is logged, and the
+  // coordinator keeps serving. Ending the process would drop every call in
+  // flight for an error that concerned none of them. Database errors are
+  // handled where they start; this is for what slips past.
+  process.on("unhandledRejection", (reason) => {
+    log.error({ err: reason }, "unhandled rejection (kept serving)");
+  });
   const database = await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir });
   if (config.auth === "on") await firstAdminToken(database, config, log);
   const app = createApp(database, config, log);
