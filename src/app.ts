@@ -4,6 +4,7 @@ import { createGuard } from "./auth/guard.js";
 import type { Config } from "./config.js";
 import { DomainError } from "./core/errors.js";
 import type { Database } from "./db/database.js";
+import { isTransientDatabaseError } from "./db/faults.js";
 import { createWorkerCache } from "./fleet/cache.js";
 import { createHeartbeatBuffer } from "./fleet/heartbeats.js";
 import { createBatcher } from "./leases/batcher.js";
@@ -44,7 +45,10 @@ export function createApp(database: Database, config: Config, log: Logger) {
     log,
   });
   // Concurrent CompleteTask calls share one statement (group commit).
-  const completeOne = createBatcher((items: Completion[]) => leases.complete(items));
+  // A completion is safe to run again: an identical repeat is accepted.
+  const completeOne = createBatcher((items: Completion[]) => leases.complete(items), {
+    retryable: isTransientDatabaseError,
+  });
   const sweeper = createSweeper(
     { leases, heartbeats, events, wakeups, log },
     config.sweepIntervalMs,

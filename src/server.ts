@@ -148,10 +148,18 @@ function healthRoutes(app: App): PlainRoute[] {
       roles: "open",
       what: "check readiness",
       async handle({ res }) {
-        await app.database.ping().then(
-          () => sendJson(res, 200, { status: "ready" }),
-          () => sendJson(res, 503, { status: "database unreachable" }),
-        );
+        // A database that does not answer within 2 s is as good as gone:
+        // a driver may wait far longer to reconnect.
+        let timer: NodeJS.Timeout | undefined;
+        const timeout = new Promise<never>((_, reject) => {
+          timer = setTimeout(() => reject(new Error("ping timed out")), 2000);
+        });
+        await Promise.race([app.database.ping(), timeout])
+          .then(
+            () => sendJson(res, 200, { status: "ready" }),
+            () => sendJson(res, 503, { status: "database unreachable" }),
+          )
+          .finally(() => clearTimeout(timer));
       },
     },
   ];

@@ -3,10 +3,17 @@
  * flight runs at once, alone; calls made while one is in flight wait for it
  * and then run together as the next batch. Under load, concurrent callers
  * share statements (one round trip for many); idle, nobody waits for a
- * timer. Each caller gets its own item's outcome; a failed batch fails each
- * of its callers.
+ * timer. Each caller gets its own item's outcome. A batch that fails with an
+ * error `retryable` says may be retried (the statement must be safe to run
+ * again) is run once more before its callers see the failure: one lost
+ * connection should not fail every call that happened to share it.
  */
-export function createBatcher<I, O>(run: (items: I[]) => Promise<O[]>, maxBatch = 1000) {
+export function createBatcher<I, O>(
+  run: (items: I[]) => Promise<O[]>,
+  options: { maxBatch?: number; retryable?: (error: unknown) => boolean } = {},
+) {
+  const maxBatch = options.maxBatch ?? 1000;
+  const retryable = options.retryable ?? (() => false);
   let queue: { item: I; resolve: (o: O) => void; reject: (e: unknown) => void }[] = [];
   let flushing = false;
 
@@ -16,7 +23,11 @@ export function createBatcher<I, O>(run: (items: I[]) => Promise<O[]>, maxBatch 
       const batch = queue.slice(0, maxBatch);
       queue = queue.slice(batch.length);
       try {
-        const out = await run(batch.map((b) => b.item));
+        const items = batch.map((b) => b.item);
+        const out = await run(items).catch((error: unknown) => {
+          if (retryable(error)) return run(items);
+          throw error;
+        });
         batch.forEach((b, i) => {
           b.resolve(out[i] as O);
         });

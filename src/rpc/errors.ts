@@ -3,6 +3,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { ErrorInfoSchema } from "../../gen/meshwork/v1/errors_pb.js";
 import { type Task, TaskSchema } from "../../gen/meshwork/v1/task_pb.js";
 import { DomainError, type ErrorKind } from "../core/errors.js";
+import { isTransientDatabaseError } from "../db/faults.js";
 import type { TaskRow } from "../db/schema/index.js";
 
 /** The one table from a domain refusal to a Connect code (docs/protocol.md#errors). */
@@ -81,6 +82,17 @@ export function fixForWire(error: unknown): void {
   if (message !== error.rawMessage) (error as { rawMessage: string }).rawMessage = message;
 }
 
+/**
+ * A database that cannot be reached or cannot run the statement just now:
+ * `unavailable` (503), retry in a second. Not `internal`: it is no bug, and
+ * the same call may succeed on retry (every Meshwork call is safe to retry).
+ */
+export function databaseUnavailable(): ConnectError {
+  return new ConnectError("the database is unavailable for a moment; retry", Code.Unavailable, {
+    "retry-after": "1",
+  });
+}
+
 /** The public form of a task, for errors that carry one (given by the caller: tasks/convert.ts). */
 export type TaskEncoder = (row: TaskRow) => Task;
 
@@ -118,6 +130,9 @@ export function createErrorMapper(encodeTask: TaskEncoder) {
 
   return function toClientError(error: unknown): { error: ConnectError; unexpected: boolean } {
     if (error instanceof DomainError) return { error: connectErrorOf(error), unexpected: false };
+    if (isTransientDatabaseError(error)) {
+      return { error: databaseUnavailable(), unexpected: false };
+    }
     if (isUndecodableRequest(error)) {
       // Streaming RPCs decode their messages while the handler reads them.
       return { error: new ConnectError(error.rawMessage, Code.InvalidArgument), unexpected: false };

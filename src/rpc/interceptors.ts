@@ -1,4 +1,4 @@
-import type { Interceptor, StreamRequest, UnaryRequest } from "@connectrpc/connect";
+import { Code, type Interceptor, type StreamRequest, type UnaryRequest } from "@connectrpc/connect";
 import { invalid } from "../core/errors.js";
 import { nulPath } from "../core/validate.js";
 import type { Logger } from "../log.js";
@@ -28,6 +28,8 @@ export function createRpcInterceptor(log: Logger, toClientError: ToClientError):
       }
       const mapped = toClientError(error);
       if (mapped.unexpected) rpcLog.error({ err: error, code: "internal", ms }, "rpc failed");
+      else if (mapped.error.code === Code.Unavailable)
+        rpcLog.warn({ err: error, code: "unavailable", ms }, "rpc failed: database unavailable");
       else
         rpcLog.info({ code: mapped.error.code, reason: mapped.error.message, ms }, "rpc refused");
       return mapped.error;

@@ -27,12 +27,47 @@ describe("group commit batcher", () => {
 
   it("caps a batch at maxBatch items", async () => {
     const sizes: number[] = [];
-    const run = createBatcher(async (items: number[]) => {
-      sizes.push(items.length);
-      await new Promise((r) => setTimeout(r, 5));
-      return items;
-    }, 2);
+    const run = createBatcher(
+      async (items: number[]) => {
+        sizes.push(items.length);
+        await new Promise((r) => setTimeout(r, 5));
+        return items;
+      },
+      { maxBatch: 2 },
+    );
     await Promise.all([1, 2, 3, 4, 5, 6].map((i) => run(i)));
     expect(sizes).toEqual([1, 2, 2, 1]);
+  });
+
+  it("runs a batch once more after an error it may retry, and only once", async () => {
+    let calls = 0;
+    const lost = Object.assign(new Error("connection lost"), { code: "CONNECTION_CLOSED" });
+    const run = createBatcher(
+      async (items: number[]) => {
+        calls++;
+        if (calls === 1) throw lost;
+        return items.map((i) => i * 10);
+      },
+      { retryable: (e) => (e as { code?: string }).code === "CONNECTION_CLOSED" },
+    );
+    await expect(run(4)).resolves.toBe(40);
+    expect(calls).toBe(2);
+    const always = createBatcher(
+      async () => {
+        calls++;
+        throw lost;
+      },
+      { retryable: () => true },
+    );
+    calls = 0;
+    await expect(always(1)).rejects.toBe(lost);
+    expect(calls).toBe(2);
+    const never = createBatcher(async () => {
+      calls++;
+      throw new Error("a bug");
+    });
+    calls = 0;
+    await expect(never(1)).rejects.toThrow("a bug");
+    expect(calls).toBe(1);
   });
 });

@@ -1,0 +1,48 @@
+/**
+ * Whether a failed statement failed because the database could not be
+ * reached or could not run it just now (a lost connection, a failover, a
+ * server shutting down, too many connections, a statement timeout, a
+ * serialization failure or deadlock), as opposed to a bug. Such a failure
+ * is `unavailable` to clients, who retry; the same call may well succeed a
+ * moment later. Errors are searched down their `cause` chain (Drizzle wraps
+ * the driver's error).
+ */
+export function isTransientDatabaseError(error: unknown): boolean {
+  let e: unknown = error;
+  for (let depth = 0; depth < 6 && e !== null && typeof e === "object"; depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && (transientCodes.has(code) || transientSqlState(code))) {
+      return true;
+    }
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
+
+/** Node's socket errors and postgres.js's own connection errors. */
+const transientCodes = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "EPIPE",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "EAI_AGAIN",
+  "CONNECTION_CLOSED",
+  "CONNECTION_ENDED",
+  "CONNECTION_DESTROYED",
+  "CONNECT_TIMEOUT",
+]);
+
+/**
+ * SQLSTATEs: class 08 (connection exception), 57P01–57P03 (admin or crash
+ * shutdown, cannot connect now), 57014 (statement timeout or cancel),
+ * 53300 (too many connections), 40001 and 40P01 (serialization failure,
+ * deadlock: the transaction may simply be retried).
+ */
+function transientSqlState(code: string): boolean {
+  return (
+    (code.length === 5 && code.startsWith("08")) ||
+    ["57P01", "57P02", "57P03", "57014", "53300", "40001", "40P01"].includes(code)
+  );
+}
