@@ -2,9 +2,10 @@ import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
 import { createApp } from "./app.js";
 import { createTokenStore } from "./auth/token-store.js";
 import { adminTokenPath, type Config } from "./config.js";
+import { lockDataDir } from "./data-dir-lock.js";
 import { type Database, openDatabase } from "./db/database.js";
 import { createLogger, type Logger } from "./log.js";
-import { listen } from "./server.js";
+import { type BoundListener, bind, type RunningServer } from "./server.js";
 
 /**
  * On first start, with no token at all, makes an admin token and writes it
@@ -36,10 +37,24 @@ export async function serve(config: Config): Promise<void> {
   process.on("unhandledRejection", (reason) => {
     log.error({ err: reason }, "unhandled rejection (kept serving)");
   });
-  const database = await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir });
-  if (config.auth === "on") await firstAdminToken(database, config, log);
-  const app = createApp(database, config, log);
-  const server = await listen(app, config.listen);
+  // In this order: nothing in the data directory is touched before this
+  // process holds its lock and has bound its port.
+  const unlock = lockDataDir(config.dataDir);
+  let bound: BoundListener | undefined;
+  let database: Database | undefined;
+  let server: RunningServer;
+  try {
+    bound = await bind(config, config.listen);
+    database = await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir });
+    if (config.auth === "on") await firstAdminToken(database, config, log);
+    server = await bound.serve(createApp(database, config, log));
+  } catch (error) {
+    await bound?.close().catch(() => {});
+    await database?.close().catch(() => {});
+    unlock();
+    throw error;
+  }
+  const db = database;
   let stopping = false;
   const stop = async (signal: string) => {
     if (stopping) return;
@@ -47,7 +62,8 @@ export async function serve(config: Config): Promise<void> {
     log.info({ signal }, "shutting down");
     try {
       await server.close();
-      await database.close();
+      await db.close();
+      unlock();
       log.info("stopped");
       process.exit(0);
     } catch (error) {
@@ -61,7 +77,7 @@ export async function serve(config: Config): Promise<void> {
   log.info(
     {
       url: server.url,
-      database: database.kind === "pglite" ? `pglite:${config.dataDir}/db` : "postgres",
+      database: db.kind === "pglite" ? `pglite:${config.dataDir}/db` : "postgres",
       auth: config.auth,
     },
     "meshwork listening",

@@ -282,16 +282,35 @@ export interface RunningServer {
   close(): Promise<void>;
 }
 
+/** A port bound before the app exists: it answers 503 until `serve` gives it the app. */
+export interface BoundListener {
+  url: string;
+  port: number;
+  /** Starts the app (sweeper, notifications) and serves it on the bound port. */
+  serve(app: App): Promise<RunningServer>;
+  /** Unbinds without serving (start-up failed after the bind). */
+  close(): Promise<void>;
+}
+
 /**
- * Listens on one port for HTTP/1.1 and cleartext HTTP/2 (http/listener.ts).
- * Starts the app's sweeper and notifications.
+ * Binds the port, one listener for HTTP/1.1 and cleartext HTTP/2
+ * (http/listener.ts), before anything else happens: a coordinator that
+ * cannot listen fails before it opens the database or touches its data
+ * directory. Until `serve`, every request is answered 503 (starting).
  */
-export async function listen(app: App, listenAddress: string): Promise<RunningServer> {
-  const handler = createHandler(app);
+export async function bind(
+  config: Pick<App["config"], "tlsCert" | "tlsKey"> &
+    Parameters<typeof createListener>[1]["limits"],
+  listenAddress: string,
+): Promise<BoundListener> {
+  let handler: (req: Request, res: Response) => void = (_req, res) => {
+    res.setHeader("retry-after", "1");
+    sendJson(res, 503, { error: "unavailable", message: "the coordinator is starting" });
+  };
   let inFlight = 0;
   let idle: (() => void) | undefined;
-  const tls = app.config.tlsCert
-    ? { cert: readFileSync(app.config.tlsCert), key: readFileSync(app.config.tlsKey) }
+  const tls = config.tlsCert
+    ? { cert: readFileSync(config.tlsCert), key: readFileSync(config.tlsKey) }
     : undefined;
   const server = createListener(
     (req, res) => {
@@ -302,14 +321,13 @@ export async function listen(app: App, listenAddress: string): Promise<RunningSe
       });
       handler(req, res);
     },
-    { tls, limits: app.config },
+    { tls, limits: config },
   );
   const sockets = new Set<Socket>();
   server.on("connection", (socket: Socket) => {
     sockets.add(socket);
     socket.on("close", () => sockets.delete(socket));
   });
-  await app.start();
   const { host, port } = splitHostPort(listenAddress);
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);
@@ -320,23 +338,43 @@ export async function listen(app: App, listenAddress: string): Promise<RunningSe
   });
   const bound = (server.address() as AddressInfo).port;
   const urlHost = host.includes(":") ? `[${host}]` : host;
+  const url = `${tls ? "https" : "http"}://${urlHost}:${bound}`;
+  const unbind = async () => {
+    const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+    for (const s of sockets) s.destroy();
+    await closed;
+  };
   return {
-    url: `${tls ? "https" : "http"}://${urlHost}:${bound}`,
+    url,
     port: bound,
-    async close() {
-      const closed = new Promise<void>((resolve) => server.close(() => resolve()));
-      await app.stop();
-      if (inFlight > 0) {
-        await new Promise<void>((resolve) => {
-          const timer = setTimeout(resolve, app.config.shutdownGraceMs);
-          idle = () => {
-            clearTimeout(timer);
-            resolve();
-          };
-        });
-      }
-      for (const s of sockets) s.destroy();
-      await closed;
+    close: unbind,
+    async serve(app) {
+      await app.start();
+      handler = createHandler(app);
+      return {
+        url,
+        port: bound,
+        async close() {
+          const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+          await app.stop();
+          if (inFlight > 0) {
+            await new Promise<void>((resolve) => {
+              const timer = setTimeout(resolve, app.config.shutdownGraceMs);
+              idle = () => {
+                clearTimeout(timer);
+                resolve();
+              };
+            });
+          }
+          for (const s of sockets) s.destroy();
+          await closed;
+        },
+      };
     },
   };
+}
+
+/** Binds `listenAddress` and serves the app there (sweeper and notifications started). */
+export async function listen(app: App, listenAddress: string): Promise<RunningServer> {
+  return (await bind(app.config, listenAddress)).serve(app);
 }

@@ -1,4 +1,5 @@
 import { ConfigError, loadConfig, serveUsage } from "../config.js";
+import { StartupError } from "../data-dir-lock.js";
 import { serve } from "../main.js";
 import { knowledgeCommand } from "./knowledge.js";
 import { tokenCommand } from "./token.js";
@@ -31,6 +32,10 @@ export async function run(argv: string[]): Promise<number> {
       if (error instanceof ConfigError) {
         process.stderr.write(`meshwork serve: ${error.message}\n`);
         return 2;
+      }
+      if (error instanceof StartupError) {
+        process.stderr.write(`meshwork serve: ${error.message}\n`);
+        return 1;
       }
       const code = (error as { code?: string }).code;
       if (code === "EADDRINUSE" || code === "EACCES" || code === "EADDRNOTAVAIL") {

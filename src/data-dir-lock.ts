@@ -1,0 +1,75 @@
+import { closeSync, mkdirSync, openSync, readFileSync, unlinkSync, writeSync } from "node:fs";
+import { join } from "node:path";
+
+/** A start-up failure told in one line (the command prints it and exits 1). */
+export class StartupError extends Error {
+  override readonly name = "StartupError";
+}
+
+/** Whether a process with this pid runs (EPERM: it does, under another user). */
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    return (error as { code?: string }).code === "EPERM";
+  }
+}
+
+/**
+ * Takes `<data dir>/meshwork.lock` for this process before anything else in
+ * the data directory is touched: a second coordinator on the same data
+ * directory (embedded database, blobs, admin token) would corrupt or lose
+ * the first one's work, so it refuses to start. The file holds the
+ * holder's pid; a lock left by a process that is gone is taken over.
+ * Returns the release function (removes the file if it is still ours).
+ */
+export function lockDataDir(dataDir: string): () => void {
+  const path = join(dataDir, "meshwork.lock");
+  try {
+    mkdirSync(dataDir, { recursive: true });
+  } catch (error) {
+    throw new StartupError(
+      `cannot create the data directory ${dataDir}: ${(error as Error).message.split("\n")[0]}`,
+    );
+  }
+  for (let attempt = 0; attempt < 3; attempt++) {
+    try {
+      const fd = openSync(path, "wx", 0o600);
+      writeSync(fd, `${process.pid}\n`);
+      closeSync(fd);
+      return () => {
+        try {
+          if (readFileSync(path, "utf8").trim() === String(process.pid)) unlinkSync(path);
+        } catch {
+          // Gone already: nothing to release.
+        }
+      };
+    } catch (error) {
+      const code = (error as { code?: string }).code;
+      if (code !== "EEXIST") {
+        throw new StartupError(
+          `cannot lock the data directory ${dataDir} (${code ?? "error"}): check that it is a writable directory`,
+        );
+      }
+    }
+    let holder = Number.NaN;
+    try {
+      holder = Number.parseInt(readFileSync(path, "utf8").trim(), 10);
+    } catch {
+      // Removed meanwhile, or unreadable: try again.
+    }
+    if (Number.isInteger(holder) && holder > 0 && holder !== process.pid && alive(holder)) {
+      throw new StartupError(
+        `the data directory ${dataDir} is in use by another meshwork process (pid ${holder}, see ${path}): stop it, or give this one another --data-dir`,
+      );
+    }
+    // A stale lock (its process is gone, or the file is damaged): take it over.
+    try {
+      unlinkSync(path);
+    } catch {
+      // Another process took it over first: the next attempt will see its pid.
+    }
+  }
+  throw new StartupError(`cannot lock the data directory ${dataDir}: ${path} keeps changing`);
+}
