@@ -156,10 +156,17 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
   } catch {
     throw new ConfigError(`--public-url ${publicUrl} is not an http(s) URL`);
   }
+  const databaseUrl = get("database-url") ?? "";
+  if (databaseUrl !== "" && !/^postgres(ql)?:\/\//i.test(databaseUrl)) {
+    // The URL may hold a password: never repeat it.
+    throw new ConfigError(
+      "DATABASE_URL must be a PostgreSQL URL (postgres://user:password@host:5432/database), or unset for the embedded database",
+    );
+  }
   return {
     listen,
     dataDir,
-    databaseUrl: get("database-url") ?? "",
+    databaseUrl,
     publicUrl,
     auth,
     blobDir: get("blob-dir") ?? `${dataDir}/blobs`,

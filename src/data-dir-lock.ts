@@ -29,6 +29,12 @@ export function lockDataDir(dataDir: string): () => void {
   try {
     mkdirSync(dataDir, { recursive: true });
   } catch (error) {
+    if (
+      (error as { code?: string }).code === "EEXIST" ||
+      (error as { code?: string }).code === "ENOTDIR"
+    ) {
+      throw new StartupError(`--data-dir ${dataDir} is a file, not a directory`);
+    }
     throw new StartupError(
       `cannot create the data directory ${dataDir}: ${(error as Error).message.split("\n")[0]}`,
     );

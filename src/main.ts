@@ -2,7 +2,7 @@ import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
 import { createApp } from "./app.js";
 import { createTokenStore } from "./auth/token-store.js";
 import { adminTokenPath, type Config } from "./config.js";
-import { lockDataDir } from "./data-dir-lock.js";
+import { lockDataDir, StartupError } from "./data-dir-lock.js";
 import { type Database, openDatabase } from "./db/database.js";
 import { createLogger, type Logger } from "./log.js";
 import { type BoundListener, bind, type RunningServer } from "./server.js";
@@ -20,6 +20,39 @@ async function firstAdminToken(database: Database, config: Config, log: Logger):
   });
   if (!created) return;
   log.info({ path }, "created the first admin token; it is in this file (meshwork token --help)");
+}
+
+/**
+ * Why the database could not be opened, in one line that says what to do,
+ * without the URL (it may hold a password) or a stack.
+ */
+function whyNoDatabase(error: unknown, config: Config): string {
+  const e = error as { code?: string; message?: string };
+  const first = (e.message ?? String(error)).split("\n")[0];
+  if (!config.databaseUrl) {
+    return `cannot open the embedded database in ${config.dataDir}/db: ${first}; check that the data directory is readable and writable`;
+  }
+  let where = "the PostgreSQL server in DATABASE_URL";
+  try {
+    const u = new URL(config.databaseUrl);
+    where = `PostgreSQL at ${u.hostname}:${u.port || 5432}`;
+  } catch {
+    // Keep the generic wording.
+  }
+  switch (e.code) {
+    case "3D000":
+      return `${where}: ${first}: create it (createdb), or fix the database name in DATABASE_URL`;
+    case "28000":
+    case "28P01":
+      return `${where} refused the login (${first}): check the user and password in DATABASE_URL`;
+    case "ECONNREFUSED":
+      return `cannot reach ${where} (connection refused): is it running, on that port?`;
+    case "ENOTFOUND":
+    case "EAI_AGAIN":
+      return `cannot resolve the host of ${where}: check DATABASE_URL`;
+    default:
+      return `cannot open ${where}: ${first}`;
+  }
 }
 
 /**
@@ -45,7 +78,11 @@ export async function serve(config: Config): Promise<void> {
   let server: RunningServer;
   try {
     bound = await bind(config, config.listen);
-    database = await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir });
+    database = await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir }).catch(
+      (error: unknown) => {
+        throw new StartupError(whyNoDatabase(error, config));
+      },
+    );
     if (config.auth === "on") await firstAdminToken(database, config, log);
     server = await bound.serve(createApp(database, config, log));
   } catch (error) {

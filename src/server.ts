@@ -3,6 +3,7 @@ import { readFileSync } from "node:fs";
 import type * as http from "node:http";
 import type * as http2 from "node:http2";
 import type { AddressInfo, Socket } from "node:net";
+import { createSecureContext } from "node:tls";
 import { create, createFileRegistry, type DescFile, type FileRegistry } from "@bufbuild/protobuf";
 import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
 import type { ConnectRouter } from "@connectrpc/connect";
@@ -20,6 +21,7 @@ import { createArtifactService } from "./artifacts/service.js";
 import { createAuthInterceptor } from "./auth/interceptor.js";
 import { createTokenService } from "./auth/service.js";
 import { splitHostPort } from "./config.js";
+import { StartupError } from "./data-dir-lock.js";
 import { createFleetService } from "./fleet/service.js";
 import { byteRoutes } from "./http/bytes.js";
 import { sendJson } from "./http/json.js";
@@ -309,9 +311,17 @@ export async function bind(
   };
   let inFlight = 0;
   let idle: (() => void) | undefined;
-  const tls = config.tlsCert
-    ? { cert: readFileSync(config.tlsCert), key: readFileSync(config.tlsKey) }
-    : undefined;
+  let tls: { cert: Buffer; key: Buffer } | undefined;
+  if (config.tlsCert) {
+    try {
+      tls = { cert: readFileSync(config.tlsCert), key: readFileSync(config.tlsKey) };
+      createSecureContext(tls);
+    } catch (error) {
+      throw new StartupError(
+        `cannot use the TLS certificate ${config.tlsCert} with the key ${config.tlsKey}: ${(error as Error).message.split("\n")[0]}`,
+      );
+    }
+  }
   const server = createListener(
     (req, res) => {
       inFlight++;
