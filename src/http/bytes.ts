@@ -126,19 +126,24 @@ export function byteRoutes(app: App): PlainRoute[] {
           throw invalid("filename is not valid percent-encoding", "INVALID_FILENAME");
         }
         const size = header(req, "content-length");
+        const attemptText = header(req, "x-task-attempt");
+        if (!/^\d{1,9}$/.test(attemptText)) {
+          throw invalid("X-Task-Attempt must be the attempt number in decimal digits, e.g. 1");
+        }
+        const kindText = header(req, "x-artifact-kind").toUpperCase();
+        if (kindText !== "" && kindText !== "OUTPUT" && kindText !== "CHECKPOINT") {
+          throw invalid("X-Artifact-Kind must be output or checkpoint (or absent: output)");
+        }
         const row = await storeUpload(
           app,
           {
             taskId: isUuid(taskId) ? taskId : `invalid:${taskId.slice(0, 40)}`,
             workerId: header(req, "x-worker-id"),
-            attempt: Number(header(req, "x-task-attempt") || "0"),
+            attempt: Number(attemptText),
             leaseToken: header(req, "x-lease-token"),
             filename,
             contentType: header(req, "content-type"),
-            kind:
-              header(req, "x-artifact-kind").toUpperCase() === "CHECKPOINT"
-                ? "CHECKPOINT"
-                : "OUTPUT",
+            kind: kindText === "CHECKPOINT" ? "CHECKPOINT" : "OUTPUT",
             sha256: header(req, "x-content-sha256").toLowerCase(),
             sizeBytes: size === "" ? undefined : Number(size),
           },

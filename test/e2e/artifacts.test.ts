@@ -242,6 +242,11 @@ describe("artifacts over plain HTTP", () => {
         "invalid_argument",
       ],
       ["out.bin", { ...headers, "x-task-attempt": "2" }, data, 409, "aborted"],
+      // The attempt in decimal digits only; a kind it knows, or none.
+      ["out.bin", { ...headers, "x-task-attempt": "1e0" }, data, 400, "invalid_argument"],
+      ["out.bin", { ...headers, "x-task-attempt": "0x1" }, data, 400, "invalid_argument"],
+      ["out.bin", { ...headers, "x-artifact-kind": "input" }, data, 400, "invalid_argument"],
+      ["out.bin", { ...headers, "x-artifact-kind": "x" }, data, 400, "invalid_argument"],
       [
         "out.bin",
         { ...headers, "x-worker-id": "00000000-0000-4000-8000-000000000009" },

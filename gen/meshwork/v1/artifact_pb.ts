@@ -464,7 +464,8 @@ export const ListArtifactsResponseSchema: GenMessage<ListArtifactsResponse> = /*
  */
 export enum ArtifactKind {
   /**
-   * ARTIFACT_KIND_UNSPECIFIED is not a kind; uploads without one are refused.
+   * ARTIFACT_KIND_UNSPECIFIED is not a kind: an upload without one is taken
+   * as INPUT without a task_id, OUTPUT with one.
    *
    * @generated from enum value: ARTIFACT_KIND_UNSPECIFIED = 0;
    */
