@@ -122,6 +122,10 @@ the local data dir (--data-dir, $MESHWORK_DATA_DIR or ./.meshwork).
 /** `meshwork knowledge …`; returns the exit code. */
 export async function knowledgeCommand(argv: string[]): Promise<number> {
   const [sub, ...rest] = argv;
+  if (sub === "--help" || sub === "-h" || rest.includes("--help") || rest.includes("-h")) {
+    process.stdout.write(usage);
+    return 0;
+  }
   const { values } = parseArgs({
     args: rest,
     options: {

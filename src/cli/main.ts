@@ -1,3 +1,4 @@
+import { readFileSync } from "node:fs";
 import { ConfigError, loadConfig, serveUsage } from "../config.js";
 import { StartupError } from "../data-dir-lock.js";
 import { serve } from "../main.js";
@@ -11,12 +12,22 @@ Commands:
   token       create | list | revoke bearer tokens (admin)
   knowledge   export | import | sync knowledge entries between coordinators
 
-Run 'meshwork serve --help' for the serve flags.
+Run 'meshwork serve --help' for the serve flags, 'meshwork --version' for the version.
 `;
+
+/** The version in package.json. */
+function version(): string {
+  const pkg = JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8"));
+  return String(pkg.version);
+}
 
 /** The `meshwork` command line. */
 export async function run(argv: string[]): Promise<number> {
   const [command, ...rest] = argv;
+  if (command === "--version" || command === "version" || command === "-v") {
+    process.stdout.write(`meshwork ${version()}\n`);
+    return 0;
+  }
   if (command === undefined || command === "help" || command === "--help" || command === "-h") {
     process.stdout.write(usage);
     return command === undefined ? 2 : 0;

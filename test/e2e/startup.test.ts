@@ -1,5 +1,5 @@
 import { execFile } from "node:child_process";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -80,5 +80,27 @@ describe("start-up failures: one line saying what is wrong, and an exit code", (
     expect(code).toBe(1);
     expectOneLine(output);
     expect(output).toContain(`cannot use the TLS certificate ${pem} with the key ${pem}`);
+  });
+});
+
+describe("the command line", () => {
+  const meshwork = (args: string[]) =>
+    new Promise<{ code: number; stdout: string }>((resolve) => {
+      execFile("node", ["bin/meshwork.js", ...args], { timeout: 60_000 }, (error, stdout) => {
+        resolve({ code: error ? Number(error.code) : 0, stdout });
+      });
+    });
+
+  it("prints its version, the one in package.json", async () => {
+    const pkg = JSON.parse(readFileSync("package.json", "utf8")) as { version: string };
+    expect(await meshwork(["--version"])).toEqual({ code: 0, stdout: `meshwork ${pkg.version}\n` });
+  });
+
+  it("answers --help on each knowledge subcommand with its usage", async () => {
+    for (const sub of ["export", "import", "sync"]) {
+      const { code, stdout } = await meshwork(["knowledge", sub, "--help"]);
+      expect(code).toBe(0);
+      expect(stdout).toContain("meshwork knowledge export");
+    }
   });
 });
