@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { and, asc, eq } from "drizzle-orm";
+import { and, asc, eq, isNull, sql } from "drizzle-orm";
 import { DomainError } from "../core/errors.js";
 import { leaseHeld, leaseParams, leaseRefusal } from "../core/lease-check.js";
 import type { LeaseRef } from "../core/lease-ref.js";
@@ -50,6 +50,25 @@ export function createArtifactStore(db: Db) {
         if (!row) throw new Error("artifact insert returned nothing");
         return row;
       });
+    },
+
+    /**
+     * Removes an INPUT artifact stored for a create that did not use it (an
+     * idempotent repeat answered with the existing task, or a refused
+     * create), unless some task names it. The bytes stay: blobs are shared
+     * by content and never deleted here.
+     */
+    async removeUnusedInput(id: string): Promise<void> {
+      await db
+        .delete(artifacts)
+        .where(
+          and(
+            eq(artifacts.id, id),
+            eq(artifacts.kind, "INPUT"),
+            isNull(artifacts.taskId),
+            sql`not exists (select 1 from ${tasks} t where t.input->>'artifactId' = ${id})`,
+          ),
+        );
     },
 
     async get(id: string): Promise<ArtifactRow> {

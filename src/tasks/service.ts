@@ -14,19 +14,19 @@ import { invalid } from "../core/errors.js";
 import { decodeCursor, pageSize } from "../core/paging.js";
 import { terminalStates } from "../core/task-sql.js";
 import { intInRange, text, uuidField } from "../core/validate.js";
-import type { ArtifactRefJson } from "../db/schema/index.js";
+import type { ArtifactRefJson, TaskRow } from "../db/schema/index.js";
 import { kCorrelationId, kCorrelationSent } from "../rpc/context.js";
 import { fromCreateRequest, fromTaskState, toTask } from "./convert.js";
 import type { TaskEvents } from "./events.js";
 import type { PlacementRequest, PlacementStore } from "./placement.js";
-import type { TaskStore } from "./store.js";
+import type { NewTask, TaskStore } from "./store.js";
 
 /** What TaskService uses. */
 export interface TaskServiceDeps extends UploadDeps {
   config: Pick<Config, "maxArtifactBytes" | "publicUrl">;
   tasks: TaskStore;
   placement: PlacementStore;
-  artifacts: Pick<ArtifactStore, "checkLease" | "insert" | "get">;
+  artifacts: Pick<ArtifactStore, "checkLease" | "insert" | "get" | "removeUnusedInput">;
   events: TaskEvents;
   /** Wakes long-polling claimers on this replica (others are woken by NOTIFY). */
   wakeups: { notify(): void };
@@ -58,6 +58,35 @@ function placementOf(
         ? 600
         : intInRange("lease_seconds", req.leaseSeconds, 60, 86_400),
   };
+}
+
+/**
+ * Runs a create; then removes the INPUT artifacts stored from inline
+ * input_data that no task ended up naming: the create was refused, or an
+ * idempotent repeat answered with the task created before (with its own
+ * input). Twenty identical creates leave one input, not twenty.
+ */
+async function keepingInputsUsed(
+  app: TaskServiceDeps,
+  reqs: CreateTaskRequest[],
+  tasks: NewTask[],
+  create: () => Promise<TaskRow[]>,
+): Promise<TaskRow[]> {
+  const stored = tasks
+    .filter((t, i) => reqs[i]?.input.case === "inputData" && t.input)
+    .map((t) => t.input?.artifactId ?? "");
+  const cleanUp = async (used: Set<string>) => {
+    for (const id of stored) if (!used.has(id)) await app.artifacts.removeUnusedInput(id);
+  };
+  let rows: TaskRow[];
+  try {
+    rows = await create();
+  } catch (error) {
+    await cleanUp(new Set());
+    throw error;
+  }
+  await cleanUp(new Set(rows.map((r) => r.input?.artifactId ?? "")));
+  return rows;
 }
 
 /** Bytes of inline input_data: at most 1 MiB. */
@@ -120,7 +149,7 @@ export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typ
     async createTask(req, ctx) {
       const task = fromCreateRequest(req, ctx.values.get(kCorrelationId));
       task.input = await resolveInput(app, req);
-      const [row] = await app.tasks.create([task]);
+      const [row] = await keepingInputsUsed(app, [req], [task], () => app.tasks.create([task]));
       if (!row) throw new Error("create returned no task");
       return { task: toTask(row) };
     },
@@ -135,7 +164,7 @@ export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typ
         const task = input[i];
         if (task) task.input = await resolveInput(app, t, `tasks[${i}].`);
       }
-      const rows = await app.tasks.create(input);
+      const rows = await keepingInputsUsed(app, req.tasks, input, () => app.tasks.create(input));
       app.wakeups.notify();
       return { tasks: rows.map((r) => toTask(r)) };
     },

@@ -1,10 +1,12 @@
 import { create } from "@bufbuild/protobuf";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
+import { and, eq, isNull } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { KnowledgeEntrySchema, KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
 import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
 import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
+import { artifacts } from "../../src/db/schema/index.js";
 import { outcome } from "../support/errors.js";
 import { createHarness, type Harness, uniqueWorkload } from "../support/harness.js";
 
@@ -147,5 +149,47 @@ describe("ImportKnowledge", () => {
     expect(res.rejected).toBe(150n);
     expect(res.rejections).toHaveLength(100);
     expect(res.rejections[99]?.index).toBe(99);
+  });
+});
+
+describe("inline inputs of creates that do not use them", () => {
+  it("keeps one INPUT artifact for 20 identical concurrent creates, none for a refused one", async () => {
+    const tasks = h.as(TaskService, await h.token("client"));
+    const key = `inline-${uniqueWorkload()}`;
+    const data = new TextEncoder().encode(`input of ${key}`);
+    const inputs = async () => {
+      const rows = await h.db.database.db
+        .select({ id: artifacts.id })
+        .from(artifacts)
+        .where(and(eq(artifacts.kind, "INPUT"), isNull(artifacts.taskId)));
+      return rows.length;
+    };
+    const before = await inputs();
+    const created = await Promise.all(
+      Array.from({ length: 20 }, () =>
+        tasks.createTask({
+          workload: "inline",
+          idempotencyKey: key,
+          input: { case: "inputData", value: data },
+        }),
+      ),
+    );
+    expect(new Set(created.map((c) => c.task?.taskId)).size).toBe(1);
+    expect(await inputs()).toBe(before + 1);
+    // The same key with other content is refused: its input is not kept either.
+    expect(
+      await outcome(
+        tasks.createTask({
+          workload: "inline",
+          idempotencyKey: key,
+          priority: 5,
+          input: { case: "inputData", value: data },
+        }),
+      ),
+    ).toMatchObject({ code: "AlreadyExists" });
+    expect(await inputs()).toBe(before + 1);
+    // The task's own input is still there and served.
+    const { task } = await tasks.getTask({ taskId: created[0]?.task?.taskId ?? "" });
+    expect(task?.input?.sha256).toMatch(/^[0-9a-f]{64}$/);
   });
 });
