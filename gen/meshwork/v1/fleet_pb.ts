@@ -151,7 +151,9 @@ export type RegisterWorkerRequest = Message<"meshwork.v1.RegisterWorkerRequest">
   workerId: string;
 
   /**
-   * name is a human-readable label (≤ 256 characters).
+   * name is a human-readable label (≤ 256 characters). Names are not
+   * unique: registering again under a name makes another worker. To update
+   * a worker, give its worker_id, or register with a stable peer_id.
    *
    * @generated from field: string name = 2;
    */

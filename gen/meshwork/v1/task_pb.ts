@@ -1069,7 +1069,7 @@ export const TaskService: GenService<{
   },
   /**
    * RetryTask re-places an ASSIGNED, RUNNING or FAILED task, on another
-   * worker where one fits.
+   * worker where one fits, else on the same one (under a new attempt).
    *
    * @generated from rpc meshwork.v1.TaskService.RetryTask
    */
