@@ -10,6 +10,7 @@ import { decodeCursor, pageSize } from "../core/paging.js";
 import { uuidField } from "../core/validate.js";
 import type { BlobStore } from "./blob-store.js";
 import { kindName, toArtifact } from "./convert.js";
+import { assertReachable } from "./reachable.js";
 import type { ArtifactStore } from "./store.js";
 import { storeUpload, type UploadDeps } from "./uploads.js";
 
@@ -20,7 +21,7 @@ const chunkBytes = 256 * 1024;
 export interface ArtifactServiceDeps extends UploadDeps {
   config: Pick<Config, "maxArtifactBytes" | "publicUrl">;
   artifacts: Pick<ArtifactStore, "checkLease" | "insert" | "get" | "list">;
-  blobs: Pick<BlobStore, "stage" | "read">;
+  blobs: Pick<BlobStore, "stage" | "read" | "has">;
   /** Listing a task's artifacts first checks that the task exists (`not_found`). */
   tasks: { get(taskId: string): Promise<unknown> };
 }
@@ -77,6 +78,7 @@ export function createArtifactService(
       const end = limit === 0 ? row.sizeBytes : Math.min(row.sizeBytes, offset + limit);
       let first = true;
       if (end > offset) {
+        await assertReachable(app.blobs, row);
         const stream = app.blobs.read(row.sha256, { start: offset, end: end - 1 });
         try {
           let pending: Buffer[] = [];

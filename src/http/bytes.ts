@@ -2,6 +2,7 @@ import type * as http from "node:http";
 import { pipeline } from "node:stream/promises";
 import type { App } from "../app.js";
 import { toArtifactRefJson } from "../artifacts/convert.js";
+import { assertReachable } from "../artifacts/reachable.js";
 import { storeUpload } from "../artifacts/uploads.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { isUuid } from "../core/validate.js";
@@ -40,6 +41,7 @@ async function sendArtifact(
   res: Response,
   row: ArtifactRow,
 ): Promise<void> {
+  await assertReachable(app.blobs, row);
   const etag = `"${row.sha256}"`;
   const headers: Record<string, string | number> = {
     "content-type": row.contentType || "application/octet-stream",

@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { readdirSync } from "node:fs";
+import { readdirSync, unlinkSync } from "node:fs";
 import { request } from "node:http";
 import { connect, constants } from "node:http2";
 import { createServer } from "node:net";
@@ -374,6 +374,32 @@ describe("artifacts over the streaming RPCs", () => {
       reason: "SIZE_MISMATCH",
     });
     expect(await leftovers(app.config.blobDir)).toEqual([]);
+  });
+});
+
+describe("bytes this coordinator cannot reach", () => {
+  it("answers 503 unavailable with a reason, over HTTP and the RPC, never a cut connection", async () => {
+    const { lease, headers } = await claimed();
+    const data = bytes(5000, 31);
+    const up = await put(lease.taskId, "lost.bin", data, headers);
+    expect(up.status).toBe(201);
+    // As on a replica that does not share the blob store: the row, not the bytes.
+    const sha = String(up.body.sha256);
+    unlinkSync(join(app.config.blobDir, "sha256", sha.slice(0, 2), sha.slice(2, 4), sha));
+    const res = await fetch(`${url}/artifacts/${up.body.artifact_id}/download`);
+    expect(res.status).toBe(503);
+    expect(await res.json()).toMatchObject({
+      error: "unavailable",
+      message: expect.stringContaining("not in this coordinator's blob store"),
+    });
+    const stream = artifactClient().downloadArtifact({ artifactId: String(up.body.artifact_id) });
+    expect(
+      await outcome(
+        (async () => {
+          for await (const _ of stream);
+        })(),
+      ),
+    ).toMatchObject({ code: "Unavailable" });
   });
 });
 
