@@ -1,4 +1,13 @@
-import { closeSync, mkdirSync, openSync, readFileSync, unlinkSync, writeSync } from "node:fs";
+import {
+  closeSync,
+  mkdirSync,
+  openSync,
+  readFileSync,
+  rmdirSync,
+  statSync,
+  unlinkSync,
+  writeSync,
+} from "node:fs";
 import { join } from "node:path";
 
 /** A start-up failure told in one line (the command prints it and exits 1). */
@@ -39,7 +48,7 @@ export function lockDataDir(dataDir: string): () => void {
       `cannot create the data directory ${dataDir}: ${(error as Error).message.split("\n")[0]}`,
     );
   }
-  for (let attempt = 0; attempt < 3; attempt++) {
+  for (let attempt = 0; attempt < 20; attempt++) {
     try {
       const fd = openSync(path, "wx", 0o600);
       writeSync(fd, `${process.pid}\n`);
@@ -70,12 +79,45 @@ export function lockDataDir(dataDir: string): () => void {
         `the data directory ${dataDir} is in use by another meshwork process (pid ${holder}, see ${path}): stop it, or give this one another --data-dir`,
       );
     }
-    // A stale lock (its process is gone, or the file is damaged): take it over.
-    try {
-      unlinkSync(path);
-    } catch {
-      // Another process took it over first: the next attempt will see its pid.
-    }
+    // A stale lock (its process is gone, or the file is damaged): take it
+    // over, one process at a time. Whoever makes the guard directory looks
+    // again and removes the lock only if it is still the stale one; without
+    // the guard, two starting processes could each remove the other's
+    // fresh lock and both run.
+    takeOver(path, holder);
   }
   throw new StartupError(`cannot lock the data directory ${dataDir}: ${path} keeps changing`);
+}
+
+/** Removes the lock at `path` if it still names `stale`, under an exclusive guard. */
+function takeOver(path: string, stale: number): void {
+  const guard = `${path}.takeover`;
+  try {
+    mkdirSync(guard);
+  } catch {
+    // Another process is taking over: wait a little and look again. A guard
+    // left by a process that died mid-takeover is removed after 10 s.
+    try {
+      if (Date.now() - statSync(guard).mtimeMs > 10_000) rmdirSync(guard);
+    } catch {
+      // Gone already.
+    }
+    sleepSync(50);
+    return;
+  }
+  try {
+    let now = Number.NaN;
+    try {
+      now = Number.parseInt(readFileSync(path, "utf8").trim(), 10);
+    } catch {
+      return; // removed meanwhile: the next attempt creates it
+    }
+    if (now === stale || Number.isNaN(now)) unlinkSync(path);
+  } finally {
+    rmdirSync(guard);
+  }
+}
+
+function sleepSync(ms: number): void {
+  Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
 }
