@@ -1,4 +1,4 @@
-import { randomUUID } from "node:crypto";
+import { randomUUID, timingSafeEqual } from "node:crypto";
 import { readFileSync } from "node:fs";
 import type * as http from "node:http";
 import type * as http2 from "node:http2";
@@ -251,9 +251,16 @@ export function createHandler(app: App) {
       ...directorRestRoutes({
         call,
         maxBodyBytes: app.config.readMaxBytes,
-        async leaseOf(taskId) {
+        async leaseOf(taskId, leaseToken) {
           const row = await app.tasks.get(taskId);
-          return row.leaseWorkerId ? { workerId: row.leaseWorkerId, attempt: row.attempt } : null;
+          const held = row.leaseToken ?? "";
+          // Nothing about the lease is told before its token is shown.
+          const same =
+            held.length === leaseToken.length &&
+            timingSafeEqual(Buffer.from(held), Buffer.from(leaseToken));
+          return same && row.leaseWorkerId
+            ? { workerId: row.leaseWorkerId, attempt: row.attempt }
+            : null;
         },
         async readTask(taskId) {
           return toTask(await app.tasks.get(taskId));

@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { and, asc, eq, isNull, sql } from "drizzle-orm";
+import { and, asc, eq, inArray, isNull, sql } from "drizzle-orm";
 import { DomainError } from "../core/errors.js";
 import { leaseHeld, leaseParams, leaseRefusal } from "../core/lease-check.js";
 import type { LeaseRef } from "../core/lease-ref.js";
@@ -58,15 +58,16 @@ export function createArtifactStore(db: Db) {
      * create), unless some task names it. The bytes stay: blobs are shared
      * by content and never deleted here.
      */
-    async removeUnusedInput(id: string): Promise<void> {
+    async removeUnusedInputs(ids: string[]): Promise<void> {
+      if (ids.length === 0) return;
       await db
         .delete(artifacts)
         .where(
           and(
-            eq(artifacts.id, id),
+            inArray(artifacts.id, ids),
             eq(artifacts.kind, "INPUT"),
             isNull(artifacts.taskId),
-            sql`not exists (select 1 from ${tasks} t where t.input->>'artifactId' = ${id})`,
+            sql`not exists (select 1 from ${tasks} t where t.input->>'artifactId' = ${artifacts.id}::text)`,
           ),
         );
     },

@@ -12,7 +12,7 @@ import type { Config } from "../config.js";
 import { invalid } from "../core/errors.js";
 import { decodeCursor, pageSize } from "../core/paging.js";
 import { allStates } from "../core/task-sql.js";
-import { intInRange, stringList, stringMap, text, uuidField } from "../core/validate.js";
+import { intInRange, isUuid, stringList, stringMap, text, uuidField } from "../core/validate.js";
 import type { WithTx } from "../db/database.js";
 import { toTaskState } from "../tasks/convert.js";
 import type { TaskStore } from "../tasks/store.js";
@@ -55,6 +55,11 @@ const peerIdPattern = /^[A-Za-z0-9._:@~+-]{1,256}$/;
 
 /** A peer id names a worker in URL paths: 1–256 of `A–Z a–z 0–9 . _ : @ ~ + -`. */
 export function peerIdField(field: string, value: string): string {
+  if (isUuid(value)) {
+    // A worker registered without a peer_id answers to its worker_id as a
+    // peer id: a peer_id shaped like a UUID could pass for another worker.
+    throw invalid(`${field} must not be a UUID (worker ids answer to those)`);
+  }
   if (!peerIdPattern.test(value)) {
     throw invalid(
       `${field} must be 1 to 256 characters of A-Z a-z 0-9 . _ : @ ~ + -, not ${JSON.stringify(value.slice(0, 64))}`,

@@ -34,12 +34,13 @@ export interface DirectorDeps {
   call: InProcessCaller;
   maxBodyBytes: number;
   /**
-   * The holder and attempt of a task's current or last lease (null when it
-   * never had one); `not_found` for an unknown task. The director contract
-   * names a lease by its token alone: this maps it to the lease fields the
-   * RPCs take, which then check everything (token included).
+   * The holder and attempt of the lease `leaseToken` names on a task (its
+   * current or last one), or null when the token does not name it;
+   * `not_found` for an unknown task. The director contract names a lease
+   * by its token alone: this maps it to the lease fields the RPCs take,
+   * which then check everything again.
    */
-  leaseOf(taskId: string): Promise<LeaseOf | null>;
+  leaseOf(taskId: string, leaseToken: string): Promise<LeaseOf | null>;
   /** A task as GetTask shows it, for the answer of a lease route its holder called. */
   readTask(taskId: string): Promise<Task>;
 }
@@ -218,15 +219,14 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
   /** The lease fields of a lease-bound call on `taskId`, named by the body's leaseToken. */
   async function leaseRef(taskId: string, leaseToken: string | undefined) {
     if (!isUuid(taskId)) throw invalid("taskId must be a UUID");
-    const lease = await deps.leaseOf(taskId.toLowerCase());
+    const lease = leaseToken ? await deps.leaseOf(taskId.toLowerCase(), leaseToken) : null;
     if (!lease) {
-      throw new DomainError("aborted", "NOT_LEASED", `task ${taskId} holds no lease`, { taskId });
-    }
-    if (!leaseToken) {
       throw new DomainError(
         "aborted",
         "TOKEN_MISMATCH",
-        "leaseToken is required: it names the task's lease",
+        leaseToken
+          ? "leaseToken does not name this task's lease"
+          : "leaseToken is required: it names the task's lease",
         { taskId },
       );
     }

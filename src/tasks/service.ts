@@ -26,7 +26,7 @@ export interface TaskServiceDeps extends UploadDeps {
   config: Pick<Config, "maxArtifactBytes" | "publicUrl">;
   tasks: TaskStore;
   placement: PlacementStore;
-  artifacts: Pick<ArtifactStore, "checkLease" | "insert" | "get" | "removeUnusedInput">;
+  artifacts: Pick<ArtifactStore, "checkLease" | "insert" | "get" | "removeUnusedInputs">;
   events: TaskEvents;
   /** Wakes long-polling claimers on this replica (others are woken by NOTIFY). */
   wakeups: { notify(): void };
@@ -61,26 +61,27 @@ function placementOf(
 }
 
 /**
- * Runs a create; then removes the INPUT artifacts stored from inline
- * input_data that no task ended up naming: the create was refused, or an
- * idempotent repeat answered with the task created before (with its own
- * input). Twenty identical creates leave one input, not twenty.
+ * Resolves each request's input (storing inline input_data as an INPUT
+ * artifact) and creates the tasks; then removes the inputs stored here
+ * that no task ended up naming: the create was refused (or a later entry's
+ * input was), or an idempotent repeat answered with the task created before
+ * (with its own input). Twenty identical creates leave one input, not
+ * twenty. The clean-up is best effort: it never fails a create.
  */
-async function keepingInputsUsed(
+async function createWithInputs(
   app: TaskServiceDeps,
-  reqs: CreateTaskRequest[],
-  tasks: NewTask[],
-  create: () => Promise<TaskRow[]>,
+  entries: { req: CreateTaskRequest; task: NewTask; field: string }[],
 ): Promise<TaskRow[]> {
-  const stored = tasks
-    .filter((t, i) => reqs[i]?.input.case === "inputData" && t.input)
-    .map((t) => t.input?.artifactId ?? "");
-  const cleanUp = async (used: Set<string>) => {
-    for (const id of stored) if (!used.has(id)) await app.artifacts.removeUnusedInput(id);
-  };
+  const stored: string[] = [];
+  const cleanUp = (used: Set<string>) =>
+    app.artifacts.removeUnusedInputs(stored.filter((id) => !used.has(id))).catch(() => {});
   let rows: TaskRow[];
   try {
-    rows = await create();
+    for (const { req, task, field } of entries) {
+      task.input = await resolveInput(app, req, field);
+      if (req.input.case === "inputData" && task.input) stored.push(task.input.artifactId);
+    }
+    rows = await app.tasks.create(entries.map((e) => e.task));
   } catch (error) {
     await cleanUp(new Set());
     throw error;
@@ -148,8 +149,7 @@ export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typ
   return {
     async createTask(req, ctx) {
       const task = fromCreateRequest(req, ctx.values.get(kCorrelationId));
-      task.input = await resolveInput(app, req);
-      const [row] = await keepingInputsUsed(app, [req], [task], () => app.tasks.create([task]));
+      const [row] = await createWithInputs(app, [{ req, task, field: "" }]);
       if (!row) throw new Error("create returned no task");
       return { task: toTask(row) };
     },
@@ -159,12 +159,12 @@ export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typ
         throw invalid(`tasks must hold 1 to 1000 tasks, not ${req.tasks.length}`);
       }
       const correlationId = ctx.values.get(kCorrelationId);
-      const input = req.tasks.map((t, i) => fromCreateRequest(t, correlationId, `tasks[${i}].`));
-      for (const [i, t] of req.tasks.entries()) {
-        const task = input[i];
-        if (task) task.input = await resolveInput(app, t, `tasks[${i}].`);
-      }
-      const rows = await keepingInputsUsed(app, req.tasks, input, () => app.tasks.create(input));
+      const entries = req.tasks.map((t, i) => ({
+        req: t,
+        task: fromCreateRequest(t, correlationId, `tasks[${i}].`),
+        field: `tasks[${i}].`,
+      }));
+      const rows = await createWithInputs(app, entries);
       app.wakeups.notify();
       return { tasks: rows.map((r) => toTask(r)) };
     },

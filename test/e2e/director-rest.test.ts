@@ -1226,13 +1226,13 @@ describe("director REST contract: leases and status reports", () => {
     );
   });
 
-  it("PATCH status on a task that never had a lease is 409 NOT_LEASED", async () => {
+  it("PATCH status on a task that never had a lease is 409 TOKEN_MISMATCH (no token names a lease there)", async () => {
     const task = await createTask({ requiredBrickIds: [`brick-${uid()}`] });
     const refused = await patchStatus(task.taskId, {
       status: "Running",
       leaseToken: "a".repeat(64),
     });
-    expectRefusal(refused, 409, "aborted", "NOT_LEASED");
+    expectRefusal(refused, 409, "aborted", "TOKEN_MISMATCH");
     expect(await getTask(task.taskId)).toMatchObject({ status: "Pending", attempt: 0 });
   });
 

@@ -2,6 +2,7 @@ import { create } from "@bufbuild/protobuf";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import { and, eq, isNull } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { KnowledgeEntrySchema, KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
 import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
@@ -76,7 +77,7 @@ describe("workers named by peer_id", () => {
     const fleet = h.as(FleetService, await h.token("admin"));
     const before = (await fleet.listWorkers({ pageSize: 1000 })).workers.length;
     const { workerId } = await fleet.registerWorker({ name: "x" });
-    for (const bad of ["has space", "a/b", "x".repeat(257), "é"]) {
+    for (const bad of ["has space", "a/b", "x".repeat(257), "é", workerId]) {
       expect(await outcome(fleet.registerWorker({ peerId: bad }))).toMatchObject({
         code: "InvalidArgument",
       });
@@ -188,8 +189,23 @@ describe("inline inputs of creates that do not use them", () => {
       ),
     ).toMatchObject({ code: "AlreadyExists" });
     expect(await inputs()).toBe(before + 1);
-    // The task's own input is still there and served.
+    // The task's own input artifact is still there.
     const { task } = await tasks.getTask({ taskId: created[0]?.task?.taskId ?? "" });
-    expect(task?.input?.sha256).toMatch(/^[0-9a-f]{64}$/);
+    const kept = await h
+      .as(ArtifactService, await h.token("client"))
+      .getArtifact({ artifactId: task?.input?.artifactId ?? "" });
+    expect(kept.artifact?.sha256).toBe(task?.input?.sha256);
+    // A batch refused at a later entry keeps none of the inputs it stored.
+    expect(
+      await outcome(
+        tasks.createTasks({
+          tasks: [
+            { workload: "inline", input: { case: "inputData", value: data } },
+            { workload: "inline", input: { case: "inputArtifactId", value: "not-a-uuid" } },
+          ],
+        }),
+      ),
+    ).toMatchObject({ code: "InvalidArgument" });
+    expect(await inputs()).toBe(before + 1);
   });
 });
