@@ -276,6 +276,7 @@ export function createHandler(app: App) {
     const correlation = { id: sent || randomUUID(), sent };
     correlations.set(req, correlation);
     res.setHeader("x-correlation-id", correlation.id);
+    if (req.url?.startsWith("/api/mesh")) res.setHeader("x-ashlar-correlation-id", correlation.id);
     const path = (req.url ?? "/").split("?", 1)[0] ?? "/";
     if (plain(req, res, path, correlation)) return;
     clampDeadline(req, app.config.maxTimeoutMs);
@@ -312,7 +313,9 @@ export async function bind(
     Parameters<typeof createListener>[1]["limits"],
   listenAddress: string,
 ): Promise<BoundListener> {
-  let handler: (req: Request, res: Response) => void = (_req, res) => {
+  let handler: (req: Request, res: Response) => void = (req, res) => {
+    // Alive while starting (migrations may take a while): only liveness says so.
+    if (req.url === "/healthz") return sendJson(res, 200, { status: "starting" });
     res.setHeader("retry-after", "1");
     sendJson(res, 503, { error: "unavailable", message: "the coordinator is starting" });
   };

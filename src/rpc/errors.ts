@@ -85,7 +85,7 @@ export function fixForWire(error: unknown): void {
 /**
  * A database that cannot be reached or cannot run the statement just now:
  * `unavailable` (503), retry in a second. Not `internal`: it is no bug, and
- * the same call may succeed on retry (every Meshwork call is safe to retry).
+ * the same call may succeed on retry.
  */
 export function databaseUnavailable(): ConnectError {
   return new ConnectError("the database is unavailable for a moment; retry", Code.Unavailable, {

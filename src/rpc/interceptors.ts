@@ -29,7 +29,7 @@ export function createRpcInterceptor(log: Logger, toClientError: ToClientError):
       const mapped = toClientError(error);
       if (mapped.unexpected) rpcLog.error({ err: error, code: "internal", ms }, "rpc failed");
       else if (mapped.error.code === Code.Unavailable)
-        rpcLog.warn({ err: error, code: "unavailable", ms }, "rpc failed: database unavailable");
+        rpcLog.warn({ err: error, code: "unavailable", ms }, "rpc failed: unavailable");
       else
         rpcLog.info({ code: mapped.error.code, reason: mapped.error.message, ms }, "rpc refused");
       return mapped.error;

@@ -52,3 +52,16 @@ describe("REST routes and the per-token rate limit", () => {
     });
   });
 });
+
+describe("X-Ashlar-Correlation-Id", () => {
+  it("is echoed on every /api/mesh answer, refusals at the door included", async () => {
+    const refused = await fetch(`${server.url}/api/mesh/tasks`, {
+      headers: { "x-ashlar-correlation-id": "door-1" },
+    });
+    expect(refused.status).toBe(401);
+    expect(refused.headers.get("x-ashlar-correlation-id")).toBe("door-1");
+    const unknown = await fetch(`${server.url}/api/mesh/nope`);
+    expect(unknown.status).toBe(404);
+    expect(unknown.headers.get("x-ashlar-correlation-id")).toMatch(/^[0-9a-f-]{36}$/);
+  });
+});

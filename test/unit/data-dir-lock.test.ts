@@ -24,7 +24,10 @@ describe("the data-directory lock", () => {
           }),
       ),
     );
-    expect(outcomes.filter((o) => o === "locked"), outcomes.join(",")).toHaveLength(1);
+    expect(
+      outcomes.filter((o) => o === "locked"),
+      outcomes.join(","),
+    ).toHaveLength(1);
     expect(outcomes.filter((o) => o === "refused")).toHaveLength(7);
   });
 });
