@@ -1,12 +1,11 @@
 import {
-  closeSync,
+  linkSync,
   mkdirSync,
-  openSync,
   readFileSync,
   rmdirSync,
   statSync,
   unlinkSync,
-  writeSync,
+  writeFileSync,
 } from "node:fs";
 import { join } from "node:path";
 
@@ -50,9 +49,15 @@ export function lockDataDir(dataDir: string): () => void {
   }
   for (let attempt = 0; attempt < 20; attempt++) {
     try {
-      const fd = openSync(path, "wx", 0o600);
-      writeSync(fd, `${process.pid}\n`);
-      closeSync(fd);
+      // Made whole, then linked into place: a lock file is never seen
+      // empty (an empty one would look damaged, and be taken over).
+      const own = `${path}.${process.pid}`;
+      writeFileSync(own, `${process.pid}\n`, { mode: 0o600 });
+      try {
+        linkSync(own, path);
+      } finally {
+        unlinkSync(own);
+      }
       return () => {
         try {
           if (readFileSync(path, "utf8").trim() === String(process.pid)) unlinkSync(path);

@@ -1,8 +1,13 @@
-import { execFile } from "node:child_process";
+import { type ChildProcess, spawn } from "node:child_process";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { describe, expect, it } from "vitest";
+import { afterAll, describe, expect, it } from "vitest";
+
+const children: ChildProcess[] = [];
+afterAll(() => {
+  for (const c of children) c.kill("SIGKILL");
+});
 
 describe("the data-directory lock", () => {
   it("lets exactly one of eight processes take over a stale lock at once", async () => {
@@ -15,15 +20,24 @@ describe("the data-directory lock", () => {
         { length: 8 },
         () =>
           new Promise<string>((resolve) => {
-            execFile(
-              "node",
-              ["--import", "tsx", "test/support/lock-child.ts", dir, startAt],
-              { timeout: 60_000 },
-              (_error, stdout) => resolve(stdout.trim()),
-            );
+            const child = spawn("node", [
+              "--import",
+              "tsx",
+              "test/support/lock-child.ts",
+              dir,
+              startAt,
+            ]);
+            children.push(child);
+            let out = "";
+            child.stdout.on("data", (d: Buffer) => {
+              out += d.toString();
+              if (out.includes("\n")) resolve(out.trim());
+            });
+            child.on("exit", () => resolve(out.trim() || "exited"));
           }),
       ),
     );
+    // The winner holds the lock until the end: a late starter is refused too.
     expect(
       outcomes.filter((o) => o === "locked"),
       outcomes.join(","),
