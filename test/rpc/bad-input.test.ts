@@ -7,7 +7,7 @@ import { ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
 import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
 import { TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { createRoutes, rpcInterceptors } from "../../src/server.js";
-import { createTestDatabase } from "../support/database.js";
+import { createTestDatabase, onPostgres } from "../support/database.js";
 import { outcome } from "../support/errors.js";
 import { expireLease } from "../support/fixtures.js";
 import {
@@ -326,7 +326,7 @@ describe("bad input: each refused with its code, nothing changed", () => {
     expect(await tasksWithCorrelation(correlationId)).toBe(0);
   });
 
-  it("a database failure reaches the client as `internal error`, with no driver detail", async () => {
+  it("a database gone under the app reaches the client with no driver detail: unavailable on PostgreSQL, internal on a closed PGlite", async () => {
     const tdb = await createTestDatabase();
     const app = appOn(tdb.database);
     const transport = createRouterTransport(createRoutes(app), {
@@ -336,6 +336,16 @@ describe("bad input: each refused with its code, nothing changed", () => {
     const client = createClient(TaskService, transport);
     await tdb.drop(); // the database goes away under the running app
     const res = await outcome(client.getTask({ taskId: unknownId }));
-    expect(res).toEqual({ code: "Internal", reason: "", message: "internal error" });
+    // PostgreSQL's connections end: the database may come back, retry. A
+    // closed embedded database does not come back: that is a bug.
+    expect(res).toEqual(
+      onPostgres
+        ? {
+            code: "Unavailable",
+            reason: "",
+            message: "the database is unavailable for a moment; retry",
+          }
+        : { code: "Internal", reason: "", message: "internal error" },
+    );
   });
 });
