@@ -1,5 +1,5 @@
 import { setMaxListeners } from "node:events";
-import { createFileBlobStore } from "./artifacts/blob-store.js";
+import { createBlobStore } from "./artifacts/blob-stores.js";
 import { createGuard } from "./auth/guard.js";
 import type { Config } from "./config.js";
 import { DomainError } from "./core/errors.js";
@@ -23,7 +23,7 @@ import { createTaskEvents } from "./tasks/events.js";
 export function createApp(database: Database, config: Config, log: Logger) {
   const stores = createStores(database.db, config);
   const { fleet, leases } = stores;
-  const blobs = createFileBlobStore(config.blobDir);
+  const blobs = createBlobStore(config, database);
   const events = createTaskEvents();
   const wakeups = createClaimWakeups();
   const heartbeats = createHeartbeatBuffer(fleet);

@@ -12,6 +12,8 @@ export interface Config {
   publicUrl: string;
   auth: "on" | "off";
   blobDir: string;
+  /** Where artifact bytes live: files under `blobDir`, the database, or an S3 bucket. */
+  blobStore: BlobStoreConfig;
   logLevel: string;
   /** Seconds between worker heartbeats; a worker is LOST after 3 missed intervals. */
   heartbeatIntervalSeconds: number;
@@ -46,6 +48,16 @@ export interface Config {
   maxHeaderBytes: number;
 }
 
+/**
+ * `--blob-store fs` (files under `--blob-dir`, the default), `postgres` (in
+ * the coordinator's own PostgreSQL database) or `s3://bucket/prefix`
+ * (S3-compatible object storage; endpoint and keys from the AWS_* variables).
+ */
+export type BlobStoreConfig =
+  | { kind: "fs" }
+  | { kind: "postgres" }
+  | { kind: "s3"; bucket: string; prefix: string };
+
 /** Where the first admin token is written: `<data dir>/admin.token`. */
 export function adminTokenPath(dataDir: string): string {
   return join(dataDir, "admin.token");
@@ -62,6 +74,7 @@ const flags = {
   "public-url": { type: "string", env: "MESHWORK_PUBLIC_URL" },
   auth: { type: "string", env: "MESHWORK_AUTH" },
   "blob-dir": { type: "string", env: "MESHWORK_BLOB_DIR" },
+  "blob-store": { type: "string", env: "MESHWORK_BLOB_STORE" },
   "log-level": { type: "string", env: "MESHWORK_LOG_LEVEL" },
   "heartbeat-interval": { type: "string", env: "MESHWORK_HEARTBEAT_INTERVAL" },
   "read-max-bytes": { type: "string", env: "MESHWORK_READ_MAX_BYTES" },
@@ -88,6 +101,8 @@ export const serveUsage = `Usage: meshwork serve [flags]
   --public-url URL          MESHWORK_PUBLIC_URL   base of artifact URIs; default http://<listen>
   --auth on|off             MESHWORK_AUTH         bearer tokens; default on (off only on loopback)
   --blob-dir DIR            MESHWORK_BLOB_DIR     default <data dir>/blobs
+  --blob-store fs|postgres|s3://BUCKET/PREFIX
+                            MESHWORK_BLOB_STORE   where artifact bytes live; default fs (--blob-dir)
   --log-level LEVEL         MESHWORK_LOG_LEVEL    trace|debug|info|warn|error|silent; default info
   --heartbeat-interval S    MESHWORK_HEARTBEAT_INTERVAL  seconds, default 15
   --read-max-bytes N        MESHWORK_READ_MAX_BYTES      default 4194304
@@ -163,6 +178,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
       "DATABASE_URL must be a PostgreSQL URL (postgres://user:password@host:5432/database), or unset for the embedded database",
     );
   }
+  const blobStore = parseBlobStore(get("blob-store") ?? "fs", databaseUrl);
   return {
     listen,
     dataDir,
@@ -170,6 +186,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     publicUrl,
     auth,
     blobDir: get("blob-dir") ?? `${dataDir}/blobs`,
+    blobStore,
     logLevel,
     heartbeatIntervalSeconds: intFlag(
       "--heartbeat-interval",
@@ -218,6 +235,26 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     ),
     maxHeaderBytes: intFlag("--max-header-bytes", get("max-header-bytes"), 16_384, 1024, 1 << 20),
   };
+}
+
+function parseBlobStore(v: string, databaseUrl: string): BlobStoreConfig {
+  if (v === "fs") return { kind: "fs" };
+  if (v === "postgres") {
+    if (databaseUrl === "") {
+      throw new ConfigError(
+        "--blob-store postgres keeps artifact bytes in the PostgreSQL database: set DATABASE_URL too (the embedded database keeps them in --blob-dir)",
+      );
+    }
+    return { kind: "postgres" };
+  }
+  const m = /^s3:\/\/([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:\/(.*))?$/.exec(v);
+  if (m?.[1]) {
+    const prefix = (m[2] ?? "").replace(/^\/+|\/+$/g, "");
+    return { kind: "s3", bucket: m[1], prefix: prefix === "" ? "" : `${prefix}/` };
+  }
+  throw new ConfigError(
+    `--blob-store must be fs, postgres or s3://bucket/prefix (a valid S3 bucket name), not ${v}`,
+  );
 }
 
 function intFlag(name: string, v: string | undefined, dflt: number, min: number, max: number) {

@@ -1,20 +1,25 @@
 import { createHash, randomUUID } from "node:crypto";
-import { createReadStream, mkdirSync, type ReadStream, rmSync } from "node:fs";
+import { createReadStream, mkdirSync, rmSync } from "node:fs";
 import { mkdir, open, readdir, rename, rm, stat } from "node:fs/promises";
 import { dirname, join } from "node:path";
+import type { Readable } from "node:stream";
 import { DomainError } from "../core/errors.js";
 
-/** Bytes hashed into a temporary file, not yet in the content-addressed tree. */
+/** Bytes hashed into a temporary place, not yet in the content-addressed store. */
 export interface StagedBlob {
   sha256: string;
   size: number;
-  /** Makes the bytes durable under their hash (fsync, rename, fsync of the directory). */
+  /** Makes the bytes durable under their hash (for files: fsync, rename, fsync of the directory). */
   commit(): Promise<void>;
-  /** Removes the temporary file. */
+  /** Removes the temporary copy. */
   discard(): Promise<void>;
 }
 
-/** Where artifact bytes live. Local files now; object storage can implement the same. */
+/**
+ * Where artifact bytes live, addressed by their SHA-256: local files
+ * (`createFileBlobStore`), the PostgreSQL database or S3-compatible object
+ * storage (`createBlobStore` picks one from `--blob-store`).
+ */
 export interface BlobStore {
   /**
    * Streams `source` into a temporary file while hashing it. Refuses with
@@ -22,8 +27,11 @@ export interface BlobStore {
    * error the temporary file is removed.
    */
   stage(source: AsyncIterable<Uint8Array>, maxBytes: number): Promise<StagedBlob>;
-  /** The bytes of a committed blob, `start`..`end` inclusive when given. */
-  read(sha256: string, range?: { start: number; end: number }): ReadStream;
+  /**
+   * The bytes of a committed blob, `start`..`end` inclusive when given.
+   * Returned at once; a failure to read is an error on the stream.
+   */
+  read(sha256: string, range?: { start: number; end: number }): Readable;
   /** Whether a committed blob exists. */
   has(sha256: string): Promise<boolean>;
 }

@@ -28,6 +28,7 @@ export function testConfig(overrides: Partial<Config> = {}): Config {
     publicUrl: "http://127.0.0.1:8080",
     auth: "off",
     blobDir: mkdtempSync(join(tmpdir(), "meshwork-blobs-")),
+    blobStore: { kind: "fs" },
     logLevel: "silent",
     heartbeatIntervalSeconds: 15,
     sweepIntervalMs: 1000,

@@ -1,0 +1,22 @@
+import type { Config } from "../config.js";
+import type { Database } from "../db/database.js";
+import { type BlobStore, createFileBlobStore } from "./blob-store.js";
+
+/** The blob store `--blob-store` names (README: several replicas). */
+export function createBlobStore(
+  config: Pick<Config, "blobStore" | "blobDir">,
+  database: Pick<Database, "kind">,
+): BlobStore {
+  const chosen = config.blobStore;
+  switch (chosen.kind) {
+    case "fs":
+      return createFileBlobStore(config.blobDir);
+    case "postgres":
+      if (database.kind !== "postgres") {
+        throw new Error("--blob-store postgres needs a PostgreSQL database (DATABASE_URL)");
+      }
+      throw new Error("--blob-store postgres is not built yet");
+    case "s3":
+      throw new Error("--blob-store s3 is not built yet");
+  }
+}
