@@ -6,13 +6,81 @@ export type { Logger };
 const unsafeKeys = new Set(["params", "parameters", "detail", "where", "query_params"]);
 
 /**
- * An error as logged: pino's serializer, then without anything that may
- * carry a statement's parameters (Drizzle puts them in `params` and after
- * "params:" in its message; PostgreSQL's `detail` may quote row values).
- * The SQL text itself has placeholders only and is kept.
+ * An error as logged. A failed statement is logged as its error class, the
+ * SQLSTATE (or the driver's connection error code), the statement's name
+ * (`update tasks`, `select meshwork_claim`) and the database's message,
+ * never the SQL text or its parameters: those hold lease tokens and users'
+ * payloads (and made lines of tens of kilobytes). Any other error goes
+ * through pino's serializer without the keys that may carry parameters
+ * (Drizzle's `params`, PostgreSQL's `detail`, which may quote row values).
  */
 export function safeError(error: unknown): unknown {
-  return scrub(pino.stdSerializers.err(error as Error), 0);
+  return failedStatement(error) ?? scrub(pino.stdSerializers.err(error as Error), 0);
+}
+
+/** The loggable facts of a failed statement, or undefined if `error` is not one. */
+function failedStatement(error: unknown): Record<string, unknown> | undefined {
+  let query: string | undefined;
+  let code: string | undefined;
+  let driverMessage: string | undefined;
+  let e: unknown = error;
+  for (let depth = 0; depth < 6 && e !== null && typeof e === "object"; depth++) {
+    const o = e as { query?: unknown; code?: unknown; message?: unknown; cause?: unknown };
+    if (query === undefined && typeof o.query === "string") query = o.query;
+    if (code === undefined && typeof o.code === "string") {
+      code = o.code;
+      if (typeof o.message === "string") driverMessage = o.message;
+    }
+    e = o.cause;
+  }
+  if (query === undefined) return undefined;
+  const statement = statementName(query);
+  const sqlstate = code !== undefined && /^[0-9A-Z]{5}$/.test(code) ? code : undefined;
+  const message = redactValues(driverMessage ?? "no message", sqlstate);
+  const top = error as { name?: unknown; stack?: unknown };
+  const type = typeof top.name === "string" ? top.name : "Error";
+  const frames =
+    typeof top.stack === "string"
+      ? top.stack
+          .split("\n")
+          .filter((line) => line.startsWith("    at "))
+          .join("\n")
+      : "";
+  return {
+    type,
+    message: `${statement} failed: ${message}`,
+    statement,
+    ...(sqlstate !== undefined ? { sqlstate } : code !== undefined ? { code } : {}),
+    stack: `${type}: ${statement} failed: ${message}\n${frames}`,
+  };
+}
+
+/**
+ * A short name for a statement: its verb and the table or function it is
+ * about (`insert into tasks`, `select meshwork_claim`, `select from
+ * workers`). SQL text holds placeholders only, but it can be long.
+ */
+export function statementName(query: string): string {
+  const q = query.replace(/\s+/g, " ").toLowerCase();
+  const name = (s: string | undefined) => (s ?? "?").replaceAll('"', "");
+  const write = /\b(insert into|update|delete from) ("?[a-z_][a-z0-9_]*"?)/.exec(q);
+  if (write) return `${write[1]} ${name(write[2])}`;
+  const call =
+    /^select ("?[a-z_][a-z0-9_]*"?)\(/.exec(q) ?? /\bfrom ("?[a-z_][a-z0-9_]*"?)\(/.exec(q);
+  if (call) return `select ${name(call[1])}`;
+  const from = /\bfrom ("?[a-z_][a-z0-9_]*"?)/.exec(q);
+  if (from) return `select from ${name(from[1])}`;
+  return (/^[a-z]+/.exec(q)?.[0] ?? "statement").slice(0, 20);
+}
+
+/**
+ * A data or constraint error (SQLSTATE class 22 or 23) may quote the value
+ * it refused (`invalid input syntax for type uuid: "…"`): quoted text goes.
+ */
+function redactValues(message: string, sqlstate: string | undefined): string {
+  const short = message.length > 300 ? `${message.slice(0, 300)}…` : message;
+  if (sqlstate === undefined || !/^2[23]/.test(sqlstate)) return short;
+  return short.replace(/"[^"]*"/g, '"…"');
 }
 
 function scrub(value: unknown, depth: number): unknown {

@@ -88,6 +88,14 @@ async function openPostgres(url: string, poolSize: number): Promise<Database> {
     await admin.end();
   }
   const client = postgres(url, { max: poolSize, ...quiet });
+  // postgres.js fetches the array types (for text[] parameters) with a
+  // query of its own on every new connection. When a connection is
+  // terminated during that query, its rejection reaches no caller and
+  // would end the process (porsager/postgres #1192, #1205, #1223). The
+  // types are kept in the client's options, shared by its connections:
+  // fetch them once here, on the first connection, and never again.
+  await client`select 1`;
+  client.options.fetch_types = false;
   const db = drizzlePostgres({ client, schema });
   return {
     kind: "postgres",
