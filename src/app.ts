@@ -26,7 +26,11 @@ export function createApp(database: Database, config: Config, log: Logger) {
   const blobs = createBlobStore(config, database);
   const events = createTaskEvents();
   const wakeups = createClaimWakeups();
-  const heartbeats = createHeartbeatBuffer(fleet);
+  // The sweeper's stores use the database's housekeeping handle (its own
+  // connection on PostgreSQL), so it keeps running while requests exhaust
+  // the pool. Buffered heartbeats are written by the sweeper: the same.
+  const housekeeping = createStores(database.housekeeping, config);
+  const heartbeats = createHeartbeatBuffer(housekeeping.fleet);
   const workerCache = createWorkerCache(fleet);
   const guard = createGuard({
     enabled: config.auth === "on",
@@ -50,7 +54,7 @@ export function createApp(database: Database, config: Config, log: Logger) {
     retryable: isTransientDatabaseError,
   });
   const sweeper = createSweeper(
-    { leases, heartbeats, events, wakeups, log },
+    { leases: housekeeping.leases, heartbeats, events, wakeups, log },
     config.sweepIntervalMs,
   );
   const shutdown = new AbortController();

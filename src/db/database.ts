@@ -9,6 +9,7 @@ import { migrate as migratePglite } from "drizzle-orm/pglite/migrator";
 import { drizzle as drizzlePostgres } from "drizzle-orm/postgres-js";
 import { migrate as migratePostgres } from "drizzle-orm/postgres-js/migrator";
 import postgres from "postgres";
+import { createPoolGate, gatedClient, poolDefaults } from "./pool-gate.js";
 import * as schema from "./schema/index.js";
 
 /** The Drizzle handle every store takes: a database or a transaction. */
@@ -25,6 +26,12 @@ export type WithTx<S> = <T>(fn: (stores: S) => Promise<T>) => Promise<T>;
 export interface Database {
   readonly kind: "pglite" | "postgres";
   readonly db: Db;
+  /**
+   * The sweeper's handle: on PostgreSQL a connection of its own outside the
+   * request pool, so that it keeps expiring leases while requests exhaust
+   * the pool; on PGlite the same handle as `db`.
+   */
+  readonly housekeeping: Db;
   /** Subscribes to a NOTIFY channel; resolves once listening. Returns the unsubscribe. */
   listen(channel: string, onNotify: () => void): Promise<() => Promise<void>>;
   /** Throws when the database cannot answer. */
@@ -37,8 +44,15 @@ export interface OpenDatabaseOptions {
   url?: string | undefined;
   /** Where PGlite keeps its files; "memory://" for a throwaway in-memory database. */
   dataDir: string;
-  /** Connections in the PostgreSQL pool. */
+  /** Connections in the PostgreSQL request pool (default 10). */
   poolSize?: number;
+  /**
+   * How long a statement or transaction waits for a free pool connection
+   * before failing with PoolExhaustedError (`unavailable`), in ms (default 3000).
+   */
+  acquireTimeoutMs?: number;
+  /** PostgreSQL `statement_timeout` of every connection, in ms; 0 = none (default 30000). */
+  statementTimeoutMs?: number;
 }
 
 const migrationsFolder = fileURLToPath(new URL("./migrations", import.meta.url));
@@ -46,8 +60,12 @@ const migrationsFolder = fileURLToPath(new URL("./migrations", import.meta.url))
 /** Opens the database and applies the committed migrations. */
 export async function openDatabase(options: OpenDatabaseOptions): Promise<Database> {
   return options.url
-    ? openPostgres(options.url, options.poolSize ?? 10)
+    ? openPostgres(options.url, { ...poolDefaults, ...withoutUndefined(options) })
     : openPglite(options.dataDir);
+}
+
+function withoutUndefined<T extends object>(o: T): Partial<T> {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as Partial<T>;
 }
 
 async function openPglite(dataDir: string): Promise<Database> {
@@ -62,6 +80,9 @@ async function openPglite(dataDir: string): Promise<Database> {
   return {
     kind: "pglite",
     db: db as unknown as Db,
+    // One connection, serialized by PGlite itself: there is no pool to
+    // exhaust, so no gate and nothing to reserve.
+    housekeeping: db as unknown as Db,
     async listen(channel, onNotify) {
       const unsubscribe = await client.listen(channel, () => onNotify());
       return unsubscribe;
@@ -75,7 +96,7 @@ async function openPglite(dataDir: string): Promise<Database> {
   };
 }
 
-async function openPostgres(url: string, poolSize: number): Promise<Database> {
+async function openPostgres(url: string, o: typeof poolDefaults): Promise<Database> {
   const quiet = { onnotice: () => {} };
   // Migrate on one dedicated connection under an advisory lock, so that
   // replicas starting together apply each migration once.
@@ -87,28 +108,52 @@ async function openPostgres(url: string, poolSize: number): Promise<Database> {
   } finally {
     await admin.end();
   }
-  const client = postgres(url, { max: poolSize, ...quiet });
+  // A stuck statement (a lock held elsewhere, a runaway plan) is cancelled
+  // by the server and frees its connection; 57014 is `unavailable`.
+  const connection = (name: string) => ({
+    application_name: name,
+    ...(o.statementTimeoutMs > 0 && { statement_timeout: o.statementTimeoutMs }),
+  });
+  const client = postgres(url, { max: o.poolSize, connection: connection("meshwork"), ...quiet });
+  // Requests wait at most acquireTimeoutMs for a pool connection, then fail
+  // fast with `unavailable` (pool-gate.ts): postgres.js itself would queue
+  // them until a connection frees, however long that takes.
+  const gate = createPoolGate(o.poolSize, o.acquireTimeoutMs);
+  const db = drizzlePostgres({ client: gatedClient(client, gate), schema });
+  // The sweeper's own connection, outside the pool and the gate: it runs
+  // one statement at a time, and must keep expiring leases while request
+  // traffic holds every pool connection.
+  const sweeperClient = postgres(url, {
+    max: 1,
+    connection: connection("meshwork-sweeper"),
+    ...quiet,
+  });
+  const housekeeping = drizzlePostgres({ client: sweeperClient, schema });
   // postgres.js fetches the array types (for text[] parameters) with a
   // query of its own on every new connection. When a connection is
   // terminated during that query, its rejection reaches no caller and
   // would end the process (porsager/postgres #1192, #1205, #1223). The
-  // types are kept in the client's options, shared by its connections:
+  // types are kept in each client's options, shared by its connections:
   // fetch them once here, on the first connection, and never again.
-  await client`select 1`;
-  client.options.fetch_types = false;
-  const db = drizzlePostgres({ client, schema });
+  for (const c of [client, sweeperClient]) {
+    await c`select 1`;
+    c.options.fetch_types = false;
+  }
   return {
     kind: "postgres",
     db: db as unknown as Db,
+    housekeeping: housekeeping as unknown as Db,
     async listen(channel, onNotify) {
       const sub = await client.listen(channel, () => onNotify());
       return () => sub.unlisten();
     },
+    // Through the gate on purpose: /readyz says whether a request would get
+    // a connection now, and an exhausted pool is not ready.
     async ping() {
       await db.execute(sql`select 1`);
     },
     async close() {
-      await client.end({ timeout: 5 });
+      await Promise.all([client.end({ timeout: 5 }), sweeperClient.end({ timeout: 5 })]);
     },
   };
 }

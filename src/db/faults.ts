@@ -2,7 +2,8 @@
  * Whether a failed statement failed because the database could not be
  * reached or could not run it just now (a lost connection, a failover, a
  * server shutting down, too many connections, a statement timeout, a
- * serialization failure or deadlock), as opposed to a bug. Such a failure
+ * serialization failure or deadlock, no pool connection free within the
+ * acquire timeout), as opposed to a bug. Such a failure
  * is `unavailable` to clients, who retry; the same call may well succeed a
  * moment later. Errors are searched down their `cause` chain (Drizzle wraps
  * the driver's error).
@@ -19,7 +20,7 @@ export function isTransientDatabaseError(error: unknown): boolean {
   return false;
 }
 
-/** Node's socket errors and postgres.js's own connection errors. */
+/** Node's socket errors, postgres.js's own connection errors, and our pool gate's (pool-gate.ts). */
 const transientCodes = new Set([
   "ECONNREFUSED",
   "ECONNRESET",
@@ -32,6 +33,7 @@ const transientCodes = new Set([
   "CONNECTION_ENDED",
   "CONNECTION_DESTROYED",
   "CONNECT_TIMEOUT",
+  "POOL_EXHAUSTED",
 ]);
 
 /**
