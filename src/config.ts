@@ -1,5 +1,6 @@
 import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { poolDefaults } from "./db/pool-gate.js";
 
 /** Everything `meshwork serve` can be told, from flags or the environment (README: Configuration). */
 export interface Config {
@@ -8,6 +9,12 @@ export interface Config {
   dataDir: string;
   /** PostgreSQL URL; empty = embedded PGlite in `<dataDir>/db`. */
   databaseUrl: string;
+  /** PostgreSQL: connections in the request pool (the sweeper has one more of its own). */
+  dbPoolSize: number;
+  /** PostgreSQL: longest wait for a free pool connection, in ms; then `unavailable`. */
+  dbAcquireTimeoutMs: number;
+  /** PostgreSQL: `statement_timeout` of every connection, in ms; 0 = none. */
+  dbStatementTimeoutMs: number;
   /** Base of artifact URIs; default http://<listen>. */
   publicUrl: string;
   auth: "on" | "off";
@@ -71,6 +78,9 @@ const flags = {
   listen: { type: "string", env: "MESHWORK_LISTEN" },
   "data-dir": { type: "string", env: "MESHWORK_DATA_DIR" },
   "database-url": { type: "string", env: "DATABASE_URL" },
+  "db-pool-size": { type: "string", env: "MESHWORK_DB_POOL_SIZE" },
+  "db-acquire-timeout": { type: "string", env: "MESHWORK_DB_ACQUIRE_TIMEOUT" },
+  "db-statement-timeout": { type: "string", env: "MESHWORK_DB_STATEMENT_TIMEOUT" },
   "public-url": { type: "string", env: "MESHWORK_PUBLIC_URL" },
   auth: { type: "string", env: "MESHWORK_AUTH" },
   "blob-dir": { type: "string", env: "MESHWORK_BLOB_DIR" },
@@ -98,6 +108,9 @@ export const serveUsage = `Usage: meshwork serve [flags]
   --listen HOST:PORT        MESHWORK_LISTEN       default 127.0.0.1:8080
   --data-dir DIR            MESHWORK_DATA_DIR     default ./.meshwork
   --database-url URL        DATABASE_URL          PostgreSQL; unset = embedded PGlite
+  --db-pool-size N          MESHWORK_DB_POOL_SIZE        PostgreSQL request connections; default 10
+  --db-acquire-timeout MS   MESHWORK_DB_ACQUIRE_TIMEOUT  wait for a free one, then unavailable; default 3000
+  --db-statement-timeout MS MESHWORK_DB_STATEMENT_TIMEOUT  statement_timeout; default 30000, 0 = none
   --public-url URL          MESHWORK_PUBLIC_URL   base of artifact URIs; default http://<listen>
   --auth on|off             MESHWORK_AUTH         bearer tokens; default on (off only on loopback)
   --blob-dir DIR            MESHWORK_BLOB_DIR     default <data dir>/blobs
@@ -183,6 +196,21 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     listen,
     dataDir,
     databaseUrl,
+    dbPoolSize: intFlag("--db-pool-size", get("db-pool-size"), poolDefaults.poolSize, 1, 1000),
+    dbAcquireTimeoutMs: intFlag(
+      "--db-acquire-timeout",
+      get("db-acquire-timeout"),
+      poolDefaults.acquireTimeoutMs,
+      1,
+      600_000,
+    ),
+    dbStatementTimeoutMs: intFlag(
+      "--db-statement-timeout",
+      get("db-statement-timeout"),
+      poolDefaults.statementTimeoutMs,
+      0,
+      86_400_000,
+    ),
     publicUrl,
     auth,
     blobDir: get("blob-dir") ?? `${dataDir}/blobs`,

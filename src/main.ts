@@ -78,11 +78,15 @@ export async function serve(config: Config): Promise<void> {
   let server: RunningServer;
   try {
     bound = await bind(config, config.listen);
-    database = await openDatabase({ url: config.databaseUrl, dataDir: config.dataDir }).catch(
-      (error: unknown) => {
-        throw new StartupError(whyNoDatabase(error, config));
-      },
-    );
+    database = await openDatabase({
+      url: config.databaseUrl,
+      dataDir: config.dataDir,
+      poolSize: config.dbPoolSize,
+      acquireTimeoutMs: config.dbAcquireTimeoutMs,
+      statementTimeoutMs: config.dbStatementTimeoutMs,
+    }).catch((error: unknown) => {
+      throw new StartupError(whyNoDatabase(error, config));
+    });
     if (config.auth === "on") await firstAdminToken(database, config, log);
     server = await bound.serve(createApp(database, config, log));
   } catch (error) {
