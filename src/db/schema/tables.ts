@@ -2,6 +2,7 @@ import { sql } from "drizzle-orm";
 import {
   bigint,
   boolean,
+  customType,
   doublePrecision,
   index,
   integer,
@@ -156,6 +157,54 @@ export const artifacts = pgTable(
   },
   (t) => [index("artifacts_task_idx").on(t.taskId, t.createdAt, t.id)],
 );
+
+/** Raw bytes; PGlite gives a Uint8Array, postgres.js a Buffer (one). */
+const bytea = customType<{ data: Uint8Array; driverData: Uint8Array }>({
+  dataType: () => "bytea",
+});
+
+/**
+ * Uploads being staged into `blob_chunks` (`--blob-store postgres`), one row
+ * from stage() to commit or discard. Every chunk written moves `touched_at`:
+ * a row left untouched for long is an upload a crash abandoned, removed with
+ * its chunks by whichever replica sweeps first.
+ */
+export const blobUploads = pgTable(
+  "blob_uploads",
+  {
+    id: uuid("id").primaryKey(),
+    createdAt: timestamptz("created_at").notNull().defaultNow(),
+    touchedAt: timestamptz("touched_at").notNull().defaultNow(),
+  },
+  (t) => [index("blob_uploads_touched_idx").on(t.touchedAt)],
+);
+
+/**
+ * The bytes of an upload, staged or committed, in chunks numbered from 0:
+ * each `blobs.chunk_bytes` long but the last.
+ */
+export const blobChunks = pgTable(
+  "blob_chunks",
+  {
+    uploadId: uuid("upload_id").notNull(),
+    seq: integer("seq").notNull(),
+    data: bytea("data").notNull(),
+  },
+  (t) => [primaryKey({ columns: [t.uploadId, t.seq] })],
+);
+
+/**
+ * Committed blobs of `--blob-store postgres`: the bytes of `sha256` are the
+ * chunks of upload `upload_id`. One row per SHA-256, so equal bytes are kept
+ * once.
+ */
+export const blobs = pgTable("blobs", {
+  sha256: text("sha256").primaryKey(),
+  uploadId: uuid("upload_id").notNull(),
+  sizeBytes: bigint("size_bytes", { mode: "number" }).notNull(),
+  chunkBytes: integer("chunk_bytes").notNull(),
+  createdAt: timestamptz("created_at").notNull().defaultNow(),
+});
 
 /**
  * Versioned knowledge entries ("adaptations", "patterns") that coordinators
