@@ -61,6 +61,17 @@ export function createApp(database: Database, config: Config, log: Logger) {
   // Every in-flight request listens for shutdown: no listener limit applies.
   setMaxListeners(0, shutdown.signal);
   let unlisten: (() => Promise<void>) | undefined;
+  let blobSweep: NodeJS.Timeout | undefined;
+  // A store shared by replicas (--blob-store postgres) cannot clear its
+  // leftovers at start-up: another replica may be uploading. It removes
+  // uploads idle for long instead, now and then.
+  const removeAbandonedBlobs = () =>
+    blobs.removeAbandoned?.().then(
+      (removed) => {
+        if (removed > 0) log.info({ removed }, "removed abandoned blob uploads");
+      },
+      (error: unknown) => log.warn({ err: error }, "removing abandoned blob uploads failed"),
+    );
   return {
     database,
     config,
@@ -83,10 +94,16 @@ export function createApp(database: Database, config: Config, log: Logger) {
     async start(options: { sweeper?: boolean } = {}): Promise<void> {
       unlisten = await database.listen("meshwork_task_ready", () => wakeups.notify());
       if (options.sweeper !== false) sweeper.start();
+      if (blobs.removeAbandoned) {
+        void removeAbandonedBlobs();
+        blobSweep = setInterval(removeAbandonedBlobs, 10 * 60 * 1000);
+        blobSweep.unref();
+      }
     },
     /** Ends long polls and streams, stops the sweeper, writes pending heartbeats. */
     async stop(): Promise<void> {
       shutdown.abort();
+      clearInterval(blobSweep);
       await sweeper.stop();
       await unlisten?.();
       await heartbeats.flush().catch(() => {});

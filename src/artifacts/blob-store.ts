@@ -34,6 +34,12 @@ export interface BlobStore {
   read(sha256: string, range?: { start: number; end: number }): Readable;
   /** Whether a committed blob exists. */
   has(sha256: string): Promise<boolean>;
+  /**
+   * Removes what uploads abandoned by a crash left in a store that replicas
+   * share (the app runs it now and then); returns how many were removed. A
+   * store that clears its leftovers when it opens has none.
+   */
+  removeAbandoned?(): Promise<number>;
 }
 
 /**

@@ -1,11 +1,12 @@
 import type { Config } from "../config.js";
 import type { Database } from "../db/database.js";
+import { createPostgresBlobStore } from "./blob-postgres.js";
 import { type BlobStore, createFileBlobStore } from "./blob-store.js";
 
 /** The blob store `--blob-store` names (README: several replicas). */
 export function createBlobStore(
   config: Pick<Config, "blobStore" | "blobDir">,
-  database: Pick<Database, "kind">,
+  database: Pick<Database, "kind" | "db">,
 ): BlobStore {
   const chosen = config.blobStore;
   switch (chosen.kind) {
@@ -15,7 +16,7 @@ export function createBlobStore(
       if (database.kind !== "postgres") {
         throw new Error("--blob-store postgres needs a PostgreSQL database (DATABASE_URL)");
       }
-      throw new Error("--blob-store postgres is not built yet");
+      return createPostgresBlobStore(database.db);
     case "s3":
       throw new Error("--blob-store s3 is not built yet");
   }
