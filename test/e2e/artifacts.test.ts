@@ -14,7 +14,7 @@ import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
 import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import type { App } from "../../src/app.js";
 import { leftovers } from "../../src/artifacts/blob-store.js";
-import { artifacts } from "../../src/db/schema/index.js";
+import { artifacts, blobs, blobUploads } from "../../src/db/schema/index.js";
 import { listen, type RunningServer } from "../../src/server.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { outcome } from "../support/errors.js";
@@ -143,15 +143,37 @@ async function rowsOfTask(taskId: string): Promise<number> {
   return Number(r?.n ?? 0);
 }
 
-function blobFiles(): string[] {
+/** Blobs committed in the app's store (the suite runs on either: harness.ts, testBlobStore). */
+async function blobCount(): Promise<number> {
+  if (app.config.blobStore.kind === "postgres") {
+    const [r] = await app.database.db.select({ n: count() }).from(blobs);
+    return Number(r?.n ?? 0);
+  }
   const root = join(app.config.blobDir, "sha256");
   try {
-    return readdirSync(root, { recursive: true, withFileTypes: true })
-      .filter((d) => d.isFile())
-      .map((d) => d.name);
+    return readdirSync(root, { recursive: true, withFileTypes: true }).filter((d) => d.isFile())
+      .length;
   } catch {
-    return [];
+    return 0;
   }
+}
+
+/** Temporary copies of uploads: none once an upload has finished either way. */
+async function staged(): Promise<string[]> {
+  if (app.config.blobStore.kind === "postgres") {
+    const rows = await app.database.db.select({ id: blobUploads.id }).from(blobUploads);
+    return rows.map((r) => r.id);
+  }
+  return leftovers(app.config.blobDir);
+}
+
+/** Removes a committed blob, leaving its artifact rows: a replica that does not hold the bytes. */
+async function forgetBlob(sha: string): Promise<void> {
+  if (app.config.blobStore.kind === "postgres") {
+    await app.database.db.delete(blobs).where(eq(blobs.sha256, sha));
+    return;
+  }
+  unlinkSync(join(app.config.blobDir, "sha256", sha.slice(0, 2), sha.slice(2, 4), sha));
 }
 
 describe("artifacts over plain HTTP", () => {
@@ -210,11 +232,11 @@ describe("artifacts over plain HTTP", () => {
   it("keeps the same bytes once however often they are stored", async () => {
     const { lease, headers } = await claimed();
     const data = bytes(5000, 7);
-    const before = blobFiles().length;
+    const before = await blobCount();
     const a = await put(lease.taskId, "a.bin", data, headers);
     const b = await put(lease.taskId, "b.bin", data, headers);
     expect(a.body.artifact_id).not.toBe(b.body.artifact_id);
-    expect(blobFiles().length).toBe(before + 1);
+    expect(await blobCount()).toBe(before + 1);
     expect(await rowsOfTask(lease.taskId)).toBe(2);
     const first = await artifactClient().listArtifacts({ taskId: lease.taskId, pageSize: 1 });
     const second = await artifactClient().listArtifacts({
@@ -232,7 +254,7 @@ describe("artifacts over plain HTTP", () => {
   it("refuses each bad upload with its status and keeps nothing", async () => {
     const { lease, headers } = await claimed();
     const data = bytes(3000, 9);
-    const filesBefore = blobFiles().length;
+    const filesBefore = await blobCount();
     const cases: [string, Record<string, string>, Uint8Array, number, string][] = [
       [
         "out.bin",
@@ -272,8 +294,8 @@ describe("artifacts over plain HTTP", () => {
       });
     }
     expect(await rowsOfTask(lease.taskId)).toBe(0);
-    expect(blobFiles().length).toBe(filesBefore);
-    expect(await leftovers(app.config.blobDir)).toEqual([]);
+    expect(await blobCount()).toBe(filesBefore);
+    expect(await staged()).toEqual([]);
   });
 
   it("refuses an upload under an expired lease", async () => {
@@ -301,10 +323,10 @@ describe("artifacts over plain HTTP", () => {
       });
     });
     // The server notices the disconnect and removes its temporary file.
-    for (let i = 0; i < 50 && (await leftovers(app.config.blobDir)).length > 0; i++) {
+    for (let i = 0; i < 50 && (await staged()).length > 0; i++) {
       await new Promise((r) => setTimeout(r, 20));
     }
-    expect(await leftovers(app.config.blobDir)).toEqual([]);
+    expect(await staged()).toEqual([]);
     expect(await rowsOfTask(lease.taskId)).toBe(0);
     const retry = await put(lease.taskId, "cut.bin", data, {
       ...headers,
@@ -373,7 +395,7 @@ describe("artifacts over the streaming RPCs", () => {
       code: "InvalidArgument",
       reason: "SIZE_MISMATCH",
     });
-    expect(await leftovers(app.config.blobDir)).toEqual([]);
+    expect(await staged()).toEqual([]);
   });
 });
 
@@ -385,7 +407,7 @@ describe("bytes this coordinator cannot reach", () => {
     expect(up.status).toBe(201);
     // As on a replica that does not share the blob store: the row, not the bytes.
     const sha = String(up.body.sha256);
-    unlinkSync(join(app.config.blobDir, "sha256", sha.slice(0, 2), sha.slice(2, 4), sha));
+    await forgetBlob(sha);
     const res = await fetch(`${url}/artifacts/${up.body.artifact_id}/download`);
     expect(res.status).toBe(503);
     expect(await res.json()).toMatchObject({

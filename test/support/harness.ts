@@ -18,7 +18,17 @@ import type { Config } from "../../src/config.js";
 import type { Database } from "../../src/db/database.js";
 import type { TokenRoleName } from "../../src/db/schema/index.js";
 import { createRoutes, rpcInterceptors } from "../../src/server.js";
-import { createTestDatabase, type TestDatabase } from "./database.js";
+import { createTestDatabase, onPostgres, type TestDatabase } from "./database.js";
+
+/**
+ * The blob store of test apps: the file store, or with
+ * `MESHWORK_TEST_BLOB_STORE=postgres` (and DATABASE_URL) the PostgreSQL one,
+ * to run the whole suite on it.
+ */
+export const testBlobStore: Config["blobStore"] =
+  process.env.MESHWORK_TEST_BLOB_STORE === "postgres" && onPostgres
+    ? { kind: "postgres" }
+    : { kind: "fs" };
 
 export function testConfig(overrides: Partial<Config> = {}): Config {
   return {
@@ -31,7 +41,7 @@ export function testConfig(overrides: Partial<Config> = {}): Config {
     publicUrl: "http://127.0.0.1:8080",
     auth: "off",
     blobDir: mkdtempSync(join(tmpdir(), "meshwork-blobs-")),
-    blobStore: { kind: "fs" },
+    blobStore: testBlobStore,
     logLevel: "silent",
     heartbeatIntervalSeconds: 15,
     sweepIntervalMs: 1000,
