@@ -8,7 +8,9 @@
  *
  * Also the artifact scenario: a 256 MiB artifact uploaded and downloaded
  * over HTTP PUT/GET and over the streaming RPCs, with MB/s and the
- * coordinator's peak RSS growth, beside `sha256sum` of the same file.
+ * coordinator's peak RSS growth, beside `sha256sum` of the same file. With
+ * MESHWORK_BLOB_STORE=postgres (and BENCH_DB=postgres) the coordinator keeps
+ * the bytes in the database instead of files.
  *
  * Environment: BENCH_DB=both|postgres|pglite, BENCH_SCENARIOS
  * (drain,latency,artifacts), BENCH_ARTIFACT_MIB (256), BENCH_TASKS (20000),
@@ -447,6 +449,7 @@ async function artifactsScenario(co: Coordinator) {
     print({
       scenario: `artifacts-${artifactMiB}MiB`,
       database: co.database,
+      blob_store: env.MESHWORK_BLOB_STORE ?? "fs",
       ...r,
       sha256sum_mb_per_s: sha256sumMbps,
     });
