@@ -2,6 +2,7 @@ import { create, type Message } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { ErrorInfoSchema } from "../../gen/meshwork/v1/errors_pb.js";
 import { type Task, TaskSchema } from "../../gen/meshwork/v1/task_pb.js";
+import { BlobStoreUnavailable } from "../artifacts/blob-unavailable.js";
 import { DomainError, type ErrorKind } from "../core/errors.js";
 import { isTransientDatabaseError } from "../db/faults.js";
 import type { TaskRow } from "../db/schema/index.js";
@@ -93,6 +94,19 @@ export function databaseUnavailable(): ConnectError {
   });
 }
 
+/**
+ * The blob store (S3, …) cannot be reached or cannot serve just now:
+ * `unavailable` (503), retry in a second. The cause is logged, never sent:
+ * it may name the endpoint.
+ */
+export function blobStoreUnavailable(): ConnectError {
+  return new ConnectError(
+    "the artifact store is unavailable for a moment; retry",
+    Code.Unavailable,
+    { "retry-after": "1" },
+  );
+}
+
 /** The public form of a task, for errors that carry one (given by the caller: tasks/convert.ts). */
 export type TaskEncoder = (row: TaskRow) => Task;
 
@@ -130,6 +144,11 @@ export function createErrorMapper(encodeTask: TaskEncoder) {
 
   return function toClientError(error: unknown): { error: ConnectError; unexpected: boolean } {
     if (error instanceof DomainError) return { error: connectErrorOf(error), unexpected: false };
+    // Before the database check: a blob store's socket error (ECONNREFUSED)
+    // in the cause chain would otherwise read as the database's.
+    if (error instanceof BlobStoreUnavailable) {
+      return { error: blobStoreUnavailable(), unexpected: false };
+    }
     if (isTransientDatabaseError(error)) {
       return { error: databaseUnavailable(), unexpected: false };
     }
