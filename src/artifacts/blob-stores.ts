@@ -1,6 +1,7 @@
 import type { Config } from "../config.js";
 import type { Database } from "../db/database.js";
 import { createPostgresBlobStore } from "./blob-postgres.js";
+import { createS3BlobStore, createS3Client } from "./blob-s3.js";
 import { type BlobStore, createFileBlobStore } from "./blob-store.js";
 
 /** The blob store `--blob-store` names (README: several replicas). */
@@ -18,6 +19,11 @@ export function createBlobStore(
       }
       return createPostgresBlobStore(database.db);
     case "s3":
-      throw new Error("--blob-store s3 is not built yet");
+      // Endpoint, region and credentials from the AWS_* variables (blob-s3.ts).
+      return createS3BlobStore({
+        client: createS3Client(),
+        bucket: chosen.bucket,
+        prefix: chosen.prefix,
+      });
   }
 }

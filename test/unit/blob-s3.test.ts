@@ -1,0 +1,224 @@
+import { randomBytes, randomUUID } from "node:crypto";
+import { createServer } from "node:net";
+import { Code } from "@connectrpc/connect";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createS3BlobStore, type S3BlobStoreOptions } from "../../src/artifacts/blob-s3.js";
+import { BlobStoreUnavailable } from "../../src/artifacts/blob-unavailable.js";
+import { createErrorMapper } from "../../src/rpc/errors.js";
+import { toTask } from "../../src/tasks/convert.js";
+import { blobStoreContract, chunks, readAll, sha } from "../support/blob-store-contract.js";
+import { startS3, type TestS3 } from "../support/s3.js";
+
+const MiB = 1024 * 1024;
+let s3: TestS3;
+beforeAll(async () => {
+  s3 = await startS3();
+});
+afterAll(() => s3?.close());
+
+/** A store under a prefix of its own, and the S3 calls it makes (by command name). */
+function storeOf(options: Partial<S3BlobStoreOptions> = {}) {
+  const prefix = `t-${randomUUID().slice(0, 8)}/`;
+  const client = options.client ?? s3.client();
+  const calls: string[] = [];
+  client.middlewareStack.add(
+    (next, context) => (args) => {
+      calls.push(String(context.commandName).replace(/Command$/, ""));
+      return next(args);
+    },
+    { step: "initialize" },
+  );
+  const store = createS3BlobStore({
+    bucket: s3.bucket,
+    prefix,
+    partBytes: 5 * MiB,
+    ...options,
+    client,
+  });
+  return {
+    store,
+    prefix,
+    calls,
+    /** Objects under tmp/ and multipart uploads still open. */
+    leftovers: async () => [
+      ...(await s3.keys(`${prefix}tmp/`)),
+      ...(await s3.openUploads()).filter((k) => k.startsWith(prefix)).map((k) => `upload:${k}`),
+    ],
+  };
+}
+
+/** `n` MiB in chunks of 1 MiB (a socket's chunks are smaller; the store must not care). */
+function mebibytes(n: number): Buffer[] {
+  return Array.from({ length: n }, () => randomBytes(MiB));
+}
+
+async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer()
+      .once("error", reject)
+      .listen(0, "127.0.0.1", () => {
+        const { port } = s.address() as { port: number };
+        s.close(() => resolve(port));
+      });
+  });
+}
+
+describe("S3 blob store", () => {
+  describe("the blob store contract", () => {
+    blobStoreContract(async () => storeOf());
+  });
+
+  it("keys a committed blob <prefix>sha256/<hex>, and uploads it with one PutObject when it fits one part", async () => {
+    const t = storeOf();
+    const staged = await t.store.stage(chunks("small"), 100);
+    await staged.commit();
+    expect(await s3.keys(t.prefix)).toEqual([`${t.prefix}sha256/${sha("small")}`]);
+    expect(t.calls).toEqual(["PutObject", "HeadObject", "CopyObject", "DeleteObject"]);
+  });
+
+  it("uploads more than a part as a multipart upload, one part after the other, and reads it back", async () => {
+    const t = storeOf();
+    const data = mebibytes(12);
+    const staged = await t.store.stage(chunks(...data), 100 * MiB);
+    const whole = Buffer.concat(data);
+    expect(staged).toMatchObject({ sha256: sha(whole), size: 12 * MiB });
+    expect(t.calls).toEqual([
+      "CreateMultipartUpload",
+      "UploadPart",
+      "UploadPart",
+      "UploadPart",
+      "CompleteMultipartUpload",
+    ]);
+    await staged.commit();
+    expect(sha(await readAll(t.store.read(staged.sha256)))).toBe(sha(whole));
+    const range = await readAll(
+      t.store.read(staged.sha256, { start: 5 * MiB - 3, end: 5 * MiB + 2 }),
+    );
+    expect(range).toEqual(whole.subarray(5 * MiB - 3, 5 * MiB + 3));
+    expect(await t.leftovers()).toEqual([]);
+  });
+
+  it("uploads exactly one part's worth with one PutObject", async () => {
+    const t = storeOf();
+    await (await t.store.stage(chunks(...mebibytes(5)), 100 * MiB)).discard();
+    expect(t.calls).toEqual(["PutObject", "DeleteObject"]);
+  });
+
+  it("refuses an oversize multipart upload as soon as it is too large: no object, no open upload", async () => {
+    const t = storeOf();
+    await expect(t.store.stage(chunks(...mebibytes(12)), 11 * MiB)).rejects.toMatchObject({
+      kind: "resource_exhausted",
+      reason: "ARTIFACT_TOO_LARGE",
+    });
+    expect(t.calls).toContain("UploadPart");
+    expect(t.calls).toContain("AbortMultipartUpload");
+    expect(await t.leftovers()).toEqual([]);
+  });
+
+  it("aborts the multipart upload when the source fails after some parts", async () => {
+    const t = storeOf();
+    async function* broken() {
+      yield* chunks(...mebibytes(11));
+      throw new Error("client went away");
+    }
+    await expect(t.store.stage(broken(), 100 * MiB)).rejects.toThrow("client went away");
+    expect(await t.leftovers()).toEqual([]);
+  });
+
+  it("aborts the multipart upload when S3 fails a part: unavailable, nothing left", async () => {
+    const t = storeOf({ client: s3.client({ maxAttempts: 1 }) });
+    s3.fault = {
+      status: 500,
+      match: (method, path, query) =>
+        method === "PUT" && path.includes(t.prefix) && query.partNumber === "2",
+    };
+    try {
+      const error = await t.store.stage(chunks(...mebibytes(12)), 100 * MiB).catch((e) => e);
+      expect(error).toBeInstanceOf(BlobStoreUnavailable);
+      expect(error.message).toMatch(/^S3 UploadPart failed: .*HTTP 500/);
+    } finally {
+      s3.fault = undefined;
+    }
+    expect(await t.leftovers()).toEqual([]);
+  });
+
+  it("deletes the temporary object when S3 stored it but its answer was lost", async () => {
+    const t = storeOf({ client: s3.client({ maxAttempts: 1 }) });
+    s3.fault = {
+      status: 500,
+      after: true,
+      match: (method, path) => method === "PUT" && path.includes(`${t.prefix}tmp/`),
+    };
+    try {
+      await expect(t.store.stage(chunks("stored, answer lost"), 100)).rejects.toBeInstanceOf(
+        BlobStoreUnavailable,
+      );
+    } finally {
+      s3.fault = undefined;
+    }
+    expect(await t.leftovers()).toEqual([]);
+  });
+
+  it("does not copy bytes it already holds: commit only deletes the temporary object", async () => {
+    const t = storeOf();
+    await (await t.store.stage(chunks("twice"), 100)).commit();
+    t.calls.length = 0;
+    await (await t.store.stage(chunks("twice"), 100)).commit();
+    expect(t.calls).toEqual(["PutObject", "HeadObject", "DeleteObject"]);
+  });
+
+  it("copies a blob larger than one CopyObject may copy in parts (UploadPartCopy)", async () => {
+    const t = storeOf({ maxCopyBytes: MiB, copyPartBytes: 5 * MiB });
+    const data = Buffer.concat(mebibytes(12));
+    const staged = await t.store.stage(chunks(data), 100 * MiB);
+    t.calls.length = 0;
+    await staged.commit();
+    expect(t.calls.filter((c) => c === "UploadPartCopy")).toHaveLength(3);
+    expect(t.calls).not.toContain("CopyObject");
+    expect(sha(await readAll(t.store.read(staged.sha256)))).toBe(sha(data));
+    expect(await t.leftovers()).toEqual([]);
+  });
+
+  it("fails a download cut short by S3 on the stream, as unavailable", async () => {
+    const t = storeOf({ client: s3.client({ maxAttempts: 1 }) });
+    const staged = await t.store.stage(chunks("some bytes"), 100);
+    await staged.commit();
+    s3.fault = {
+      status: 503,
+      match: (method, path) => method === "GET" && path.includes(t.prefix),
+    };
+    try {
+      await expect(readAll(t.store.read(staged.sha256))).rejects.toBeInstanceOf(
+        BlobStoreUnavailable,
+      );
+    } finally {
+      s3.fault = undefined;
+    }
+  });
+
+  describe("with the endpoint unreachable", () => {
+    it("fails stage, has and read with an error clients see as unavailable, without the endpoint", async () => {
+      const port = await freePort();
+      const dead = createS3BlobStore({
+        client: s3.client({ maxAttempts: 1, endpoint: `http://127.0.0.1:${port}` }),
+        bucket: s3.bucket,
+        prefix: "dead/",
+      });
+      const toClient = createErrorMapper(toTask);
+      const errors = [
+        await dead.stage(chunks("x"), 100).catch((e: unknown) => e),
+        await dead.has(sha("x")).catch((e: unknown) => e),
+        await readAll(dead.read(sha("x"))).catch((e: unknown) => e),
+      ];
+      for (const error of errors) {
+        expect(error).toBeInstanceOf(BlobStoreUnavailable);
+        expect((error as Error).message).toMatch(/^S3 \w+ failed: ECONNREFUSED/);
+        const { error: sent, unexpected } = toClient(error);
+        expect(unexpected).toBe(false);
+        expect(sent.code).toBe(Code.Unavailable);
+        expect(sent.rawMessage).toBe("the artifact store is unavailable for a moment; retry");
+        expect(sent.metadata.get("retry-after")).toBe("1");
+      }
+    });
+  });
+});
