@@ -1,5 +1,6 @@
 import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
 import { createApp } from "./app.js";
+import { checkS3Bucket } from "./artifacts/blob-s3.js";
 import { createTokenStore } from "./auth/token-store.js";
 import { adminTokenPath, type Config } from "./config.js";
 import { lockDataDir, StartupError } from "./data-dir-lock.js";
@@ -78,6 +79,8 @@ export async function serve(config: Config): Promise<void> {
   let server: RunningServer;
   try {
     bound = await bind(config, config.listen);
+    // An S3 bucket that cannot be used is said now, not at the first upload.
+    if (config.blobStore.kind === "s3") await checkS3Bucket(config.blobStore.bucket);
     database = await openDatabase({
       url: config.databaseUrl,
       dataDir: config.dataDir,

@@ -1,13 +1,18 @@
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { onPostgres, postgresUrl } from "../support/database.js";
+import { startS3, type TestS3 } from "../support/s3.js";
 
 /** Runs `meshwork serve` that must fail at start-up: its exit code and everything it printed. */
-function serve(args: string[], databaseUrl?: string): Promise<{ code: number; output: string }> {
-  const env = { ...process.env };
+function serve(
+  args: string[],
+  databaseUrl?: string,
+  extraEnv: Record<string, string> = {},
+): Promise<{ code: number; output: string }> {
+  const env = { ...process.env, ...extraEnv };
   delete env.DATABASE_URL;
   if (databaseUrl) env.DATABASE_URL = databaseUrl;
   const dir = mkdtempSync(join(tmpdir(), "meshwork-startup-"));
@@ -80,6 +85,102 @@ describe("start-up failures: one line saying what is wrong, and an exit code", (
     expect(code).toBe(1);
     expectOneLine(output);
     expect(output).toContain(`cannot use the TLS certificate ${pem} with the key ${pem}`);
+  });
+});
+
+describe("start-up with --blob-store s3://…: the bucket is checked first", () => {
+  let s3: TestS3;
+  beforeAll(async () => {
+    s3 = await startS3("meshwork-startup");
+  });
+  afterAll(() => s3?.close());
+  const env = (overrides: Record<string, string> = {}) => ({
+    ...s3.env,
+    AWS_SECRET_ACCESS_KEY: "secretpw",
+    ...overrides,
+  });
+
+  it("says the endpoint cannot be reached (exit 1), without the secret key", async () => {
+    const { code, output } = await serve(
+      ["--blob-store", "s3://nobucket/x"],
+      undefined,
+      env({ AWS_ENDPOINT_URL: "http://127.0.0.1:1" }),
+    );
+    expect(code).toBe(1);
+    expectOneLine(output);
+    expect(output).toBe(
+      "meshwork serve: cannot reach the S3 endpoint 127.0.0.1:1 (connection refused): is it running, on that port? (AWS_ENDPOINT_URL)\n",
+    );
+  });
+
+  it("says the bucket does not exist", async () => {
+    const { code, output } = await serve(
+      ["--blob-store", "s3://nobucket/x"],
+      undefined,
+      env({ AWS_SECRET_ACCESS_KEY: s3.env.AWS_SECRET_ACCESS_KEY ?? "" }),
+    );
+    expect(code).toBe(1);
+    expectOneLine(output);
+    expect(output).toContain(
+      `the bucket nobucket does not exist at the S3 endpoint ${new URL(s3.endpoint).host}: create it`,
+    );
+  });
+
+  it("says the keys are refused, without the secret key", async () => {
+    // s3rver checks the access key id only (it does not verify SigV4 signatures).
+    const { code, output } = await serve(
+      ["--blob-store", `s3://${s3.bucket}/x`],
+      undefined,
+      env({ AWS_ACCESS_KEY_ID: "nobody" }),
+    );
+    expect(code).toBe(1);
+    expectOneLine(output);
+    expect(output).toContain("refused access to the bucket meshwork-startup (HTTP 403)");
+  });
+
+  it("refuses a MESHWORK_S3_FORCE_PATH_STYLE that is not true or false", async () => {
+    const { code, output } = await serve(
+      ["--blob-store", `s3://${s3.bucket}/x`],
+      undefined,
+      env({ MESHWORK_S3_FORCE_PATH_STYLE: "maybe" }),
+    );
+    expect(code).toBe(1);
+    expectOneLine(output);
+    expect(output).toContain("MESHWORK_S3_FORCE_PATH_STYLE must be true or false, not maybe");
+  });
+
+  it.skipIf(onPostgres)("starts when the bucket answers", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "meshwork-startup-"));
+    const child = spawn(
+      "node",
+      [
+        "bin/meshwork.js",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        join(dir, "d"),
+        "--blob-store",
+        `s3://${s3.bucket}/x`,
+      ],
+      { env: { ...process.env, DATABASE_URL: "", ...s3.env }, stdio: ["ignore", "pipe", "pipe"] },
+    );
+    let output = "";
+    const listening = new Promise<void>((resolve, reject) => {
+      const look = (d: Buffer) => {
+        output += d.toString();
+        if (output.includes("meshwork listening")) resolve();
+      };
+      child.stdout.on("data", look);
+      child.stderr.on("data", look);
+      child.on("exit", (code) => reject(new Error(`exited ${code}: ${output}`)));
+    });
+    try {
+      await listening;
+    } finally {
+      child.kill("SIGTERM");
+    }
+    expect(output).not.toContain("NodeVersionSupportWarning");
   });
 });
 
