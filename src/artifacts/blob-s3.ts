@@ -35,8 +35,9 @@ export interface S3BlobStoreOptions {
   /**
    * Bytes per part of a multipart upload (default 8 MiB; S3 wants at least
    * 5 MiB for every part but the last). An upload holds at most two parts
-   * in memory: one being sent, one being filled. Raised for large limits so
-   * that `maxBytes` fits in 10,000 parts.
+   * in memory: one being sent, one being filled. Parts double in size
+   * every 1,000 (up to 512 times this), so that S3's 10,000 parts hold
+   * about 8 TB while uploads of ordinary size keep 8 MiB parts.
    */
   partBytes?: number;
   /** Largest object moved with one CopyObject (S3's limit, 5 GiB); larger ones are copied in parts. */
@@ -141,7 +142,8 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
   return {
     async stage(source, maxBytes) {
       const tempKey = `${prefix}tmp/${randomUUID()}`;
-      const partSize = Math.max(partBytes, Math.ceil(maxBytes / maxParts));
+      // The size of the part being filled: doubled every 1,000 parts.
+      let partSize = partBytes;
       const hash = createHash("sha256");
       let size = 0;
       let pending: Uint8Array[] = [];
@@ -160,6 +162,7 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
         }
         await sending;
         const PartNumber = ++partCount;
+        partSize = nextPartBytes(partBytes, partCount);
         sending = send("UploadPart", () =>
           client.send(
             new UploadPartCommand({
@@ -333,6 +336,16 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
 
     has: (sha256) => exists(keyOf(sha256)),
   };
+}
+
+/**
+ * The size of the part after `sent` parts: `partBytes` for the first
+ * 1,000, then doubled every 1,000 up to 512 times `partBytes` (4 GiB for
+ * 8 MiB, under S3's 5 GiB per part); 10,000 parts hold 1,023,000 times
+ * `partBytes`.
+ */
+export function nextPartBytes(partBytes: number, sent: number): number {
+  return partBytes * 2 ** Math.min(9, Math.floor(sent / 1000));
 }
 
 /** The HTTP status of an S3 client error, if it has one. */

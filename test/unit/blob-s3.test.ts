@@ -2,7 +2,11 @@ import { randomBytes, randomUUID } from "node:crypto";
 import { createServer } from "node:net";
 import { Code } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createS3BlobStore, type S3BlobStoreOptions } from "../../src/artifacts/blob-s3.js";
+import {
+  createS3BlobStore,
+  nextPartBytes,
+  type S3BlobStoreOptions,
+} from "../../src/artifacts/blob-s3.js";
 import { BlobStoreUnavailable } from "../../src/artifacts/blob-unavailable.js";
 import { createErrorMapper } from "../../src/rpc/errors.js";
 import { toTask } from "../../src/tasks/convert.js";
@@ -96,6 +100,14 @@ describe("S3 blob store", () => {
     );
     expect(range).toEqual(whole.subarray(5 * MiB - 3, 5 * MiB + 3));
     expect(await t.leftovers()).toEqual([]);
+  });
+
+  it("keeps 8 MiB parts for 1,000 parts, then doubles them: 10,000 parts hold about 8 TB, none over 5 GiB", () => {
+    const sizes = Array.from({ length: 10_000 }, (_, sent) => nextPartBytes(8 * MiB, sent));
+    expect(sizes[999]).toBe(8 * MiB);
+    expect(sizes[1000]).toBe(16 * MiB);
+    expect(Math.max(...sizes)).toBeLessThanOrEqual(5 * 1024 * MiB);
+    expect(sizes.reduce((a, b) => a + b, 0)).toBeGreaterThan(8e12);
   });
 
   it("uploads exactly one part's worth with one PutObject", async () => {
