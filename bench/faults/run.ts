@@ -1033,7 +1033,8 @@ async function soak(p: Place): Promise<void> {
   check(
     `${label}: tasks dead tuples bounded (≤ 50 % of live + ${allowance}) after the first third`,
     judged.length > 0 && judged.every((s) => s.dead <= 0.5 * s.live + allowance),
-    `worst ${worst.dead} dead / ${worst.live} live; at the end ${end.dead} / ${end.live}; ` +
+    `worst ${worst.dead} dead / ${worst.live} live, most dead ${Math.max(...judged.map((s) => s.dead))}; ` +
+      `at the end ${end.dead} / ${end.live}; ` +
       (autovacuum
         ? "autovacuum on"
         : `autovacuum off on this server: ${vacuums} VACUUM by the suite`),
