@@ -12,7 +12,7 @@
  * changed again, no (task, attempt) was leased twice, and a lost lease was
  * taken back only after it expired and soon after.
  *
- * `--only kill,replicas,storm,dead-workers,soak` runs some scenarios only.
+ * `--only kill,replicas,storm,pool,dead-workers,soak` runs some scenarios only.
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
@@ -25,6 +25,7 @@ import { type SQL, sql } from "drizzle-orm";
 import postgres from "postgres";
 import { openDatabase } from "../../src/db/database.js";
 import { rowsOf } from "../../src/db/values.js";
+import { poolExhaustion } from "./pool-exhaustion.js";
 
 type Engine = "pglite" | "postgres";
 
@@ -1060,8 +1061,17 @@ const scenarios: Scenario[] = [
   { key: "kill", engines: ["pglite", "postgres"], run: killDuringDrain },
   { key: "replicas", engines: ["postgres"], run: replicas },
   { key: "storm", engines: ["postgres"], run: connectionStorm },
-  // 4. Pool exhaustion: bench/faults/pool-exhaustion.ts (its own change) goes here as
-  //    { key: "pool", engines: [...], run: ... }.
+  {
+    key: "pool",
+    engines: ["postgres"],
+    // Its own coordinator on this place's database; the place is dropped here.
+    run: (p) =>
+      poolExhaustion({
+        check,
+        place: async () => ({ dataDir: p.dataDir, url: p.url, drop: async () => {} }),
+        short,
+      }),
+  },
   { key: "dead-workers", engines: ["pglite", "postgres"], run: deadWorkers },
   { key: "soak", engines: ["postgres"], run: soak },
 ];
