@@ -59,15 +59,39 @@ export function createPostgresBlobStore(
     ).catch((error: unknown) => {
       throw failure("writing a chunk", error);
     });
-    if (rows.length === 0) throw new Error(`upload ${uploadId} was removed while it was written`);
+    if (rows.length === 0) throw expired();
   }
 
-  async function removeUpload(uploadId: string): Promise<void> {
-    await db.transaction(async (tx) => {
-      await tx.delete(blobUploads).where(eq(blobUploads.id, uploadId));
-      await tx.delete(blobChunks).where(eq(blobChunks.uploadId, uploadId));
+  /** Keeps an upload that receives bytes slower than a chunk per sweep age from counting as abandoned. */
+  async function touch(uploadId: string): Promise<void> {
+    const rows = await rowsOf<{ id: string }>(
+      db,
+      sql`update ${blobUploads} set touched_at = now() where id = ${uploadId} returning id`,
+    ).catch((error: unknown) => {
+      throw failure("keeping an upload alive", error);
     });
+    if (rows.length === 0) throw expired();
   }
+
+  /**
+   * Removes an upload that was never committed, with its chunks. Once
+   * committed (its `blob_uploads` row gone), its chunks are a blob's bytes
+   * and stay: a discard after a commit whose answer was lost must not take
+   * them.
+   */
+  async function removeUpload(uploadId: string): Promise<void> {
+    await db.execute(
+      sql`with gone as (delete from ${blobUploads} where id = ${uploadId} returning id)
+          delete from ${blobChunks} where upload_id in (select id from gone)`,
+    );
+  }
+
+  const expired = () =>
+    new DomainError(
+      "aborted",
+      "UPLOAD_EXPIRED",
+      `the upload received nothing for ${Math.round(abandonedAfterMs / 1000)} s and was removed; upload it again`,
+    );
 
   return {
     async stage(source, maxBytes) {
@@ -81,7 +105,9 @@ export function createPostgresBlobStore(
       // One chunk written while the next one fills: receiving, hashing and
       // the round trip to the database overlap.
       let writing: Promise<void> = Promise.resolve();
+      let touched = Date.now();
       const flush = async () => {
+        touched = Date.now();
         await writing;
         writing = writeChunk(uploadId, seq++, chunk.subarray(0, filled));
         // Handled here, awaited on the next flush: a failed write must not
@@ -101,6 +127,10 @@ export function createPostgresBlobStore(
             );
           }
           hash.update(data);
+          if (Date.now() - touched > abandonedAfterMs / 4) {
+            touched = Date.now();
+            await touch(uploadId);
+          }
           let taken = 0;
           while (taken < data.byteLength) {
             const n = Math.min(chunkBytes - filled, data.byteLength - taken);
@@ -128,7 +158,7 @@ export function createPostgresBlobStore(
               .delete(blobUploads)
               .where(eq(blobUploads.id, uploadId))
               .returning({ id: blobUploads.id });
-            if (!held) throw new Error(`upload ${uploadId} was removed before its commit`);
+            if (!held) throw expired();
             // A concurrent commit of the same bytes waits here on the primary
             // key until the first commits, then finds the row: both succeed.
             const [named] = await tx

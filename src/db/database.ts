@@ -135,9 +135,14 @@ async function openPostgres(url: string, o: typeof poolDefaults): Promise<Databa
   // would end the process (porsager/postgres #1192, #1205, #1223). The
   // types are kept in each client's options, shared by its connections:
   // fetch them once here, on the first connection, and never again.
-  for (const c of [client, sweeperClient]) {
-    await c`select 1`;
-    c.options.fetch_types = false;
+  try {
+    for (const c of [client, sweeperClient]) {
+      await c`select 1`;
+      c.options.fetch_types = false;
+    }
+  } catch (error) {
+    await Promise.all([client.end({ timeout: 1 }), sweeperClient.end({ timeout: 1 })]);
+    throw error;
   }
   return {
     kind: "postgres",

@@ -368,6 +368,59 @@ describe.each(engines)("PostgreSQL blob store on $name", (engine) => {
     expect((await readAll(store.read(staged.sha256))).toString()).toBe("live bytes and more");
     expect(await replica.removeAbandoned()).toBe(0);
   });
+  it("keeps a committed blob's bytes when its upload is discarded after the commit", async () => {
+    // A commit whose answer was lost (the connection dropped after COMMIT)
+    // is followed by the caller's cleanup: it must not take the bytes.
+    const store = createPostgresBlobStore(database.db, { chunkBytes: 4 });
+    const data = bytes(30, 21);
+    const staged = await store.stage(chunks(data), 100);
+    await staged.commit();
+    await staged.discard();
+    expect((await readAll(store.read(staged.sha256))).equals(data)).toBe(true);
+    const again = await store.stage(chunks(data), 100);
+    await again.commit();
+    expect((await readAll(store.read(staged.sha256))).equals(data)).toBe(true);
+  });
+
+  it("keeps an upload that trickles in slower than a chunk per sweep age alive", async () => {
+    const store = createPostgresBlobStore(database.db, {
+      chunkBytes: 1024,
+      abandonedAfterMs: 400,
+    });
+    async function* trickle() {
+      for (let i = 0; i < 12; i++) {
+        yield Buffer.from("0123456789");
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
+    const live = store.stage(trickle(), 1000);
+    // Sweeps while it runs: bytes keep arriving, never a whole chunk.
+    for (let i = 0; i < 5; i++) {
+      await new Promise((r) => setTimeout(r, 120));
+      expect(await store.removeAbandoned()).toBe(0);
+    }
+    const staged = await live;
+    await staged.commit();
+    expect((await readAll(store.read(staged.sha256))).length).toBe(120);
+  });
+
+  it("refuses with UPLOAD_EXPIRED, not a bare error, an upload swept while it was idle", async () => {
+    const store = createPostgresBlobStore(database.db, { chunkBytes: 4, abandonedAfterMs: 100 });
+    let resume = () => {};
+    const gate = new Promise<void>((r) => {
+      resume = r;
+    });
+    async function* stalled() {
+      yield Buffer.from("first");
+      await gate;
+      yield Buffer.from("late");
+    }
+    const upload = store.stage(stalled(), 100);
+    await new Promise((r) => setTimeout(r, 300));
+    expect(await store.removeAbandoned()).toBe(1);
+    resume();
+    await expect(upload).rejects.toMatchObject({ kind: "aborted", reason: "UPLOAD_EXPIRED" });
+  });
 });
 
 describe.skipIf(!engines.some((e) => e.name === "postgres"))(
