@@ -52,7 +52,11 @@ const S3rver = createRequire(import.meta.url)("s3rver") as new (options: {
   silent: boolean;
 }) => S3rverInstance;
 
-/** s3rver's built-in account: it checks request signatures against these. */
+/**
+ * s3rver's built-in account. s3rver checks only that a request names this
+ * access key id: it does not verify SigV4 signatures (the AWS SDK's), so
+ * the secret is never checked.
+ */
 export const s3Credentials = { accessKeyId: "S3RVER", secretAccessKey: "S3RVER" };
 
 /** A failure to answer instead of the real one, for the requests `match` picks. */
@@ -84,8 +88,8 @@ export interface TestS3 {
  * temporary directory, with one bucket. s3rver 3.7 lacks three calls the
  * blob store makes or the tests check; they are added here, in front of its
  * router, on its own file store: AbortMultipartUpload, ListMultipartUploads
- * and UploadPartCopy. They skip signature checks (s3rver's own calls keep
- * them).
+ * and UploadPartCopy. (s3rver checks no SigV4 signature, only the access
+ * key id; these do not check even that.)
  */
 export async function startS3(bucket = "meshwork-test"): Promise<TestS3> {
   const directory = mkdtempSync(join(tmpdir(), "meshwork-s3-"));
