@@ -305,6 +305,17 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
           stream.destroy();
           return;
         }
+        // A server that ignores Range answers 200 with the whole object:
+        // its first bytes are not the ones asked for.
+        if (range && !response.ContentRange?.startsWith(`bytes ${range.start}-`)) {
+          stream.destroy();
+          fail(
+            new Error(
+              `asked for bytes ${range.start}-${range.end}, got Content-Range ${response.ContentRange ?? "(none)"}`,
+            ),
+          );
+          return;
+        }
         // What the server says it sends, or what was asked: never more than
         // asked (a server that ignores part of a Range), never less (a
         // response cut short is an error, not a shorter artifact).

@@ -80,6 +80,8 @@ export interface TestS3 {
   openUploads(): Promise<string[]>;
   /** While set, matching requests fail with this status (S3 "InternalError" and the like). */
   fault: S3Fault | undefined;
+  /** While set, GET requests are answered as if they asked for no Range (200, the whole object). */
+  ignoreRange: boolean;
   close(): Promise<void>;
 }
 
@@ -94,7 +96,10 @@ export interface TestS3 {
 export async function startS3(bucket = "meshwork-test"): Promise<TestS3> {
   const directory = mkdtempSync(join(tmpdir(), "meshwork-s3-"));
   const server = new S3rver({ address: "127.0.0.1", port: 0, directory, silent: true });
-  const state: { fault: S3Fault | undefined } = { fault: undefined };
+  const state: { fault: S3Fault | undefined; ignoreRange: boolean } = {
+    fault: undefined,
+    ignoreRange: false,
+  };
   const uploadsDir = (ctx: KoaContext, b: string) =>
     ctx.store.getResourcePath(b, undefined, "uploads");
   const additions: Middleware = async (ctx, next) => {
@@ -106,6 +111,7 @@ export async function startS3(bucket = "meshwork-test"): Promise<TestS3> {
       ctx.body = { Error: { Code: "InternalError", Message: "injected by the test" } };
       return;
     }
+    if (state.ignoreRange && ctx.method === "GET") delete ctx.headers.range;
     if (!m?.[1]) return next();
     const b = m[1];
     const key = m[2] === undefined ? undefined : decodeURIComponent(m[2]);
@@ -205,6 +211,12 @@ export async function startS3(bucket = "meshwork-test"): Promise<TestS3> {
     },
     set fault(f) {
       state.fault = f;
+    },
+    get ignoreRange() {
+      return state.ignoreRange;
+    },
+    set ignoreRange(on) {
+      state.ignoreRange = on;
     },
     async close() {
       admin.destroy();

@@ -208,6 +208,25 @@ describe("S3 blob store", () => {
     }
   });
 
+  it("fails a range download answered with the whole object (200, no Content-Range) as unavailable", async () => {
+    const t = storeOf();
+    const staged = await t.store.stage(chunks("0123456789"), 100);
+    await staged.commit();
+    s3.ignoreRange = true;
+    try {
+      const error = await readAll(t.store.read(staged.sha256, { start: 4, end: 6 })).catch(
+        (e: unknown) => e,
+      );
+      expect(error).toBeInstanceOf(BlobStoreUnavailable);
+      expect((error as Error).message).toMatch(/asked for bytes 4-6, got Content-Range \(none\)/);
+    } finally {
+      s3.ignoreRange = false;
+    }
+    expect((await readAll(t.store.read(staged.sha256, { start: 4, end: 6 }))).toString()).toBe(
+      "456",
+    );
+  });
+
   describe("with the endpoint unreachable", () => {
     it("fails stage, has and read with an error clients see as unavailable, without the endpoint", async () => {
       const port = await freePort();
