@@ -28,7 +28,29 @@ const fiveGiB = 5 * 1024 * MiB;
 
 /** What `createS3BlobStore` needs. */
 export interface S3BlobStoreOptions {
+  /** The client of every call but GetObject. */
   client: S3Client;
+  /**
+   * The client of GetObject (default `client`). Give it its own sockets
+   * (`createS3Clients`): a download holds its socket while its reader is
+   * slow, and must not make the other calls wait for one.
+   */
+  readClient?: S3Client;
+  /**
+   * How long HeadObject, DeleteObject, CreateMultipartUpload and
+   * AbortMultipartUpload may take, waiting for a socket included, before
+   * they fail as unavailable (default 30 s). Calls that carry or copy bytes
+   * (PutObject, UploadPart, CopyObject, CompleteMultipartUpload) are bounded
+   * by the client's socket timeout instead (`s3ClientConfig`): they may be
+   * long, but not silent.
+   */
+  requestTimeoutMs?: number;
+  /**
+   * A download whose reader takes nothing and whose S3 response brings
+   * nothing for this long is ended with an error, its socket freed
+   * (default 60 s).
+   */
+  readIdleMs?: number;
   bucket: string;
   /** Key prefix: "" or ending in "/" (config.ts). */
   prefix: string;
@@ -65,6 +87,11 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
   const partBytes = options.partBytes ?? 8 * MiB;
   const maxCopyBytes = options.maxCopyBytes ?? fiveGiB;
   const copyPartBytes = options.copyPartBytes ?? 1024 * MiB;
+  const readClient = options.readClient ?? client;
+  const requestTimeoutMs = options.requestTimeoutMs ?? 30_000;
+  const readIdleMs = options.readIdleMs ?? 60_000;
+  /** For the calls without a body: a deadline, the wait for a socket included. */
+  const deadline = () => ({ abortSignal: AbortSignal.timeout(requestTimeoutMs) });
   const keyOf = (sha: string) => `${prefix}sha256/${sha}`;
 
   /** Runs one S3 call; any failure becomes BlobStoreUnavailable naming the operation. */
@@ -78,7 +105,7 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
 
   async function exists(key: string): Promise<boolean> {
     try {
-      await client.send(new HeadObjectCommand({ Bucket: bucket, Key: key }));
+      await client.send(new HeadObjectCommand({ Bucket: bucket, Key: key }), deadline());
       return true;
     } catch (error) {
       if (statusOf(error) === 404) return false;
@@ -97,7 +124,7 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
     }
     const partSize = Math.max(copyPartBytes, Math.ceil(size / maxParts));
     const created = await send("CreateMultipartUpload", () =>
-      client.send(new CreateMultipartUploadCommand({ Bucket: bucket, Key: to })),
+      client.send(new CreateMultipartUploadCommand({ Bucket: bucket, Key: to }), deadline()),
     );
     const uploadId = created.UploadId;
     try {
@@ -130,14 +157,19 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
       );
     } catch (error) {
       await client
-        .send(new AbortMultipartUploadCommand({ Bucket: bucket, Key: to, UploadId: uploadId }))
+        .send(
+          new AbortMultipartUploadCommand({ Bucket: bucket, Key: to, UploadId: uploadId }),
+          deadline(),
+        )
         .catch(() => {});
       throw error;
     }
   }
 
   const deleteObject = (key: string) =>
-    send("DeleteObject", () => client.send(new DeleteObjectCommand({ Bucket: bucket, Key: key })));
+    send("DeleteObject", () =>
+      client.send(new DeleteObjectCommand({ Bucket: bucket, Key: key }), deadline()),
+    );
 
   return {
     async stage(source, maxBytes) {
@@ -156,7 +188,10 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
       const sendPart = async (body: Buffer) => {
         if (uploadId === undefined) {
           const created = await send("CreateMultipartUpload", () =>
-            client.send(new CreateMultipartUploadCommand({ Bucket: bucket, Key: tempKey })),
+            client.send(
+              new CreateMultipartUploadCommand({ Bucket: bucket, Key: tempKey }),
+              deadline(),
+            ),
           );
           uploadId = created.UploadId;
         }
@@ -245,11 +280,12 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
           await client
             .send(
               new AbortMultipartUploadCommand({ Bucket: bucket, Key: tempKey, UploadId: uploadId }),
+              deadline(),
             )
             .catch(() => {});
         }
         await client
-          .send(new DeleteObjectCommand({ Bucket: bucket, Key: tempKey }))
+          .send(new DeleteObjectCommand({ Bucket: bucket, Key: tempKey }), deadline())
           .catch(() => {});
         throw error;
       }
@@ -273,12 +309,22 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
       const abort = new AbortController();
       let body: Readable | undefined;
       let finished = false;
+      // Refreshed whenever the reader asks for more or S3 brings some: a
+      // reader that stalls (or an S3 that does) cannot hold a socket forever.
+      const idle = setTimeout(() => {
+        fail(
+          Object.assign(new Error(`no bytes moved for ${readIdleMs} ms`), { name: "TimeoutError" }),
+        );
+      }, readIdleMs);
+      idle.unref();
       const out = new Readable({
         read() {
+          idle.refresh();
           body?.resume();
         },
         destroy(error, callback) {
           finished = true;
+          clearTimeout(idle);
           abort.abort();
           body?.destroy();
           callback(error);
@@ -290,7 +336,7 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
         out.destroy(unavailable("GetObject", error));
       };
       send("GetObject", () =>
-        client.send(
+        readClient.send(
           new GetObjectCommand({
             Bucket: bucket,
             Key: keyOf(sha256),
@@ -322,11 +368,13 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
         let left = range ? range.end - range.start + 1 : (response.ContentLength ?? Infinity);
         stream.on("data", (data: Buffer) => {
           if (finished) return;
+          idle.refresh();
           const piece = data.byteLength > left ? data.subarray(0, left) : data;
           left -= piece.byteLength;
           const more = out.push(piece);
           if (left === 0) {
             finished = true;
+            clearTimeout(idle);
             out.push(null);
             stream.destroy();
           } else if (!more) stream.pause();
@@ -338,6 +386,7 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
             return;
           }
           finished = true;
+          clearTimeout(idle);
           out.push(null);
         });
         stream.once("error", fail);
@@ -415,10 +464,13 @@ export function s3ClientConfig(env: NodeJS.ProcessEnv = process.env): S3ClientCo
     requestChecksumCalculation: "WHEN_REQUIRED",
     responseChecksumValidation: "WHEN_REQUIRED",
     // A connection that cannot be made fails within seconds (and is
-    // retried by the SDK); an established one may idle while a slow client
-    // reads a download, so no socket timeout.
+    // retried by the SDK); an established one that carries nothing for 30 s
+    // fails too. Downloads, which idle while a slow client reads, use a
+    // client of their own (createS3Clients) where the blob store's read
+    // idle timeout applies instead.
     requestHandler: {
       connectionTimeout: 5000,
+      socketTimeout: 30_000,
       httpAgent: { keepAlive: true, maxSockets: 256 },
       httpsAgent: { keepAlive: true, maxSockets: 256 },
     },
@@ -489,7 +541,23 @@ function whyNoBucket(error: unknown, bucket: string, where: string): string {
   return `cannot use the bucket ${bucket} at ${where}: ${e.code ?? e.name ?? "error"}${status ? ` (HTTP ${status})` : ""}: ${first}`;
 }
 
-/** The S3 client of `--blob-store s3://…`, configured from the environment (`s3ClientConfig`). */
-export function createS3Client(env: NodeJS.ProcessEnv = process.env): S3Client {
-  return new S3Client(s3ClientConfig(env));
+/**
+ * The S3 clients of `--blob-store s3://…`, configured from the environment
+ * (`s3ClientConfig`): `client` for every call but GetObject, `readClient`
+ * for GetObject, each with its own sockets, so that downloads held open by
+ * slow readers never make the other calls wait for a socket. The read
+ * client has no socket timeout: the blob store ends downloads idle for long.
+ */
+export function createS3Clients(env: NodeJS.ProcessEnv = process.env): {
+  client: S3Client;
+  readClient: S3Client;
+} {
+  const config = s3ClientConfig(env);
+  return {
+    client: new S3Client(config),
+    readClient: new S3Client({
+      ...config,
+      requestHandler: { ...config.requestHandler, socketTimeout: undefined },
+    }),
+  };
 }

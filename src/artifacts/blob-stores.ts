@@ -1,7 +1,7 @@
 import type { Config } from "../config.js";
 import type { Database } from "../db/database.js";
 import { createPostgresBlobStore } from "./blob-postgres.js";
-import { createS3BlobStore, createS3Client } from "./blob-s3.js";
+import { createS3BlobStore, createS3Clients } from "./blob-s3.js";
 import { type BlobStore, createFileBlobStore } from "./blob-store.js";
 
 /** The blob store `--blob-store` names (README: several replicas). */
@@ -21,7 +21,7 @@ export function createBlobStore(
     case "s3":
       // Endpoint, region and credentials from the AWS_* variables (blob-s3.ts).
       return createS3BlobStore({
-        client: createS3Client(),
+        ...createS3Clients(),
         bucket: chosen.bucket,
         prefix: chosen.prefix,
       });

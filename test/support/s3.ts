@@ -67,11 +67,19 @@ export interface S3Fault {
   after?: boolean;
 }
 
+/** What a test may set on a client of the test server. */
+export interface ClientOptions {
+  maxAttempts?: number;
+  endpoint?: string;
+  /** Sockets of the client's HTTP agent (the SDK's default: 50). */
+  maxSockets?: number;
+}
+
 export interface TestS3 {
   endpoint: string;
   bucket: string;
   /** A client of this server (path style, no checksums it does not understand). */
-  client(options?: { maxAttempts?: number; endpoint?: string }): S3Client;
+  client(options?: ClientOptions): S3Client;
   /** The environment `--blob-store s3://…` reads to reach this server. */
   env: Record<string, string>;
   /** Keys under `prefix`. */
@@ -174,7 +182,7 @@ export async function startS3(bucket = "meshwork-test"): Promise<TestS3> {
   const endpoint = `http://127.0.0.1:${port}`;
   // As the coordinator does (blob-s3.ts): no multi-line notice about Node 22.
   process.env.AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED ??= "true";
-  const client = (options: { maxAttempts?: number; endpoint?: string } = {}) =>
+  const client = ({ maxSockets, ...options }: ClientOptions = {}) =>
     new S3Client({
       endpoint,
       region: "us-east-1",
@@ -182,6 +190,9 @@ export async function startS3(bucket = "meshwork-test"): Promise<TestS3> {
       credentials: s3Credentials,
       requestChecksumCalculation: "WHEN_REQUIRED",
       responseChecksumValidation: "WHEN_REQUIRED",
+      ...(maxSockets === undefined
+        ? {}
+        : { requestHandler: { httpAgent: { keepAlive: true, maxSockets } } }),
       ...options,
     });
   const admin = client();

@@ -1,11 +1,14 @@
 import { randomBytes, randomUUID } from "node:crypto";
-import { createServer } from "node:net";
+import { createServer, type Socket } from "node:net";
+import type { Readable } from "node:stream";
 import { Code } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   createS3BlobStore,
+  createS3Clients,
   nextPartBytes,
   type S3BlobStoreOptions,
+  s3ClientConfig,
 } from "../../src/artifacts/blob-s3.js";
 import { BlobStoreUnavailable } from "../../src/artifacts/blob-unavailable.js";
 import { createErrorMapper } from "../../src/rpc/errors.js";
@@ -64,6 +67,38 @@ async function freePort(): Promise<number> {
         const { port } = s.address() as { port: number };
         s.close(() => resolve(port));
       });
+  });
+}
+
+/** A TCP server that accepts connections and never answers. */
+async function silentServer(): Promise<{ url: string; close(): Promise<void> }> {
+  const sockets: Socket[] = [];
+  const server = createServer((socket) => sockets.push(socket));
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as { port: number };
+  return {
+    url: `http://127.0.0.1:${port}`,
+    close: () =>
+      new Promise((resolve) => {
+        for (const s of sockets) s.destroy();
+        server.close(() => resolve());
+      }),
+  };
+}
+
+/** What `promise` settles to, or "still waiting" after `ms`. */
+function within<T>(ms: number, promise: Promise<T>): Promise<T | "still waiting"> {
+  return Promise.race([
+    promise,
+    new Promise<"still waiting">((resolve) => setTimeout(() => resolve("still waiting"), ms)),
+  ]);
+}
+
+/** How a stream ended: its error, or "closed" without one. */
+function ending(stream: Readable): Promise<unknown> {
+  return new Promise((resolve) => {
+    stream.once("error", resolve);
+    stream.once("close", () => resolve("closed"));
   });
 }
 
@@ -225,6 +260,85 @@ describe("S3 blob store", () => {
     expect((await readAll(t.store.read(staged.sha256, { start: 4, end: 6 }))).toString()).toBe(
       "456",
     );
+  });
+
+  describe("downloads whose readers stall", () => {
+    const sockets = 4;
+    let data: Buffer;
+    beforeAll(() => {
+      // More than a socket's and a stream's buffers hold: a download that
+      // nobody reads stays open, its socket taken.
+      data = Buffer.concat(mebibytes(16));
+    });
+
+    it("are ended after the idle timeout, as unavailable, and free their sockets", async () => {
+      // One client for everything, as few sockets as downloads.
+      const t = storeOf({ client: s3.client({ maxSockets: sockets }), readIdleMs: 300 });
+      const staged = await t.store.stage(chunks(data), 100 * MiB);
+      await staged.commit();
+      const stalled = Array.from({ length: sockets }, () => t.store.read(staged.sha256));
+      const ended = stalled.map(ending);
+      // has() waits for a socket until the stalled downloads give theirs up.
+      expect(await within(3000, t.store.has(staged.sha256))).toBe(true);
+      for (const error of (await within(1000, Promise.all(ended))) as unknown[]) {
+        expect(error).toBeInstanceOf(BlobStoreUnavailable);
+        expect((error as Error).message).toMatch(
+          /^S3 GetObject failed: TimeoutError: no bytes moved for 300 ms/,
+        );
+      }
+    });
+
+    it("never make the other calls wait for a socket: GetObject has a client of its own", async () => {
+      const t = storeOf({
+        client: s3.client({ maxSockets: sockets }),
+        readClient: s3.client({ maxSockets: sockets }),
+      });
+      const staged = await t.store.stage(chunks(data), 100 * MiB);
+      await staged.commit();
+      const stalled = Array.from({ length: sockets + 1 }, () => t.store.read(staged.sha256));
+      try {
+        // Give the downloads time to take every socket they may.
+        await new Promise((resolve) => setTimeout(resolve, 200));
+        expect(await within(2000, t.store.has(staged.sha256))).toBe(true);
+        expect(await within(2000, t.store.has(sha("absent")))).toBe(false);
+      } finally {
+        for (const s of stalled) s.destroy();
+      }
+    });
+  });
+
+  it("gives the coordinator's control calls a socket timeout, and GetObject a client of its own without one", async () => {
+    const config = s3ClientConfig(s3.env);
+    expect(config.requestHandler).toMatchObject({ socketTimeout: 30_000 });
+    const { client, readClient } = createS3Clients(s3.env);
+    try {
+      expect(readClient).not.toBe(client);
+      // Separate handlers, hence separate agents and sockets.
+      expect(readClient.config.requestHandler).not.toBe(client.config.requestHandler);
+    } finally {
+      client.destroy();
+      readClient.destroy();
+    }
+  });
+
+  it("fails has() as unavailable within its timeout when S3 accepts the connection and never answers", async () => {
+    const silent = await silentServer();
+    try {
+      const t = createS3BlobStore({
+        client: s3.client({ maxAttempts: 1, endpoint: silent.url }),
+        bucket: s3.bucket,
+        prefix: "silent/",
+        requestTimeoutMs: 300,
+      });
+      const error = await within(
+        3000,
+        t.has(sha("x")).catch((e: unknown) => e),
+      );
+      expect(error).toBeInstanceOf(BlobStoreUnavailable);
+      expect((error as Error).message).toMatch(/^S3 HeadObject failed/);
+    } finally {
+      await silent.close();
+    }
   });
 
   describe("with the endpoint unreachable", () => {
