@@ -388,6 +388,10 @@ export async function bind(
           }
           for (const s of sockets) s.destroy();
           await closed;
+          // Last: requests still running in the grace period use the store.
+          await app.blobs.close?.().catch((error: unknown) => {
+            app.log.warn({ err: error }, "closing the blob store failed");
+          });
         },
       };
     },

@@ -395,6 +395,11 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
     },
 
     has: (sha256) => exists(keyOf(sha256)),
+
+    async close() {
+      client.destroy();
+      if (readClient !== client) readClient.destroy();
+    },
   };
 }
 

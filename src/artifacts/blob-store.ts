@@ -40,6 +40,8 @@ export interface BlobStore {
    * store that clears its leftovers when it opens has none.
    */
   removeAbandoned?(): Promise<number>;
+  /** Releases what the store holds open (an S3 client's sockets): the server calls it last when it stops. */
+  close?(): Promise<void>;
 }
 
 /**

@@ -1,7 +1,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { ArtifactKind, ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
@@ -132,6 +132,18 @@ describe("artifacts in S3 (s3rver)", () => {
     }
     // And once S3 answers again, so does the coordinator.
     expect(await download(server.url, id)).toEqual(stored);
+  });
+
+  it("closes the S3 store (its clients' sockets) when the coordinator stops, after the requests", async () => {
+    const blobStore: Config["blobStore"] = { kind: "s3", bucket: s3.bucket, prefix };
+    const app = appOn(tdb.database, { blobStore });
+    const close = vi.spyOn(app.blobs, "close");
+    const other = await listen(app, "127.0.0.1:0");
+    const data = randomBytes(1000);
+    expect(await download(other.url, await uploadInput(other.url, data))).toEqual(data);
+    expect(close).not.toHaveBeenCalled();
+    await other.close();
+    expect(close).toHaveBeenCalledOnce();
   });
 
   // Two coordinators on one database need PostgreSQL (an embedded PGlite

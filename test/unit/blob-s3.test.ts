@@ -2,7 +2,7 @@ import { randomBytes, randomUUID } from "node:crypto";
 import { createServer, type Socket } from "node:net";
 import type { Readable } from "node:stream";
 import { Code } from "@connectrpc/connect";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import {
   createS3BlobStore,
   createS3Clients,
@@ -336,9 +336,19 @@ describe("S3 blob store", () => {
       );
       expect(error).toBeInstanceOf(BlobStoreUnavailable);
       expect((error as Error).message).toMatch(/^S3 HeadObject failed/);
+      await t.close?.();
     } finally {
       await silent.close();
     }
+  });
+
+  it("destroys both its clients on close()", async () => {
+    const client = s3.client();
+    const readClient = s3.client();
+    const destroyed = [vi.spyOn(client, "destroy"), vi.spyOn(readClient, "destroy")];
+    const store = createS3BlobStore({ client, readClient, bucket: s3.bucket, prefix: "close/" });
+    await store.close?.();
+    for (const spy of destroyed) expect(spy).toHaveBeenCalledOnce();
   });
 
   describe("with the endpoint unreachable", () => {
