@@ -2,6 +2,7 @@ import type { Config } from "../config.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { type LeaseRef, parseLeaseRef } from "../core/lease-ref.js";
 import type { ArtifactKindName, ArtifactRow } from "../db/schema/index.js";
+import type { Logger } from "../log.js";
 import type { BlobStore } from "./blob-store.js";
 import type { ArtifactStore } from "./store.js";
 
@@ -10,6 +11,8 @@ export interface UploadDeps {
   config: Pick<Config, "maxArtifactBytes">;
   artifacts: Pick<ArtifactStore, "checkLease" | "insert">;
   blobs: Pick<BlobStore, "stage">;
+  /** Where a temporary copy that could not be removed is mentioned. */
+  log?: Pick<Logger, "warn">;
 }
 
 /** What an upload says about itself, from an UploadArtifact header or PUT headers. */
@@ -43,7 +46,10 @@ export function validFilename(name: string): string {
  * stream to a temporary file and are hashed on the way, a declared sha256 or
  * size must match, then the blob is made durable and the row committed with
  * the lease checked again in the same transaction. On any refusal nothing is
- * kept (a blob already made durable for other rows stays, shared).
+ * kept (a blob already made durable for other rows stays, shared), or at
+ * worst a temporary copy the store could not remove: the refusal is still
+ * the error reported, and the store's own cleanup takes the copy (at
+ * start-up, removeAbandoned, or the S3 bucket's lifecycle rule).
  */
 export async function storeUpload(
   app: UploadDeps,
@@ -111,6 +117,10 @@ export async function storeUpload(
       lease,
     );
   } finally {
-    if (!committed) await staged.discard();
+    if (!committed) {
+      await staged.discard().catch((error: unknown) => {
+        app.log?.warn({ err: error }, "removing the temporary copy of a refused upload failed");
+      });
+    }
   }
 }
