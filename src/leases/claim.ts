@@ -1,6 +1,7 @@
-import { getTableColumns, Subquery, sql } from "drizzle-orm";
+import { eq, getTableColumns, Subquery, sql } from "drizzle-orm";
+import { liveLeases } from "../core/task-sql.js";
 import type { Db } from "../db/database.js";
-import { type TaskRow, tasks } from "../db/schema/index.js";
+import { type TaskRow, tasks, workers } from "../db/schema/index.js";
 
 /** The worker a claim is for, with what it offers this time. */
 export interface ClaimingWorker {
@@ -44,4 +45,32 @@ export function createClaimStatement(db: Db) {
       max,
       concurrency: worker.maxConcurrency ?? null,
     });
+}
+
+/** How a worker's cap stands: the cap that applies and the slots it leaves free. */
+export interface Slots {
+  /** The cap: the claim's max_concurrency override, else the registered one. */
+  maxConcurrency: number;
+  /** The cap minus the worker's live leases, never below 0. */
+  free: number;
+}
+
+/**
+ * A worker's free slots, counted now by the function the claim uses
+ * (`meshwork_live_leases`, one index lookup on tasks_lease_worker_idx):
+ * what a claim response reports after its claims. An unknown worker has
+ * none. Prepared once per store.
+ */
+export function createSlotsStatement(db: Db) {
+  const statement = db
+    .select({ maxConcurrency: workers.maxConcurrency, live: liveLeases(workers.id) })
+    .from(workers)
+    .where(eq(workers.id, p("worker")))
+    .prepare("meshwork_claim_slots");
+  return async (worker: ClaimingWorker): Promise<Slots> => {
+    const [row] = await statement.execute({ worker: worker.id });
+    const maxConcurrency = worker.maxConcurrency ?? row?.maxConcurrency ?? 0;
+    if (!row) return { maxConcurrency, free: 0 };
+    return { maxConcurrency, free: Math.max(0, maxConcurrency - Number(row.live)) };
+  };
 }

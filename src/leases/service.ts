@@ -17,7 +17,7 @@ import type { Config } from "../config.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { type LeaseRef, leaseToken, parseLeaseRef } from "../core/lease-ref.js";
 import { attemptField, intInRange, isUuid, stringList, text, uuidField } from "../core/validate.js";
-import type { ArtifactRefJson } from "../db/schema/index.js";
+import type { ArtifactRefJson, TaskRow } from "../db/schema/index.js";
 import type { WorkerCache } from "../fleet/cache.js";
 import type { HeartbeatBuffer } from "../fleet/heartbeats.js";
 import type { FleetStore } from "../fleet/store.js";
@@ -161,13 +161,23 @@ export function createLeaseService(
           : intInRange("max_concurrency", req.maxConcurrency, 1, 10_000);
       const worker = await app.workerCache.get(workerId);
       app.heartbeats.touch(workerId);
-      if (worker.drained) return { claims: [] };
       const claiming = {
         id: workerId,
         capabilities: capabilities.length > 0 ? capabilities : worker.capabilities,
         labels: worker.labels,
         maxConcurrency,
       };
+      // The answer, with the cap and the slots left counted after the claims.
+      const answer = async (rows: TaskRow[]) => {
+        const slots = await app.leases.slots(claiming);
+        app.events.emit(rows.map((r) => r.id));
+        return {
+          claims: rows.map(toClaim),
+          freeSlots: slots.free,
+          maxConcurrency: slots.maxConcurrency,
+        };
+      };
+      if (worker.drained) return answer([]);
       const signal = AbortSignal.any([ctx.signal, app.shutdownSignal]);
       const deadline = Date.now() + waitSeconds * 1000;
       for (;;) {
@@ -176,15 +186,12 @@ export function createLeaseService(
         const rows = await app.leases.claim(claiming, max);
         if (rows.length > 0 || Date.now() >= deadline || signal.aborted) {
           armed.cancel();
-          app.events.emit(rows.map((r) => r.id));
-          return { claims: rows.map(toClaim) };
+          return answer(rows);
         }
         await armed.fired;
         if (Date.now() >= deadline || signal.aborted) {
           // One last look, so that a wake-up at the deadline is not wasted.
-          const last = await app.leases.claim(claiming, max);
-          app.events.emit(last.map((r) => r.id));
-          return { claims: last.map(toClaim) };
+          return answer(await app.leases.claim(claiming, max));
         }
       }
     },

@@ -7,10 +7,10 @@ import type { LeaseRef } from "../core/lease-ref.js";
 import { stateIs } from "../core/task-sql.js";
 import type { Db } from "../db/database.js";
 import { type ArtifactRefJson, type TaskRow, tasks } from "../db/schema/index.js";
-import { type ClaimingWorker, createClaimStatement } from "./claim.js";
+import { type ClaimingWorker, createClaimStatement, createSlotsStatement } from "./claim.js";
 import { createTransitions, released } from "./transitions.js";
 
-export type { ClaimingWorker } from "./claim.js";
+export type { ClaimingWorker, Slots } from "./claim.js";
 
 export interface Progress {
   completedSteps: number;
@@ -40,6 +40,7 @@ export function completionHash(c: Completion): string {
  */
 export function createLeaseStore(db: Db) {
   const claim = createClaimStatement(db);
+  const slots = createSlotsStatement(db);
   const q = createTransitions(db);
 
   async function rowsById(ids: string[]): Promise<Map<string, TaskRow>> {
@@ -61,6 +62,15 @@ export function createLeaseStore(db: Db) {
      */
     claim(worker: ClaimingWorker, max: number): Promise<TaskRow[]> {
       return claim(worker, max);
+    },
+
+    /**
+     * The worker's cap for a claim (its override, else the registered
+     * max_concurrency) and the slots it leaves free now: what a claim
+     * response reports after its claims.
+     */
+    slots(worker: ClaimingWorker) {
+      return slots(worker);
     },
 
     /**
