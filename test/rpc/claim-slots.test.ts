@@ -1,0 +1,101 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expireLease } from "../support/fixtures.js";
+import { createHarness, type Harness, uniqueWorkload } from "../support/harness.js";
+
+let h: Harness;
+beforeAll(async () => {
+  h = await createHarness();
+});
+afterAll(() => h.close());
+
+/** A worker for a fresh workload with `tasks` PENDING tasks of it; max_concurrency as given (else the default). */
+async function setUp(tasks: number, maxConcurrency?: number) {
+  const workload = uniqueWorkload();
+  const { workerId } = await h.fleet.registerWorker({ capabilities: [workload], maxConcurrency });
+  for (let i = 0; i < tasks; i++) await h.tasks.createTask({ workload });
+  return { workerId, workload };
+}
+
+/** What a user reads in a claim answer: how many claims, the slots left and the cap. */
+async function claim(workerId: string, maxTasks: number, extra: object = {}) {
+  const res = await h.leases.claimTasks({ workerId, maxTasks, ...extra });
+  return {
+    claims: res.claims.length,
+    freeSlots: res.freeSlots,
+    maxConcurrency: res.maxConcurrency,
+  };
+}
+
+describe("ClaimTasks reports the cap that bounded it", () => {
+  it("asked for 10 under the default max_concurrency: 1 claim, no free slot, cap 1", async () => {
+    const { workerId } = await setUp(10);
+    expect(await claim(workerId, 10)).toMatchObject({
+      claims: 1,
+      freeSlots: 0,
+      maxConcurrency: 1,
+    });
+  });
+
+  it("counts the slots left after the claims: cap 5 holding 2 asked for 10 gets 3 and 0 left", async () => {
+    const { workerId } = await setUp(10, 5);
+    expect(await claim(workerId, 2)).toMatchObject({ claims: 2, freeSlots: 3, maxConcurrency: 5 });
+    expect(await claim(workerId, 10)).toMatchObject({ claims: 3, freeSlots: 0, maxConcurrency: 5 });
+    expect(await claim(workerId, 10)).toMatchObject({ claims: 0, freeSlots: 0, maxConcurrency: 5 });
+  });
+
+  it("reports free slots on an empty claim, immediate or after a long poll", async () => {
+    const { workerId } = await setUp(0, 4);
+    expect(await claim(workerId, 10)).toMatchObject({ claims: 0, freeSlots: 4, maxConcurrency: 4 });
+    expect(await claim(workerId, 10, { waitSeconds: 1 })).toMatchObject({
+      claims: 0,
+      freeSlots: 4,
+      maxConcurrency: 4,
+    });
+  });
+
+  it("after a long poll that a new task ends, counts the slots once that task is claimed", async () => {
+    const { workerId, workload } = await setUp(0, 4);
+    const polling = claim(workerId, 10, { waitSeconds: 10 });
+    await new Promise((r) => setTimeout(r, 100));
+    await h.tasks.createTask({ workload });
+    expect(await polling).toMatchObject({ claims: 1, freeSlots: 3, maxConcurrency: 4 });
+  });
+
+  it("gives a slot back when a lease ends: completed or expired", async () => {
+    const { workerId } = await setUp(3, 2);
+    const first = await h.leases.claimTasks({ workerId, maxTasks: 2 });
+    expect(first.freeSlots).toBe(0);
+    const [a, b] = first.claims;
+    if (!a || !b) throw new Error("expected two claims");
+    await h.leases.completeTask({
+      taskId: a.taskId,
+      workerId,
+      attempt: a.attempt,
+      leaseToken: a.leaseToken,
+    });
+    await expireLease(h.app.database.db, b.taskId);
+    expect(await claim(workerId, 0)).toMatchObject({ claims: 1, freeSlots: 1, maxConcurrency: 2 });
+  });
+
+  it("answers with the request's max_concurrency when it overrides the registered one", async () => {
+    const { workerId } = await setUp(5);
+    expect(await claim(workerId, 5, { maxConcurrency: 3 })).toMatchObject({
+      claims: 3,
+      freeSlots: 0,
+      maxConcurrency: 3,
+    });
+    // Without the override the registered cap (1) applies: 3 live leases leave none.
+    expect(await claim(workerId, 5)).toMatchObject({ claims: 0, freeSlots: 0, maxConcurrency: 1 });
+    expect(await claim(workerId, 5, { maxConcurrency: 10 })).toMatchObject({
+      claims: 2,
+      freeSlots: 5,
+      maxConcurrency: 10,
+    });
+  });
+
+  it("still reports the slots of a drained worker, which gets no claims", async () => {
+    const { workerId } = await setUp(2, 3);
+    await h.fleet.drainWorker({ workerId, drained: true });
+    expect(await claim(workerId, 2)).toMatchObject({ claims: 0, freeSlots: 3, maxConcurrency: 3 });
+  });
+});
