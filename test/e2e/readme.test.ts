@@ -29,7 +29,10 @@ describe("README", () => {
     });
     const lines = stdout.trim().split("\n");
     expect(JSON.parse(lines[0] ?? "").task.correlationId).toBe("readme-demo");
-    expect(JSON.parse(lines[1] ?? "").claims).toHaveLength(1);
+    const claim = JSON.parse(lines[1] ?? "");
+    expect(claim.claims).toHaveLength(1);
+    // The cap the README says the answer shows: default 1, none left.
+    expect(claim).toMatchObject({ freeSlots: 0, maxConcurrency: 1 });
     expect(JSON.parse(lines[lines.length - 1] ?? "").task).toMatchObject({
       state: "TASK_STATE_SUCCEEDED",
       resultSummary: "20 hits",
