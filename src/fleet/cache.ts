@@ -1,8 +1,8 @@
 import type { FleetStore, WorkerView } from "./store.js";
 
 /**
- * The workers that claim, remembered for a moment so that a claim costs one
- * statement, not two. Only what a claim needs is taken from it (capabilities,
+ * The workers that claim, remembered for a moment so that a claim does not
+ * read the worker first (its answer's free slots are one count after it). Only what a claim needs is taken from it (capabilities,
  * labels); whether the worker still exists and is not drained is checked
  * again inside the claim statement itself. This replica forgets a worker as
  * soon as it changes it; a change made through another replica is seen

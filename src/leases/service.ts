@@ -168,14 +168,19 @@ export function createLeaseService(
         maxConcurrency,
       };
       // The answer, with the cap and the slots left counted after the claims.
+      // Leases already granted are never lost to a failed count: they are
+      // answered without free_slots (the cap as last read) rather than not
+      // at all, which would leave them running out unused.
       const answer = async (rows: TaskRow[]) => {
-        const slots = await app.leases.slots(claiming);
         app.events.emit(rows.map((r) => r.id));
-        return {
-          claims: rows.map(toClaim),
-          freeSlots: slots.free,
-          maxConcurrency: slots.maxConcurrency,
-        };
+        const claims = rows.map(toClaim);
+        try {
+          const slots = await app.leases.slots(claiming);
+          return { claims, freeSlots: slots.free, maxConcurrency: slots.maxConcurrency };
+        } catch (error) {
+          if (rows.length === 0) throw error;
+          return { claims, maxConcurrency: maxConcurrency ?? worker.maxConcurrency };
+        }
       };
       if (worker.drained) return answer([]);
       const signal = AbortSignal.any([ctx.signal, app.shutdownSignal]);

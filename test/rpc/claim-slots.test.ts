@@ -1,4 +1,5 @@
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { outcome } from "../support/errors.js";
 import { expireLease } from "../support/fixtures.js";
 import { createHarness, type Harness, uniqueWorkload } from "../support/harness.js";
 
@@ -97,5 +98,22 @@ describe("ClaimTasks reports the cap that bounded it", () => {
     const { workerId } = await setUp(2, 3);
     await h.fleet.drainWorker({ workerId, drained: true });
     expect(await claim(workerId, 2)).toMatchObject({ claims: 0, freeSlots: 3, maxConcurrency: 3 });
+  });
+
+  it("answers the claims it leased even when the count after them fails, without free_slots", async () => {
+    const { workerId } = await setUp(1, 2);
+    const count = vi.spyOn(h.app.leases, "slots").mockRejectedValue(new Error("connection lost"));
+    try {
+      const res = await h.leases.claimTasks({ workerId, maxTasks: 2 });
+      expect(res.claims).toHaveLength(1);
+      expect(res.freeSlots).toBeUndefined();
+      expect(res.maxConcurrency).toBe(2);
+      // Nothing leased: the failure is the answer.
+      expect(await outcome(h.leases.claimTasks({ workerId, maxTasks: 2 }))).toMatchObject({
+        code: "Internal",
+      });
+    } finally {
+      count.mockRestore();
+    }
   });
 });

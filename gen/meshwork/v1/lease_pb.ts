@@ -194,8 +194,10 @@ export type ClaimTasksResponse = Message<"meshwork.v1.ClaimTasksResponse"> & {
    * finish or release a lease before claiming again. Also set when claims is
    * empty; a drained worker gets no claims whatever its free_slots. A count,
    * not a reservation: leases that end or are placed afterwards change it.
-   * Always set; optional (explicit presence) only so that JSON shows a 0
-   * instead of leaving the field out.
+   * Optional (explicit presence) so that JSON shows a 0 instead of leaving
+   * the field out: it is set in every answer but one where tasks were
+   * leased and the count that follows failed (the claims are answered
+   * anyway, never lost).
    *
    * @generated from field: optional int32 free_slots = 2;
    */
