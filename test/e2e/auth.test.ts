@@ -104,7 +104,7 @@ describe("meshwork serve on 0.0.0.0 with auth on", () => {
     const claimed = await rpc("meshwork.v1.LeaseService/ClaimTasks", worker, {
       worker_id: registered.body.workerId,
     });
-    expect(claimed).toEqual({ status: 200, body: {} });
+    expect(claimed).toEqual({ status: 200, body: { freeSlots: 1, maxConcurrency: 1 } });
     // A worker token may not create tasks; no token at all is 401.
     expect(
       (await rpc("meshwork.v1.TaskService/CreateTask", worker, { workload: "render" })).status,

@@ -449,7 +449,7 @@ describe("slow and idle connections (headersTimeoutMs and idleTimeoutMs, 1 s her
     const [headers] = (await once(stream, "response")) as [http2.IncomingHttpHeaders];
     await once(stream, "end");
     expect(headers[":status"]).toBe(200);
-    expect(JSON.parse(Buffer.concat(body).toString())).toEqual({});
+    expect(JSON.parse(Buffer.concat(body).toString())).toEqual({ freeSlots: 1, maxConcurrency: 1 });
     expect(busy.closed || busy.destroyed).toBe(false);
     expect(await idleClosed).toBe("closed");
     // Once its call is over, the busy session is idle too.
