@@ -1,0 +1,130 @@
+import { type ParseArgsConfig, parseArgs } from "node:util";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { defaultUrl, type Endpoint, resolveToken } from "./connect.js";
+
+/** A mistake in the command line: one line on stderr, exit code 2. */
+export class UsageError extends Error {}
+
+/** Where a command writes: stdout for results, stderr for everything else. */
+export interface Io {
+  out: NodeJS.WritableStream;
+  err: NodeJS.WritableStream;
+}
+
+export const stdio: Io = { out: process.stdout, err: process.stderr };
+
+type Options = NonNullable<ParseArgsConfig["options"]>;
+
+/** The flags every operator command takes. */
+export const endpointOptions = {
+  url: { type: "string" },
+  token: { type: "string" },
+  "data-dir": { type: "string" },
+  json: { type: "boolean" },
+  help: { type: "boolean", short: "h" },
+} as const satisfies Options;
+
+export const endpointHelp = `Common flags:
+  --url URL        the coordinator; default $MESHWORK_URL or http://127.0.0.1:8080
+  --token T        a bearer token; default $MESHWORK_TOKEN, else <data dir>/admin.token
+  --data-dir DIR   the local data dir holding admin.token; default $MESHWORK_DATA_DIR or ./.meshwork
+  --json           print proto JSON instead of a table
+  -h, --help       this help
+
+Exit codes: 0 done, 1 the coordinator refused or could not be reached, 2 bad command line.
+`;
+
+/**
+ * node:util.parseArgs in strict mode, with its errors turned into one
+ * UsageError line that names the flag ("unknown flag --fast").
+ */
+export function parse<T extends Options>(args: string[], options: T) {
+  try {
+    return parseArgs({ args, options, allowPositionals: true, strict: true });
+  } catch (error) {
+    const e = error as Error & { code?: string };
+    const flag = /'(-{1,2}[^' ]+)/.exec(e.message)?.[1] ?? "";
+    if (e.code === "ERR_PARSE_ARGS_UNKNOWN_OPTION") throw new UsageError(`unknown flag ${flag}`);
+    if (e.code === "ERR_PARSE_ARGS_INVALID_OPTION_VALUE") {
+      throw new UsageError(
+        /argument missing/.test(e.message) ? `${flag} needs a value` : `${flag} takes no value`,
+      );
+    }
+    throw new UsageError(e.message.split("\n")[0] ?? "bad arguments");
+  }
+}
+
+/** The coordinator and token named by --url/--token/--data-dir or their defaults. */
+export function endpointOf(values: {
+  url?: string | undefined;
+  token?: string | undefined;
+  "data-dir"?: string | undefined;
+}): Endpoint {
+  return {
+    url: values.url ?? defaultUrl(),
+    token: resolveToken(values.token, values["data-dir"]),
+  };
+}
+
+/** An integer flag in [min, max], or undefined when absent. */
+export function intFlag(
+  name: string,
+  value: string | undefined,
+  min: number,
+  max: number,
+): number | undefined {
+  if (value === undefined) return undefined;
+  const n = Number(value);
+  if (!/^-?\d+$/.test(value) || n < min || n > max) {
+    throw new UsageError(
+      `--${name} must be an integer from ${min} to ${max}, not ${JSON.stringify(value)}`,
+    );
+  }
+  return n;
+}
+
+/** Exactly `n` positionals, else a UsageError naming what is expected. */
+export function positionalsOf(positionals: string[], names: string[]): string[] {
+  if (positionals.length < names.length) {
+    throw new UsageError(`missing ${names.slice(positionals.length).join(" ")}`);
+  }
+  if (positionals.length > names.length) {
+    throw new UsageError(`unexpected argument ${JSON.stringify(positionals[names.length])}`);
+  }
+  return positionals;
+}
+
+/**
+ * Runs one subcommand and maps failures to exit codes: a UsageError is one
+ * line and 2; a refusal by the coordinator is one line and 1. A token is
+ * never echoed: messages come from the coordinator or from this file.
+ */
+export async function runCommand(
+  prefix: string,
+  io: Io,
+  body: () => Promise<number>,
+): Promise<number> {
+  try {
+    return await body();
+  } catch (error) {
+    if (error instanceof UsageError) {
+      io.err.write(`${prefix}: ${error.message} (see '${prefix} --help')\n`);
+      return 2;
+    }
+    if (error instanceof ConnectError) {
+      const hint =
+        error.code === Code.Unauthenticated
+          ? " (check --token, $MESHWORK_TOKEN or <data dir>/admin.token)"
+          : "";
+      io.err.write(`${prefix}: ${codeName(error.code)}: ${error.rawMessage}${hint}\n`);
+      return 1;
+    }
+    io.err.write(`${prefix}: ${(error as Error).message}\n`);
+    return 1;
+  }
+}
+
+/** "not_found" for Code.NotFound: the names the protocol documents. */
+export function codeName(code: Code): string {
+  return (Code[code] ?? "unknown").replace(/([a-z])([A-Z])/g, "$1_$2").toLowerCase();
+}
