@@ -1,0 +1,390 @@
+import { type JsonObject, toJson } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { createClient } from "@connectrpc/connect";
+import { type Task, TaskSchema, TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
+import {
+  endpointHelp,
+  endpointOf,
+  endpointOptions,
+  type Io,
+  intFlag,
+  parse,
+  positionalsOf,
+  runCommand,
+  stdio,
+  UsageError,
+} from "./args.js";
+import { uploadInput } from "./artifact.js";
+import { transportFor } from "./connect.js";
+import { ago, record, table, when } from "./table.js";
+
+const usage = `Usage:
+  meshwork task create --workload W [--name N] [--param K=V]... [--params JSON]
+                       [--input FILE | --input-artifact ID] [--capability C]...
+                       [--affinity K=V]... [--priority N] [--max-attempts N]
+                       [--lease-seconds N] [--steps N] [--deadline ISO]
+                       [--idempotency-key K]
+  meshwork task get TASK_ID
+  meshwork task list [--state S] [--workload W] [--worker WORKER_ID] [--limit N]
+  meshwork task cancel TASK_ID [--reason TEXT]
+  meshwork task retry TASK_ID [--lease-seconds N] [--idempotency-key K]
+  meshwork task watch TASK_ID
+
+'create' prints the new task id alone on stdout (a summary on stderr).
+  --input FILE uploads FILE as an INPUT artifact first and names it as the
+  task's input; --input-artifact takes one uploaded by 'meshwork artifact put'.
+  --param K=V sets one parameter (V is parsed as JSON when it parses, else
+  kept as a string); --params takes a JSON object.
+'list' pages newest first, up to --limit tasks (default 100, at most 10000).
+  States: pending, assigned, running, succeeded, failed, canceled.
+'cancel' moves a PENDING, ASSIGNED or RUNNING task to CANCELED.
+'retry' is RetryTask, a push placement: it puts an ASSIGNED, RUNNING or
+  FAILED task on another worker that has an API base URL and a free slot
+  (the same worker if it is the only fit), ASSIGNED under a new attempt that
+  fences the old lease. The coordinator does not contact that worker: a
+  director must dispatch it the task id, attempt and lease token ('--json'
+  prints them). There is no RPC that puts a FAILED task back to PENDING for
+  pull workers; to run the same work again, 'task create' it anew.
+'watch' follows WatchTask, one line per change, until the task ends. Exits 0
+  when it SUCCEEDED, 3 when it FAILED or was CANCELED. With --json, one Task
+  JSON document per line.
+
+${endpointHelp}`;
+
+const states: Record<string, TaskState> = {
+  pending: TaskState.PENDING,
+  assigned: TaskState.ASSIGNED,
+  running: TaskState.RUNNING,
+  succeeded: TaskState.SUCCEEDED,
+  failed: TaskState.FAILED,
+  canceled: TaskState.CANCELED,
+  cancelled: TaskState.CANCELED,
+};
+
+const terminal = new Set([TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELED]);
+
+const stateName = (s: TaskState) => TaskState[s] ?? String(s);
+const json = (t: Task) => JSON.stringify(toJson(TaskSchema, t));
+
+/** `meshwork task …`; returns the exit code. */
+export async function taskCommand(argv: string[], io: Io = stdio): Promise<number> {
+  const [sub, ...rest] = argv;
+  if (sub === undefined || sub === "--help" || sub === "-h" || sub === "help") {
+    (sub === undefined ? io.err : io.out).write(usage);
+    return sub === undefined ? 2 : 0;
+  }
+  const prefix = `meshwork task ${sub}`;
+  return runCommand(prefix, io, async () => {
+    switch (sub) {
+      case "create":
+        return create(rest, io);
+      case "get":
+      case "cancel":
+      case "retry":
+      case "watch":
+        return one(sub, rest, io);
+      case "list":
+        return list(rest, io);
+      default:
+        throw new UsageError(`unknown subcommand ${JSON.stringify(sub)}`);
+    }
+  });
+}
+
+async function create(args: string[], io: Io): Promise<number> {
+  const { values, positionals } = parse(args, {
+    ...endpointOptions,
+    workload: { type: "string" },
+    name: { type: "string" },
+    param: { type: "string", multiple: true },
+    params: { type: "string" },
+    input: { type: "string" },
+    "input-artifact": { type: "string" },
+    capability: { type: "string", multiple: true },
+    affinity: { type: "string", multiple: true },
+    priority: { type: "string" },
+    "max-attempts": { type: "string" },
+    "lease-seconds": { type: "string" },
+    steps: { type: "string" },
+    deadline: { type: "string" },
+    "idempotency-key": { type: "string" },
+  });
+  if (values.help) return help(io);
+  positionalsOf(positionals, []);
+  if (!values.workload) throw new UsageError("--workload is required");
+  if (values.input !== undefined && values["input-artifact"] !== undefined) {
+    throw new UsageError("give --input or --input-artifact, not both");
+  }
+  const parameters = parameterObject(values.params, values.param ?? []);
+  const affinity = pairs("affinity", values.affinity ?? []);
+  let deadline: Date | undefined;
+  if (values.deadline !== undefined) {
+    deadline = new Date(values.deadline);
+    if (Number.isNaN(deadline.getTime())) {
+      throw new UsageError(
+        `--deadline must be an ISO 8601 time, not ${JSON.stringify(values.deadline)}`,
+      );
+    }
+  }
+  const request = {
+    workload: values.workload,
+    name: values.name ?? "",
+    parameters,
+    requiredCapabilities: values.capability ?? [],
+    affinity,
+    priority: intFlag("priority", values.priority, -2147483648, 2147483647) ?? 0,
+    maxAttempts: intFlag("max-attempts", values["max-attempts"], 1, 100),
+    leaseSeconds: intFlag("lease-seconds", values["lease-seconds"], 5, 86400),
+    steps: intFlag("steps", values.steps, 0, 2147483647),
+    deadline: deadline ? timestampFromDate(deadline) : undefined,
+    idempotencyKey: values["idempotency-key"] ?? "",
+  };
+  const endpoint = endpointOf(values);
+  let inputArtifactId = values["input-artifact"];
+  if (values.input !== undefined) {
+    inputArtifactId = (await uploadInput(endpoint, values.input)).artifactId;
+  }
+  const tasks = createClient(TaskService, transportFor(endpoint));
+  const res = await tasks.createTask({
+    ...request,
+    input: inputArtifactId
+      ? { case: "inputArtifactId", value: inputArtifactId }
+      : { case: undefined },
+  });
+  const task = res.task;
+  if (!task) throw new Error("the coordinator answered without the task");
+  if (values.json) {
+    io.out.write(`${json(task)}\n`);
+  } else {
+    io.out.write(`${task.taskId}\n`);
+    io.err.write(
+      `created task ${task.taskId} (${task.workload}${task.name ? `, ${task.name}` : ""}), ${stateName(task.state)}${task.input ? `, input ${task.input.artifactId}` : ""}\n`,
+    );
+  }
+  return 0;
+}
+
+async function one(sub: "get" | "cancel" | "retry" | "watch", args: string[], io: Io) {
+  const { values, positionals } = parse(args, {
+    ...endpointOptions,
+    reason: { type: "string" },
+    "lease-seconds": { type: "string" },
+    "idempotency-key": { type: "string" },
+  });
+  if (values.help) return help(io);
+  const [taskId = ""] = positionalsOf(positionals, ["TASK_ID"]);
+  const allowed: Record<string, string[]> = {
+    cancel: ["reason"],
+    retry: ["lease-seconds", "idempotency-key"],
+  };
+  for (const flag of ["reason", "lease-seconds", "idempotency-key"] as const) {
+    if (values[flag] !== undefined && !allowed[sub]?.includes(flag)) {
+      throw new UsageError(`unknown flag --${flag}`);
+    }
+  }
+  const tasks = createClient(TaskService, transportFor(endpointOf(values)));
+  if (sub === "watch") return watch(tasks.watchTask({ taskId }), values.json === true, io);
+  const res =
+    sub === "get"
+      ? await tasks.getTask({ taskId })
+      : sub === "cancel"
+        ? await tasks.cancelTask({ taskId, reason: values.reason ?? "" })
+        : await tasks.retryTask({
+            taskId,
+            leaseSeconds: intFlag("lease-seconds", values["lease-seconds"], 60, 86400),
+            scheduleIdempotencyKey: values["idempotency-key"] ?? "",
+          });
+  const task = res.task;
+  if (!task) throw new Error("the coordinator answered without the task");
+  if (values.json) io.out.write(`${json(task)}\n`);
+  else if (sub === "get") io.out.write(describe(task));
+  else if (sub === "cancel") io.out.write(`task ${task.taskId} is ${stateName(task.state)}\n`);
+  else {
+    io.out.write(
+      `task ${task.taskId} is ${stateName(task.state)} on worker ${task.assignedWorkerId} (${task.assignedApiBaseUrl}), attempt ${task.attempt}; dispatch it there (lease token with --json)\n`,
+    );
+  }
+  return 0;
+}
+
+async function watch(stream: AsyncIterable<{ task?: Task }>, asJson: boolean, io: Io) {
+  let last: Task | undefined;
+  let lastLine = "";
+  for await (const res of stream) {
+    const t = res.task;
+    if (!t) continue;
+    last = t;
+    if (asJson) {
+      io.out.write(`${json(t)}\n`);
+      continue;
+    }
+    const line = [
+      stateName(t.state),
+      `attempt ${t.attempt}`,
+      t.lease?.workerId ? `worker ${t.lease.workerId}` : "",
+      t.progress
+        ? `progress ${t.progress.completedSteps}${t.steps !== undefined ? `/${t.steps}` : ""}${t.progress.message ? ` ${t.progress.message}` : ""}`
+        : "",
+      t.error ? `error ${t.error.code}: ${t.error.message}` : "",
+      t.resultSummary ? `result ${t.resultSummary}` : "",
+    ]
+      .filter((s) => s !== "")
+      .join("  ");
+    if (line !== lastLine) io.out.write(`${new Date().toISOString()}  ${line}\n`);
+    lastLine = line;
+  }
+  if (!last || !terminal.has(last.state)) {
+    throw new Error("the watch ended before the task did");
+  }
+  return last.state === TaskState.SUCCEEDED ? 0 : 3;
+}
+
+async function list(args: string[], io: Io): Promise<number> {
+  const { values, positionals } = parse(args, {
+    ...endpointOptions,
+    state: { type: "string" },
+    workload: { type: "string" },
+    worker: { type: "string" },
+    limit: { type: "string" },
+  });
+  if (values.help) return help(io);
+  positionalsOf(positionals, []);
+  let state = TaskState.UNSPECIFIED;
+  if (values.state !== undefined) {
+    const s = states[values.state.toLowerCase()];
+    if (s === undefined) {
+      throw new UsageError(
+        `--state must be one of pending, assigned, running, succeeded, failed, canceled, not ${JSON.stringify(values.state)}`,
+      );
+    }
+    state = s;
+  }
+  const limit = intFlag("limit", values.limit, 1, 10000) ?? 100;
+  const tasks = createClient(TaskService, transportFor(endpointOf(values)));
+  const rows: Task[] = [];
+  let pageToken = "";
+  do {
+    const res = await tasks.listTasks({
+      pageSize: Math.min(1000, limit - rows.length),
+      pageToken,
+      state,
+      workload: values.workload ?? "",
+      workerId: values.worker ?? "",
+    });
+    rows.push(...res.tasks.slice(0, limit - rows.length));
+    pageToken = res.nextPageToken;
+  } while (pageToken !== "" && rows.length < limit);
+  if (values.json) {
+    io.out.write(`${JSON.stringify({ tasks: rows.map((t) => toJson(TaskSchema, t)) })}\n`);
+    return 0;
+  }
+  io.out.write(
+    table(
+      ["ID", "STATE", "WORKLOAD", "NAME", "ATTEMPT", "WORKER", "CREATED", "UPDATED"],
+      rows.map((t) => [
+        t.taskId,
+        stateName(t.state),
+        t.workload,
+        t.name || "-",
+        `${t.attempt}/${t.maxAttempts}`,
+        t.lease?.workerId || t.assignedWorkerId || "-",
+        ago(t.createdAt),
+        ago(t.updatedAt),
+      ]),
+    ),
+  );
+  return 0;
+}
+
+function help(io: Io): number {
+  io.out.write(usage);
+  return 0;
+}
+
+/** `--params JSON` merged with each `--param K=V` (V as JSON when it parses). */
+function parameterObject(params: string | undefined, each: string[]): JsonObject | undefined {
+  let obj: JsonObject = {};
+  if (params !== undefined) {
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(params);
+    } catch {
+      throw new UsageError("--params must be a JSON object");
+    }
+    if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
+      throw new UsageError("--params must be a JSON object");
+    }
+    obj = parsed as JsonObject;
+  }
+  for (const [k, v] of Object.entries(pairs("param", each))) {
+    try {
+      obj[k] = JSON.parse(v);
+    } catch {
+      obj[k] = v;
+    }
+  }
+  return params === undefined && each.length === 0 ? undefined : obj;
+}
+
+/** `K=V` flags as an object; a flag without `=` or with an empty key is a UsageError. */
+function pairs(flag: string, each: string[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const p of each) {
+    const i = p.indexOf("=");
+    if (i <= 0) throw new UsageError(`--${flag} must be KEY=VALUE, not ${JSON.stringify(p)}`);
+    out[p.slice(0, i)] = p.slice(i + 1);
+  }
+  return out;
+}
+
+/** One task as aligned "key: value" lines. */
+export function describe(t: Task): string {
+  const lines: [string, string][] = [
+    ["task", t.taskId],
+    ["name", t.name || "-"],
+    ["workload", t.workload],
+    [
+      "state",
+      `${stateName(t.state)}${t.cancelRequested && t.state !== TaskState.CANCELED ? " (cancel requested)" : ""}`,
+    ],
+    ["attempt", `${t.attempt} of ${t.maxAttempts}`],
+    ["priority", String(t.priority)],
+  ];
+  if (t.requiredCapabilities.length > 0)
+    lines.push(["capabilities", t.requiredCapabilities.join(", ")]);
+  const aff = Object.entries(t.affinity);
+  if (aff.length > 0) lines.push(["affinity", aff.map(([k, v]) => `${k}=${v}`).join(", ")]);
+  if (t.parameters) lines.push(["parameters", JSON.stringify(t.parameters)]);
+  if (t.input)
+    lines.push([
+      "input",
+      `${t.input.artifactId} (${t.input.sizeBytes} bytes, sha256 ${t.input.sha256})`,
+    ]);
+  if (t.lease)
+    lines.push([
+      "lease",
+      `worker ${t.lease.workerId}, attempt ${t.lease.attempt}, expires ${when(t.lease.expiresAt)}`,
+    ]);
+  if (t.assignedWorkerId)
+    lines.push(["assigned", `${t.assignedWorkerId} (${t.assignedApiBaseUrl})`]);
+  if (t.progress) {
+    lines.push([
+      "progress",
+      `${t.progress.completedSteps}${t.steps !== undefined ? `/${t.steps}` : ""}${t.progress.message ? ` ${t.progress.message}` : ""}`,
+    ]);
+  }
+  if (t.error) lines.push(["error", `${t.error.code}: ${t.error.message}`]);
+  if (t.result)
+    lines.push([
+      "result",
+      `${t.result.artifactId} (${t.result.sizeBytes} bytes, sha256 ${t.result.sha256})`,
+    ]);
+  if (t.resultSummary) lines.push(["summary", t.resultSummary]);
+  if (t.correlationId) lines.push(["correlation", t.correlationId]);
+  lines.push(["created", when(t.createdAt)], ["updated", when(t.updatedAt)]);
+  if (t.startedAt) lines.push(["started", when(t.startedAt)]);
+  if (t.finishedAt) lines.push(["finished", when(t.finishedAt)]);
+  if (t.deadline) lines.push(["deadline", when(t.deadline)]);
+  if (t.notBefore) lines.push(["not before", when(t.notBefore)]);
+  return record(lines);
+}
