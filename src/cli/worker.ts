@@ -1,0 +1,149 @@
+import { toJson } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import {
+  FleetService,
+  type Worker,
+  WorkerSchema,
+  WorkerState,
+} from "../../gen/meshwork/v1/fleet_pb.js";
+import {
+  endpointHelp,
+  endpointOf,
+  endpointOptions,
+  type Io,
+  parse,
+  positionalsOf,
+  runCommand,
+  stdio,
+  UsageError,
+} from "./args.js";
+import { transportFor } from "./connect.js";
+import { ago, table } from "./table.js";
+
+const usage = `Usage:
+  meshwork worker list [--capability C] [--state active|lost] [--drained | --not-drained]
+  meshwork worker drain WORKER
+  meshwork worker undrain WORKER
+  meshwork worker deregister WORKER
+
+WORKER is a worker id, or the peer id it registered with.
+'drain' sets the worker's drained flag (DrainWorker): it gets no new claims or
+  placements, and the leases it holds run on.
+'undrain' clears the flag (DrainWorker with drained=false): it takes work again.
+'deregister' removes the worker and releases its leases: those tasks go back
+  to PENDING with their attempt kept; their ids are printed.
+
+${endpointHelp}`;
+
+const uuid = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+const stateName = (s: WorkerState) => WorkerState[s] ?? String(s);
+
+/** `meshwork worker …`; returns the exit code. */
+export async function workerCommand(argv: string[], io: Io = stdio): Promise<number> {
+  const [sub, ...rest] = argv;
+  if (sub === undefined || sub === "--help" || sub === "-h" || sub === "help") {
+    (sub === undefined ? io.err : io.out).write(usage);
+    return sub === undefined ? 2 : 0;
+  }
+  return runCommand(`meshwork worker ${sub}`, io, async () => {
+    if (sub === "list") return list(rest, io);
+    if (sub === "drain" || sub === "undrain" || sub === "deregister") return change(sub, rest, io);
+    throw new UsageError(`unknown subcommand ${JSON.stringify(sub)}`);
+  });
+}
+
+async function list(args: string[], io: Io): Promise<number> {
+  const { values, positionals } = parse(args, {
+    ...endpointOptions,
+    capability: { type: "string" },
+    state: { type: "string" },
+    drained: { type: "boolean" },
+    "not-drained": { type: "boolean" },
+  });
+  if (values.help) return help(io);
+  positionalsOf(positionals, []);
+  const state =
+    values.state === undefined
+      ? WorkerState.UNSPECIFIED
+      : ({ active: WorkerState.ACTIVE, lost: WorkerState.LOST } as Record<string, WorkerState>)[
+          values.state.toLowerCase()
+        ];
+  if (state === undefined) {
+    throw new UsageError(`--state must be active or lost, not ${JSON.stringify(values.state)}`);
+  }
+  if (values.drained && values["not-drained"]) {
+    throw new UsageError("give --drained or --not-drained, not both");
+  }
+  const drained = values.drained ? true : values["not-drained"] ? false : undefined;
+  const fleet = createClient(FleetService, transportFor(endpointOf(values)));
+  const rows: Worker[] = [];
+  let pageToken = "";
+  for (let page = 0; page < 100; page++) {
+    const res = await fleet.listWorkers({
+      pageSize: 1000,
+      pageToken,
+      capability: values.capability ?? "",
+      state,
+      drained,
+    });
+    rows.push(...res.workers);
+    pageToken = res.nextPageToken;
+    if (pageToken === "") break;
+  }
+  if (values.json) {
+    io.out.write(`${JSON.stringify({ workers: rows.map((w) => toJson(WorkerSchema, w)) })}\n`);
+    return 0;
+  }
+  io.out.write(
+    table(
+      ["ID", "NAME", "STATE", "DRAINED", "LEASES", "QUEUE", "HEARTBEAT", "CAPABILITIES"],
+      rows.map((w) => [
+        w.workerId,
+        w.name || w.peerId || "-",
+        stateName(w.state),
+        w.drained ? "yes" : "no",
+        `${w.activeLeases}/${w.maxConcurrency}`,
+        String(w.queueDepth),
+        ago(w.lastHeartbeatAt),
+        w.capabilities.join(",") || "-",
+      ]),
+    ),
+  );
+  return 0;
+}
+
+async function change(sub: "drain" | "undrain" | "deregister", args: string[], io: Io) {
+  const { values, positionals } = parse(args, endpointOptions);
+  if (values.help) return help(io);
+  const [which = ""] = positionalsOf(positionals, ["WORKER"]);
+  const fleet = createClient(FleetService, transportFor(endpointOf(values)));
+  const workerId = uuid.test(which)
+    ? which
+    : ((await fleet.getWorker({ peerId: which })).worker?.workerId ?? which);
+  if (sub === "deregister") {
+    const res = await fleet.deregisterWorker({ workerId });
+    if (values.json) {
+      io.out.write(`${JSON.stringify({ workerId, releasedTaskIds: res.releasedTaskIds })}\n`);
+    } else {
+      io.out.write(
+        `deregistered worker ${workerId}; released ${res.releasedTaskIds.length} task(s)${res.releasedTaskIds.map((id) => `\n  ${id}`).join("")}\n`,
+      );
+    }
+    return 0;
+  }
+  const res = await fleet.drainWorker({ workerId, drained: sub === "drain" });
+  const w = res.worker;
+  if (!w) throw new Error("the coordinator answered without the worker");
+  if (values.json) io.out.write(`${JSON.stringify(toJson(WorkerSchema, w))}\n`);
+  else {
+    io.out.write(
+      `worker ${w.workerId} (${w.name || w.peerId || "-"}) is ${w.drained ? "drained" : "not drained"}; ${w.activeLeases} lease(s) held\n`,
+    );
+  }
+  return 0;
+}
+
+function help(io: Io): number {
+  io.out.write(usage);
+  return 0;
+}
