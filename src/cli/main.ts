@@ -2,8 +2,12 @@ import { readFileSync } from "node:fs";
 import { ConfigError, loadConfig, serveUsage } from "../config.js";
 import { StartupError } from "../data-dir-lock.js";
 import { serve } from "../main.js";
+import { artifactCommand } from "./artifact.js";
+import { fleetCommand } from "./fleet.js";
 import { knowledgeCommand } from "./knowledge.js";
+import { taskCommand } from "./task.js";
 import { tokenCommand } from "./token.js";
+import { workerCommand } from "./worker.js";
 
 const usage = `Usage: meshwork <command> [flags]
 
@@ -11,6 +15,12 @@ Commands:
   serve       run the coordinator (default flags: embedded database in ./.meshwork, 127.0.0.1:8080)
   token       create | list | revoke bearer tokens (admin)
   knowledge   export | import | sync knowledge entries between coordinators
+  task        create | get | list | cancel | retry | watch tasks
+  worker      list | drain | undrain | deregister workers
+  fleet       status: tasks by state, backlog, worker load
+  artifact    get | put artifact bytes (put: task inputs)
+
+Each command takes --help; operator commands take --url, --token and --json.
 
 Run 'meshwork serve --help' for the serve flags, 'meshwork --version' for the version.
 `;
@@ -77,6 +87,14 @@ export async function run(argv: string[]): Promise<number> {
       return 1;
     }
   }
+  const operator: Record<string, (args: string[]) => Promise<number>> = {
+    task: taskCommand,
+    worker: workerCommand,
+    fleet: fleetCommand,
+    artifact: artifactCommand,
+  };
+  const handler = operator[command];
+  if (handler) return handler(rest);
   process.stderr.write(`meshwork: unknown command ${JSON.stringify(command)}\n\n${usage}`);
   return 2;
 }
