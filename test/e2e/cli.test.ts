@@ -1,0 +1,248 @@
+import { execFile, spawn } from "node:child_process";
+import { createHash } from "node:crypto";
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createClient } from "@connectrpc/connect";
+import { describe, expect, it } from "vitest";
+import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
+import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
+import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
+import { transportFor } from "../../src/cli/connect.js";
+import { within } from "../support/bounded.js";
+import { useListeningServer } from "../support/server.js";
+
+const server = useListeningServer({ auth: "on" });
+const dir = mkdtempSync(join(tmpdir(), "meshwork-cli-"));
+/** No stray MESHWORK_* settings, and a data dir without admin.token. */
+const env = {
+  PATH: process.env.PATH ?? "",
+  HOME: process.env.HOME ?? "",
+  MESHWORK_DATA_DIR: join(dir, "none"),
+};
+
+interface Ran {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** `meshwork ARGS --url … --token …` as a child process, bounded to 20 s. */
+function cli(args: string[], auth: string[] = ["--url", server.url, "--token", server.adminToken]) {
+  return new Promise<Ran>((resolve) => {
+    execFile(
+      "node",
+      ["bin/meshwork.js", ...args, ...auth],
+      { env, timeout: 20_000 },
+      (error, stdout, stderr) => {
+        const code = error ? ((error as { code?: number }).code ?? null) : 0;
+        resolve({ code: typeof code === "number" ? code : null, stdout, stderr });
+      },
+    );
+  });
+}
+
+const endpoint = () => ({ url: server.url, token: server.adminToken });
+const tasks = () => createClient(TaskService, transportFor(endpoint()));
+const fleet = () => createClient(FleetService, transportFor(endpoint()));
+const leases = () => createClient(LeaseService, transportFor(endpoint()));
+
+// Each child process starts Node and tsx (about a second on an idle machine).
+describe("meshwork operator CLI against a live coordinator with auth on", {
+  timeout: 90_000,
+}, () => {
+  it("creates, gets, lists (table and --json) and cancels a task", async () => {
+    const created = await cli([
+      "task",
+      "create",
+      "--workload",
+      "cli-basic",
+      "--name",
+      "first",
+      "--param",
+      "n=3",
+      "--param",
+      "who=ops",
+    ]);
+    expect(created).toMatchObject({ code: 0 });
+    const id = created.stdout.trim();
+    expect(id).toMatch(/^[0-9a-f-]{36}$/);
+    expect(created.stderr).toContain(`created task ${id}`);
+
+    const got = await cli(["task", "get", id]);
+    expect(got.code).toBe(0);
+    expect(got.stdout).toMatch(/^state:\s+PENDING$/m);
+    expect(got.stdout).toContain('{"n":3,"who":"ops"}');
+
+    const table = await cli(["task", "list", "--workload", "cli-basic"]);
+    expect(table.code).toBe(0);
+    const [header, row] = table.stdout.trimEnd().split("\n");
+    expect(header).toMatch(/^ID\s+STATE\s+WORKLOAD\s+NAME\s+ATTEMPT/);
+    expect(row).toMatch(new RegExp(`^${id}\\s+PENDING\\s+cli-basic\\s+first\\s+0/3`));
+    expect(header?.indexOf("STATE")).toBe(row?.indexOf("PENDING"));
+
+    const json = await cli(["task", "list", "--state", "pending", "--json"]);
+    expect(json.code).toBe(0);
+    const doc = JSON.parse(json.stdout);
+    expect(doc.tasks).toContainEqual(
+      expect.objectContaining({
+        taskId: id,
+        state: "TASK_STATE_PENDING",
+        parameters: { n: 3, who: "ops" },
+      }),
+    );
+
+    const canceled = await cli(["task", "cancel", id, "--reason", "not needed"]);
+    expect(canceled).toMatchObject({ code: 0, stdout: `task ${id} is CANCELED\n` });
+    expect((await tasks().getTask({ taskId: id })).task?.error?.message).toContain("not needed");
+    const again = await cli(["task", "cancel", id]);
+    expect(again.code).toBe(1);
+    expect(again.stderr).toMatch(/^meshwork task cancel: failed_precondition: .+\n$/);
+  });
+
+  it("watches a task until another call completes it, then exits 0", async () => {
+    const { workerId } = await fleet().registerWorker({
+      name: "cli-w",
+      capabilities: ["cli-watch"],
+    });
+    const task = (await tasks().createTask({ workload: "cli-watch" })).task;
+    const taskId = task?.taskId ?? "";
+    const child = spawn(
+      "node",
+      [
+        "bin/meshwork.js",
+        "task",
+        "watch",
+        taskId,
+        "--url",
+        server.url,
+        "--token",
+        server.adminToken,
+      ],
+      { env },
+    );
+    let stdout = "";
+    child.stdout.on("data", (d: Buffer) => {
+      stdout += d.toString();
+    });
+    const exited = new Promise<number | null>((resolve) => child.on("exit", resolve));
+    try {
+      const seen = await within(
+        20_000,
+        (async () => {
+          while (!stdout.includes("PENDING")) await new Promise((r) => setTimeout(r, 50));
+        })(),
+      );
+      expect(seen).not.toBe("timed out");
+      const { claims } = await leases().claimTasks({ workerId, waitSeconds: 5 });
+      const claim = claims.find((c) => c.taskId === taskId);
+      expect(claim).toBeDefined();
+      await leases().completeTask({
+        taskId,
+        workerId,
+        attempt: claim?.attempt ?? 0,
+        leaseToken: claim?.leaseToken ?? "",
+        resultSummary: "done",
+      });
+      expect(await within(20_000, exited)).toBe(0);
+    } finally {
+      child.kill();
+    }
+    const states = stdout
+      .trim()
+      .split("\n")
+      .map((l) => l.split(/\s+/)[1]);
+    expect(states[0]).toBe("PENDING");
+    expect(states.at(-1)).toBe("SUCCEEDED");
+    expect(stdout).toContain("result done");
+
+    const workers = await cli(["worker", "list"]);
+    expect(workers.code).toBe(0);
+    expect(workers.stdout).toMatch(new RegExp(`^${workerId}\\s+cli-w\\s+ACTIVE\\s+no\\s+0/1`, "m"));
+    const drained = await cli(["worker", "drain", workerId]);
+    expect(drained).toMatchObject({ code: 0 });
+    expect(drained.stdout).toContain("is drained");
+    const listed = await cli(["worker", "list", "--drained", "--json"]);
+    expect(JSON.parse(listed.stdout).workers).toEqual([
+      expect.objectContaining({ workerId, drained: true }),
+    ]);
+    const undrained = await cli(["worker", "undrain", workerId, "--json"]);
+    expect(JSON.parse(undrained.stdout)).toMatchObject({ workerId });
+    expect(JSON.parse(undrained.stdout).drained).toBeUndefined(); // false is the JSON default
+
+    const status = await cli(["fleet", "status"]);
+    expect(status.code).toBe(0);
+    expect(status.stdout).toMatch(/^TASKS .*SUCCEEDED 1/m);
+    expect(status.stdout).toMatch(new RegExp(`^${workerId}\\s+cli-w\\s+ACTIVE`, "m"));
+    const statusJson = JSON.parse((await cli(["fleet", "status", "--json"])).stdout);
+    expect(statusJson.taskCounts).toContainEqual({ state: "TASK_STATE_SUCCEEDED", count: "1" });
+  });
+
+  it("creates a task with an input file and downloads it again, checked", async () => {
+    const file = join(dir, "input.bin");
+    const bytes = Buffer.from("operator input\n".repeat(1000));
+    writeFileSync(file, bytes);
+    const created = await cli([
+      "task",
+      "create",
+      "--workload",
+      "cli-input",
+      "--input",
+      file,
+      "--json",
+    ]);
+    expect(created.code).toBe(0);
+    const task = JSON.parse(created.stdout);
+    const sha = createHash("sha256").update(bytes).digest("hex");
+    expect(task.input).toMatchObject({ sha256: sha, sizeBytes: String(bytes.length) });
+    const out = join(dir, "got.bin");
+    const got = await cli(["artifact", "get", task.input.artifactId, "-o", out]);
+    expect(got).toMatchObject({ code: 0 });
+    expect(got.stderr).toContain("verified");
+    expect(readFileSync(out).equals(bytes)).toBe(true);
+
+    const put = await cli(["artifact", "put", file]);
+    expect(put.code).toBe(0);
+    const stdout = await cli(["artifact", "get", put.stdout.trim()]);
+    expect(stdout.stdout).toBe(bytes.toString());
+    const missing = await cli(["artifact", "get", "00000000-0000-4000-8000-000000000000"]);
+    expect(missing.code).toBe(1);
+    expect(missing.stderr).toMatch(/^meshwork artifact get: not_found: .+\n$/);
+  });
+
+  it("answers --help, and one line with exit 2 for an unknown flag or a bad value", async () => {
+    for (const cmd of [
+      ["task", "--help"],
+      ["task", "create", "--help"],
+      ["worker", "--help"],
+      ["fleet", "status", "--help"],
+      ["artifact", "--help"],
+    ]) {
+      const r = await cli(cmd, []);
+      expect(r, cmd.join(" ")).toMatchObject({ code: 0, stderr: "" });
+      expect(r.stdout).toMatch(/^Usage:/);
+    }
+    const unknown = await cli(["task", "list", "--fast"]);
+    expect(unknown).toMatchObject({
+      code: 2,
+      stdout: "",
+      stderr: "meshwork task list: unknown flag --fast (see 'meshwork task list --help')\n",
+    });
+    const bad = await cli(["task", "list", "--state", "sleeping"]);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr.trimEnd().split("\n")).toHaveLength(1);
+    expect(bad.stderr).toContain("--state must be one of");
+    const priority = await cli(["task", "create", "--workload", "w", "--priority", "high"]);
+    expect(priority.code).toBe(2);
+    expect(priority.stderr).toContain("--priority must be an integer");
+  });
+
+  it("refuses a bad token with one clear line and exit 1, without printing the token", async () => {
+    const secret = "mw_not-a-real-token-0123456789";
+    const r = await cli(["task", "list"], ["--url", server.url, "--token", secret]);
+    expect(r.code).toBe(1);
+    expect(r.stdout).toBe("");
+    expect(r.stderr).toMatch(/^meshwork task list: unauthenticated: .*--token.*\n$/);
+    expect(r.stderr).not.toContain(secret);
+  });
+});
