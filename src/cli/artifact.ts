@@ -33,6 +33,7 @@ const usage = `Usage:
 'get' downloads an artifact (DownloadArtifact) to FILE, or to stdout without
 -o, and checks its SHA-256 and size against the coordinator's record: on a
 mismatch FILE is not written (stdout has already been) and the exit code is 1.
+With -o, --json prints the artifact's record.
 A task's input and result ids are in 'meshwork task get TASK_ID'.
 
 'put' uploads FILE as an INPUT artifact (UploadArtifact without a task) and
@@ -139,9 +140,8 @@ export async function artifactCommand(argv: string[], io: Io = stdio): Promise<n
       const endpoint = endpointOf(values);
       const file = values.output;
       if (file === undefined || file === "-") {
-        const got = await download(endpoint, id, io.out);
-        check(got);
-        if (values.json) io.err.write(`${JSON.stringify(toJson(ArtifactSchema, got.artifact))}\n`);
+        if (values.json) throw new UsageError("--json needs -o FILE: stdout carries the bytes");
+        check(await download(endpoint, id, io.out));
         return 0;
       }
       const tmp = join(dirname(file), `.${basename(file)}.${process.pid}.part`);

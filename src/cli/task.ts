@@ -222,7 +222,7 @@ async function watch(stream: AsyncIterable<{ task?: Task }>, asJson: boolean, io
       stateName(t.state),
       `attempt ${t.attempt}`,
       t.lease?.workerId ? `worker ${t.lease.workerId}` : "",
-      t.progress
+      t.progress && (t.progress.completedSteps > 0 || t.progress.message)
         ? `progress ${t.progress.completedSteps}${t.steps !== undefined ? `/${t.steps}` : ""}${t.progress.message ? ` ${t.progress.message}` : ""}`
         : "",
       t.error ? `error ${t.error.code}: ${t.error.message}` : "",
@@ -367,7 +367,7 @@ export function describe(t: Task): string {
     ]);
   if (t.assignedWorkerId)
     lines.push(["assigned", `${t.assignedWorkerId} (${t.assignedApiBaseUrl})`]);
-  if (t.progress) {
+  if (t.progress && (t.progress.completedSteps > 0 || t.progress.message)) {
     lines.push([
       "progress",
       `${t.progress.completedSteps}${t.steps !== undefined ? `/${t.steps}` : ""}${t.progress.message ? ` ${t.progress.message}` : ""}`,
