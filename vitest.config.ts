@@ -5,6 +5,8 @@ import { defineConfig } from "vitest/config";
 export default defineConfig({
   test: {
     include: ["test/**/*.test.ts"],
+    // Builds dist/ first: tests spawn bin/meshwork.js, which runs the build.
+    globalSetup: ["test/support/build.ts"],
     testTimeout: 30_000,
     hookTimeout: 60_000,
     pool: "forks",

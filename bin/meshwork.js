@@ -1,6 +1,11 @@
 #!/usr/bin/env node
-// Runs the TypeScript sources directly through tsx.
-import { register } from "tsx/esm/api";
+// Runs the compiled code in dist/: `npm run build` writes it (`npm start`
+// and `npm pack` build first); nothing compiles TypeScript at run time.
+import { existsSync } from "node:fs";
 
-register();
-await import("../src/cli/main.ts");
+const main = new URL("../dist/src/cli/main.js", import.meta.url);
+if (!existsSync(main)) {
+  process.stderr.write("meshwork: dist/ is missing: run `npm run build` first\n");
+  process.exit(1);
+}
+await import(main.href);

@@ -89,7 +89,9 @@ export function createApp(database: Database, config: Config, log: Logger) {
     completeOne,
     sweeper,
     /** Aborted when the server begins to shut down: long polls and streams end. */
-    shutdownSignal: shutdown.signal,
+    // Named as the global type: @types/node's own is module-local, and the
+    // build's declaration emit (tsconfig.build.json) cannot name it.
+    shutdownSignal: shutdown.signal as AbortSignal,
     /** Subscribes to task-ready notifications and starts the sweeper. */
     async start(options: { sweeper?: boolean } = {}): Promise<void> {
       unlisten = await database.listen("meshwork_task_ready", () => wakeups.notify());

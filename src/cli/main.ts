@@ -1,4 +1,4 @@
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { ConfigError, loadConfig, serveUsage } from "../config.js";
 import { StartupError } from "../data-dir-lock.js";
 import { serve } from "../main.js";
@@ -25,9 +25,14 @@ Each command takes --help; operator commands take --url, --token and --json.
 Run 'meshwork serve --help' for the serve flags, 'meshwork --version' for the version.
 `;
 
-/** The version in package.json. */
+/**
+ * The version in package.json: two levels up from src/cli/, three from the
+ * build's dist/src/cli/.
+ */
 function version(): string {
-  const pkg = JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8"));
+  const fromSrc = new URL("../../package.json", import.meta.url);
+  const url = existsSync(fromSrc) ? fromSrc : new URL("../../../package.json", import.meta.url);
+  const pkg = JSON.parse(readFileSync(url, "utf8"));
   return String(pkg.version);
 }
 
