@@ -1,0 +1,138 @@
+import { execFile, spawn } from "node:child_process";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { promisify } from "node:util";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+
+// The package as a user gets it: `npm pack`, installed into an empty folder,
+// run with npx, its gen/ subpath imported with its type declarations. Slow
+// (npm install fetches the dependencies), so it runs only when asked:
+// MESHWORK_TEST_PACKAGE=1 (CI's "package" step).
+const enabled = process.env.MESHWORK_TEST_PACKAGE === "1";
+
+const run = promisify(execFile);
+const root = resolve(import.meta.dirname, "../..");
+const version = JSON.parse(readFileSync(join(root, "package.json"), "utf8")).version as string;
+
+/** process.env without npm's npm_* variables: `npm test` sets them, and npm reads them as config. */
+function cleanEnv(): NodeJS.ProcessEnv {
+  return Object.fromEntries(
+    Object.entries(process.env).filter(([key]) => !key.toLowerCase().startsWith("npm_")),
+  );
+}
+
+describe.skipIf(!enabled)("the npm package", () => {
+  const dir = enabled ? mkdtempSync(join(tmpdir(), "meshwork-package-")) : "";
+  let app = "";
+  // The installed dependencies take some 100 MB.
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  beforeAll(async () => {
+    // The global setup has just built dist/: pack it without building again
+    // (prepack would rebuild it under test files running in parallel).
+    const { stdout } = await run(
+      "npm",
+      ["pack", "--ignore-scripts", "--json", "--pack-destination", dir],
+      { cwd: root, env: cleanEnv(), timeout: 120_000 },
+    );
+    const [{ filename }] = JSON.parse(stdout) as [{ filename: string }];
+    app = join(dir, "app");
+    mkdirSync(app);
+    writeFileSync(join(app, "package.json"), '{ "private": true, "type": "module" }\n');
+    await run(
+      "npm",
+      ["install", join(dir, filename), "--prefer-offline", "--no-audit", "--no-fund"],
+      { cwd: app, env: cleanEnv(), timeout: 240_000 },
+    );
+  }, 300_000);
+
+  it("installs a bin that npx runs: --version is the one in package.json", async () => {
+    const { stdout } = await run("npx", ["--no", "--", "meshwork", "--version"], {
+      cwd: app,
+      env: cleanEnv(),
+      timeout: 60_000,
+    });
+    expect(stdout).toBe(`meshwork ${version}\n`);
+  });
+
+  it("serves: /readyz answers 200, and SIGTERM ends it with exit code 0", async () => {
+    const dataDir = join(app, "data");
+    // The embedded database, whatever the environment says.
+    const env = cleanEnv();
+    delete env.DATABASE_URL;
+    // The installed bin itself, which is what npx runs: npx does not pass
+    // SIGTERM on to it, so its exit code could not be seen through npx.
+    const child = spawn(
+      join(app, "node_modules/.bin/meshwork"),
+      ["serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir],
+      { cwd: app, env, stdio: ["ignore", "pipe", "pipe"] },
+    );
+    let output = "";
+    child.stdout.on("data", (d: Buffer) => {
+      output += d.toString();
+    });
+    child.stderr.on("data", (d: Buffer) => {
+      output += d.toString();
+    });
+    const exited = new Promise<number | null>((done) => child.on("exit", (code) => done(code)));
+    try {
+      let url = "";
+      for (let i = 0; i < 120 && !url; i++) {
+        url = /"url":"(http:\/\/127\.0\.0\.1:\d+)"/.exec(output)?.[1] ?? "";
+        if (!url) await new Promise((r) => setTimeout(r, 250));
+      }
+      expect(url, output).not.toBe("");
+      const ready = await fetch(`${url}/readyz`);
+      expect(ready.status).toBe(200);
+      child.kill("SIGTERM");
+      expect(await exited, output).toBe(0);
+    } finally {
+      child.kill("SIGKILL");
+    }
+  }, 60_000);
+
+  it("exposes the generated service descriptors as meshwork/gen/… with type declarations", async () => {
+    writeFileSync(
+      join(app, "tsconfig.json"),
+      JSON.stringify({
+        compilerOptions: {
+          target: "ES2023",
+          module: "NodeNext",
+          moduleResolution: "NodeNext",
+          strict: true,
+          types: [],
+          lib: ["ES2023"],
+          outDir: "out",
+        },
+        files: ["consumer.ts"],
+      }),
+    );
+    writeFileSync(
+      join(app, "consumer.ts"),
+      `import { create } from "@bufbuild/protobuf";
+import { CreateTaskRequestSchema, TaskService, TaskState } from "meshwork/gen/meshwork/v1/task_pb";
+
+declare const console: { log(...values: unknown[]): void };
+
+const request = create(CreateTaskRequestSchema, { name: "demo", workload: "render" });
+const state: TaskState = TaskState.PENDING;
+// @ts-expect-error: the declarations know CreateTaskRequest's fields.
+create(CreateTaskRequestSchema, { nmae: "typo" });
+console.log(TaskService.typeName, TaskService.method.createTask.name, request.workload, state);
+`,
+    );
+    // tsc prints its errors on stdout: keep them in the failure.
+    await run(process.execPath, [join(root, "node_modules/typescript/bin/tsc"), "-p", app], {
+      cwd: app,
+      timeout: 120_000,
+    }).catch((error: { message: string; stdout?: string }) => {
+      throw new Error(`${error.message}\n${error.stdout ?? ""}`);
+    });
+    const { stdout } = await run(process.execPath, [join(app, "out/consumer.js")], {
+      cwd: app,
+      timeout: 30_000,
+    });
+    expect(stdout).toBe("meshwork.v1.TaskService CreateTask render 1\n");
+  }, 150_000);
+});
