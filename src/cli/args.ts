@@ -15,6 +15,11 @@ export const stdio: Io = { out: process.stdout, err: process.stderr };
 
 type Options = NonNullable<ParseArgsConfig["options"]>;
 
+/** What `parse` returns for `options` (named, so that declarations can be emitted). */
+export type Parsed<T extends Options> = ReturnType<
+  typeof parseArgs<{ args: string[]; options: T; allowPositionals: true; strict: true }>
+>;
+
 /** The flags every operator command takes. */
 export const endpointOptions = {
   url: { type: "string" },
@@ -38,7 +43,7 @@ Exit codes: 0 done, 1 the coordinator refused or could not be reached, 2 bad com
  * node:util.parseArgs in strict mode, with its errors turned into one
  * UsageError line that names the flag ("unknown flag --fast").
  */
-export function parse<T extends Options>(args: string[], options: T) {
+export function parse<T extends Options>(args: string[], options: T): Parsed<T> {
   try {
     return parseArgs({ args, options, allowPositionals: true, strict: true });
   } catch (error) {
