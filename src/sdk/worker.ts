@@ -108,11 +108,10 @@ export interface TaskResult {
 }
 
 /** Runs one task. Return to complete it; throw to fail it (see TaskError). */
-// biome-ignore lint/suspicious/noConfusingVoidType: a handler that returns nothing is typed Promise<void>
-export type TaskHandler = (
-  task: WorkerTask,
-  ctx: TaskContext,
-) => Promise<TaskResult | undefined | void> | TaskResult | undefined | void;
+export type TaskHandler = (task: WorkerTask, ctx: TaskContext) => HandlerReturn;
+
+// biome-ignore lint/suspicious/noConfusingVoidType: an async handler that returns nothing is a Promise<void>
+type HandlerReturn = Promise<TaskResult | undefined | void> | TaskResult | undefined | void;
 
 /**
  * An error a handler throws to choose the FailTask `error_code` and whether
