@@ -72,7 +72,7 @@ export function createLeaseKeeper(options: {
     | undefined;
   let streamFailures = 0;
   let streamRetryAt = 0;
-  let lastSent = 0;
+  let lastSent = Number.NEGATIVE_INFINITY;
 
   const end = (lease: HeldLease, outcome: LeaseEnd) => {
     if (leases.get(lease.taskId) !== lease) return;

@@ -1,0 +1,420 @@
+import { createHash } from "node:crypto";
+import { mkdtempSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { DescService } from "@bufbuild/protobuf";
+import { type Client, createClient, type Interceptor } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { sql } from "drizzle-orm";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
+import type { App } from "../../src/app.js";
+import {
+  createWorker,
+  LeaseEndedError,
+  TaskError,
+  type Worker,
+  type WorkerOptions,
+} from "../../src/sdk/worker.js";
+import { listen, type RunningServer } from "../../src/server.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { appOn, uniqueWorkload } from "../support/harness.js";
+
+// The worker SDK (src/sdk, `meshwork/worker`) against a real coordinator with
+// auth on, over gRPC on h2c. The coordinator listens on a fixed port so that
+// it can be restarted under a running worker.
+
+const sha = (b: Uint8Array | string) => createHash("sha256").update(b).digest("hex");
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address() as { port: number };
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+/** Resolves when `check` returns true; throws after `ms`. */
+async function until(check: () => boolean | Promise<boolean>, ms = 15_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await check())) {
+    if (Date.now() > end) throw new Error("timed out waiting");
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+describe("the worker SDK against a coordinator with auth on", () => {
+  let tdb: TestDatabase;
+  let app: App;
+  let server: RunningServer | undefined;
+  let port = 0;
+  let url = "";
+  let adminToken = "";
+  let workerToken = "";
+  const blobDir = mkdtempSync(join(tmpdir(), "meshwork-sdk-blobs-"));
+  const workers: Worker[] = [];
+
+  const start = async () => {
+    app = appOn(tdb.database, { auth: "on", blobDir, publicUrl: url });
+    server = await listen(app, `127.0.0.1:${port}`);
+  };
+
+  beforeAll(async () => {
+    port = await freePort();
+    url = `http://127.0.0.1:${port}`;
+    tdb = await createTestDatabase();
+    await start();
+    adminToken = (await app.tokens.create("sdk-admin", "admin")).secret;
+    workerToken = (await app.tokens.create("sdk-worker", "worker")).secret;
+  });
+  afterAll(async () => {
+    await Promise.all(workers.map((w) => w.stop().catch(() => {})));
+    await server?.close();
+    await tdb.drop();
+  });
+
+  function as<S extends DescService>(service: S): Client<S> {
+    return createClient(
+      service,
+      createConnectTransport({
+        baseUrl: url,
+        httpVersion: "1.1",
+        interceptors: [
+          (next) => (req) => {
+            req.header.set("authorization", `Bearer ${adminToken}`);
+            return next(req);
+          },
+        ],
+      }),
+    );
+  }
+  const tasks = () => as(TaskService);
+
+  /** Calls the worker made, by method name, with the task ids of completions. */
+  interface Calls {
+    count: Map<string, number>;
+    completed: string[];
+    interceptor: Interceptor;
+  }
+  function recorder(): Calls {
+    const calls: Calls = {
+      count: new Map(),
+      completed: [],
+      interceptor: (next) => async (req) => {
+        calls.count.set(req.method.name, (calls.count.get(req.method.name) ?? 0) + 1);
+        if (!req.stream) {
+          const m = req.message as {
+            taskId?: string;
+            completions?: { taskId: string }[];
+          };
+          if (req.method.name === "CompleteTask" && m.taskId) calls.completed.push(m.taskId);
+          if (req.method.name === "CompleteTasks") {
+            for (const c of m.completions ?? []) calls.completed.push(c.taskId);
+          }
+        }
+        return next(req);
+      },
+    };
+    return calls;
+  }
+
+  function worker(
+    options: Pick<WorkerOptions, "workloads" | "handler"> & Partial<WorkerOptions>,
+    logs: string[] = [],
+  ): Worker {
+    const w = createWorker({
+      url,
+      token: workerToken,
+      pollSeconds: 2,
+      installSignalHandlers: false,
+      log: (m) => logs.push(m),
+      ...options,
+    });
+    workers.push(w);
+    return w;
+  }
+
+  it("runs several tasks at once: input checked, results uploaded, completed together in one CompleteTasks", async () => {
+    const workload = uniqueWorkload("sdk-happy");
+    const created = await Promise.all(
+      ["a", "b", "c"].map(async (s) => {
+        const { task } = await tasks().createTask({
+          workload,
+          input: { case: "inputData", value: new TextEncoder().encode(`hello ${s}`) },
+          parameters: { suffix: "!" },
+        });
+        return task?.taskId ?? "";
+      }),
+    );
+    const calls = recorder();
+    let arrived = 0;
+    let release: () => void = () => {};
+    const all = new Promise<void>((r) => {
+      release = r;
+    });
+    const logs: string[] = [];
+    const w = worker(
+      {
+        workloads: [workload],
+        concurrency: 3,
+        interceptors: [calls.interceptor],
+        handler: async (task, ctx) => {
+          const input = new TextDecoder().decode(await ctx.input());
+          const out = `${input.toUpperCase()}${String(ctx.parameters.suffix)}`;
+          const artifact = await ctx.upload("out.txt", out, { contentType: "text/plain" });
+          ctx.progress(1, "uploaded");
+          if (++arrived === 3) release();
+          await all; // all three finish together
+          return { result: artifact, summary: `did ${task.id}`, metrics: { n: 1 } };
+        },
+      },
+      logs,
+    );
+    await w.ready;
+    for (const taskId of created) {
+      await until(async () => {
+        const { task } = await tasks().getTask({ taskId });
+        return task?.state === TaskState.SUCCEEDED;
+      });
+    }
+    for (const [i, taskId] of created.entries()) {
+      const { task } = await tasks().getTask({ taskId });
+      const expected = `HELLO ${"ABC"[i]}!`;
+      expect(task?.result?.sha256, logs.join("\n")).toBe(sha(expected));
+      expect(task?.result?.contentType).toBe("text/plain");
+      expect(task?.resultSummary).toBe(`did ${taskId}`);
+      expect(task?.attempt).toBe(1);
+    }
+    expect(calls.count.get("CompleteTasks"), logs.join("\n")).toBe(1);
+    expect(calls.count.get("CompleteTask") ?? 0).toBe(0);
+    expect(calls.completed.sort()).toEqual([...created].sort());
+    expect(calls.count.get("RegisterWorker")).toBe(1);
+    await w.stop();
+    expect(calls.count.get("DeregisterWorker")).toBe(1);
+  }, 30_000);
+
+  it("fails a task whose handler throws: retried while retryable, FAILED once a TaskError says not to", async () => {
+    const workload = uniqueWorkload("sdk-throw");
+    const { task: created } = await tasks().createTask({
+      workload,
+      maxAttempts: 3,
+      retryBackoff: { initial: { seconds: 0n } },
+    });
+    const taskId = created?.taskId ?? "";
+    const attempts: number[] = [];
+    const w = worker({
+      workloads: [workload],
+      handler: (task) => {
+        attempts.push(task.attempt);
+        if (task.attempt === 1) throw new Error("boom");
+        throw new TaskError("BadInput", "cannot be done", { retryable: false });
+      },
+    });
+    await until(async () => {
+      const { task } = await tasks().getTask({ taskId });
+      return task?.state === TaskState.FAILED;
+    });
+    const { task } = await tasks().getTask({ taskId });
+    expect(attempts).toEqual([1, 2]);
+    expect(task?.attempt).toBe(2);
+    expect(task?.error?.code).toBe("BadInput");
+    expect(task?.error?.message).toContain("cannot be done");
+    await w.stop();
+  }, 30_000);
+
+  it("aborts the handler's signal when the lease is lost, and sends no late completion", async () => {
+    const workload = uniqueWorkload("sdk-lost");
+    const { task: created } = await tasks().createTask({
+      workload,
+      leaseSeconds: 5,
+      maxAttempts: 1,
+    });
+    const taskId = created?.taskId ?? "";
+    const calls = recorder();
+    let started = false;
+    let reason: unknown;
+    let returned = false;
+    const w = worker({
+      workloads: [workload],
+      interceptors: [calls.interceptor],
+      handler: async (_task, ctx) => {
+        started = true;
+        await new Promise<void>((r) => ctx.signal.addEventListener("abort", () => r()));
+        reason = ctx.signal.reason;
+        returned = true;
+        return { summary: "too late" };
+      },
+    });
+    await until(() => started);
+    // Expire the lease by the database clock: the next renewal is refused.
+    await tdb.database.db.execute(
+      sql`update tasks set lease_expires_at = now() - interval '1 second' where id = ${taskId}`,
+    );
+    await until(() => returned);
+    expect(reason).toBeInstanceOf(LeaseEndedError);
+    expect((reason as LeaseEndedError).kind).toBe("lost");
+    await new Promise((r) => setTimeout(r, 300)); // room for a completion that must not come
+    expect(calls.completed).not.toContain(taskId);
+    expect(calls.count.get("FailTask") ?? 0).toBe(0);
+    await until(async () => {
+      const { task } = await tasks().getTask({ taskId });
+      return task?.state === TaskState.FAILED; // the sweeper, not the worker
+    });
+    const { task } = await tasks().getTask({ taskId });
+    expect(task?.error?.code).toBe("LEASE_EXPIRED");
+    await w.stop();
+  }, 30_000);
+
+  it("aborts the handler's signal when the task is cancelled", async () => {
+    const workload = uniqueWorkload("sdk-cancel");
+    const { task: created } = await tasks().createTask({ workload, leaseSeconds: 5 });
+    const taskId = created?.taskId ?? "";
+    let started = false;
+    let reason: unknown;
+    const w = worker({
+      workloads: [workload],
+      handler: async (_task, ctx) => {
+        started = true;
+        await new Promise<void>((r) => ctx.signal.addEventListener("abort", () => r()));
+        reason = ctx.signal.reason;
+      },
+    });
+    await until(() => started);
+    await tasks().cancelTask({ taskId, reason: "not needed" });
+    await until(() => reason !== undefined);
+    expect((reason as LeaseEndedError).kind).toBe("canceled");
+    const { task } = await tasks().getTask({ taskId });
+    expect(task?.state).toBe(TaskState.CANCELED);
+    await w.stop();
+  }, 30_000);
+
+  it("stops gracefully: a handler that finishes within the grace completes, the other is released with its checkpoint", async () => {
+    const workload = uniqueWorkload("sdk-stop");
+    const quick = (await tasks().createTask({ workload, name: "quick" })).task?.taskId ?? "";
+    const slow = (await tasks().createTask({ workload, name: "slow" })).task?.taskId ?? "";
+    const calls = recorder();
+    const running = new Set<string>();
+    let stopAsked = false;
+    let slowReason: unknown;
+    const w = worker({
+      workloads: [workload],
+      concurrency: 2,
+      graceMs: 1500,
+      interceptors: [calls.interceptor],
+      handler: async (task, ctx) => {
+        running.add(task.name);
+        if (task.name === "quick") {
+          await until(() => stopAsked);
+          await new Promise((r) => setTimeout(r, 200));
+          return { summary: "done in time" };
+        }
+        ctx.checkpoint("step-3");
+        await new Promise<void>((r) => ctx.signal.addEventListener("abort", () => r()));
+        slowReason = ctx.signal.reason;
+        return { summary: "never sent" };
+      },
+    });
+    await until(() => running.size === 2);
+    const stopping = w.stop();
+    stopAsked = true;
+    const t0 = Date.now();
+    await stopping;
+    expect(Date.now() - t0).toBeLessThan(5000);
+    expect((slowReason as LeaseEndedError).kind).toBe("released");
+    const q = (await tasks().getTask({ taskId: quick })).task;
+    expect(q?.state).toBe(TaskState.SUCCEEDED);
+    const s = (await tasks().getTask({ taskId: slow })).task;
+    expect(s?.state).toBe(TaskState.PENDING);
+    expect(s?.checkpointHandle).toBe("step-3");
+    expect(calls.completed).toEqual([quick]);
+    expect(calls.count.get("ReleaseTask")).toBe(1);
+    expect(calls.count.get("DeregisterWorker")).toBe(1);
+    // Nothing claims after stop: the released task stays PENDING for someone else.
+    await tasks().cancelTask({ taskId: slow });
+  }, 30_000);
+
+  it("renews with RenewLease when lease streams are off, and progress reaches the task", async () => {
+    const workload = uniqueWorkload("sdk-unary");
+    const { task: created } = await tasks().createTask({ workload, leaseSeconds: 5, steps: 10 });
+    const taskId = created?.taskId ?? "";
+    const calls = recorder();
+    const w = worker({
+      workloads: [workload],
+      leaseStreams: false,
+      interceptors: [calls.interceptor],
+      handler: async (_task, ctx) => {
+        ctx.progress(4, "four of ten");
+        await new Promise((r) => setTimeout(r, 6000)); // longer than the TTL
+        return { summary: "renewed" };
+      },
+    });
+    await until(async () => {
+      const { task } = await tasks().getTask({ taskId });
+      return task?.progress?.completedSteps === 4;
+    });
+    const { task: during } = await tasks().getTask({ taskId });
+    expect(during?.progress?.message).toBe("four of ten");
+    await until(async () => {
+      const { task } = await tasks().getTask({ taskId });
+      return task?.state === TaskState.SUCCEEDED;
+    });
+    const { task } = await tasks().getTask({ taskId });
+    expect(task?.attempt).toBe(1);
+    expect(calls.count.get("RenewLease") ?? 0).toBeGreaterThanOrEqual(2);
+    expect(calls.count.get("StreamLeases") ?? 0).toBe(0);
+    await w.stop();
+  }, 30_000);
+
+  it("rides out a coordinator restart: the lease stream reconnects, the task completes once, later tasks still come", async () => {
+    const workload = uniqueWorkload("sdk-restart");
+    // The handler outlives the 5 s TTL: only renewals across the restart keep the lease.
+    const first = (await tasks().createTask({ workload, leaseSeconds: 5 })).task?.taskId ?? "";
+    const calls = recorder();
+    const runs: string[] = [];
+    let restarted = false;
+    const logs: string[] = [];
+    const w = worker(
+      {
+        workloads: [workload],
+        interceptors: [calls.interceptor],
+        handler: async (task) => {
+          runs.push(task.id);
+          if (task.id === first) {
+            await until(() => restarted, 20_000);
+            await new Promise((r) => setTimeout(r, 4000));
+          }
+          return { summary: `ok ${task.attempt}` };
+        },
+      },
+      logs,
+    );
+    await until(() => runs.length === 1);
+    await server?.close();
+    server = undefined;
+    await new Promise((r) => setTimeout(r, 2000)); // down across a renewal round
+    await start();
+    restarted = true;
+    await until(async () => {
+      const { task } = await tasks().getTask({ taskId: first });
+      return task?.state === TaskState.SUCCEEDED;
+    });
+    const second = (await tasks().createTask({ workload })).task?.taskId ?? "";
+    await until(async () => {
+      const { task } = await tasks().getTask({ taskId: second });
+      return task?.state === TaskState.SUCCEEDED;
+    }, 20_000);
+    expect(runs, logs.join("\n")).toEqual([first, second]);
+    const { task } = await tasks().getTask({ taskId: first });
+    expect(task?.attempt).toBe(1);
+    expect(task?.resultSummary).toBe("ok 1");
+    expect(calls.completed.filter((id) => id === first)).toHaveLength(1);
+    // One stream before the restart, another after it.
+    expect(calls.count.get("StreamLeases") ?? 0, logs.join("\n")).toBeGreaterThanOrEqual(2);
+    expect(calls.count.get("RegisterWorker")).toBe(1);
+    await w.stop();
+  }, 45_000);
+});
