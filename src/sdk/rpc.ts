@@ -93,34 +93,33 @@ export async function retrying<T>(
 /** An async iterable fed by `push` and ended by `end`: the requests of a client stream. */
 export class Outbox<T> implements AsyncIterable<T> {
   private readonly items: T[] = [];
-  private waiting: ((r: IteratorResult<T, undefined>) => void) | undefined;
+  private wake: (() => void) | undefined;
   private ended = false;
 
   push(item: T): void {
-    const waiting = this.waiting;
-    this.waiting = undefined;
-    if (waiting) waiting({ value: item, done: false });
-    else this.items.push(item);
+    if (this.ended) return;
+    this.items.push(item);
+    this.wake?.();
   }
 
   end(): void {
     this.ended = true;
-    const waiting = this.waiting;
-    this.waiting = undefined;
-    waiting?.({ value: undefined, done: true });
+    this.wake?.();
   }
 
-  [Symbol.asyncIterator](): AsyncIterator<T, undefined> {
-    return {
-      next: () => {
-        if (this.items.length > 0) {
-          return Promise.resolve({ value: this.items.shift() as T, done: false });
-        }
-        if (this.ended) return Promise.resolve({ value: undefined, done: true });
-        return new Promise((resolve) => {
-          this.waiting = resolve;
-        });
-      },
-    };
+  // A generator, so that the transport can also call return() and throw() on it.
+  async *[Symbol.asyncIterator](): AsyncGenerator<T, void, undefined> {
+    for (;;) {
+      const item = this.items.shift();
+      if (item !== undefined) {
+        yield item;
+        continue;
+      }
+      if (this.ended) return;
+      await new Promise<void>((resolve) => {
+        this.wake = resolve;
+      });
+      this.wake = undefined;
+    }
   }
 }

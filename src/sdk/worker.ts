@@ -213,6 +213,8 @@ interface Running {
   checkpoint: string;
   /** The lease ended (lost, cancelled, released): nothing more is sent about it. */
   ended: boolean;
+  /** The handler returned or threw: its completion or failure is being sent. */
+  settled: boolean;
   finished: Promise<void>;
 }
 
@@ -542,6 +544,7 @@ export function createWorker(options: WorkerOptions): Worker {
       abort: new AbortController(),
       checkpoint: "",
       ended: false,
+      settled: false,
     } as Running;
     entry.lease = {
       taskId: claim.taskId,
@@ -561,8 +564,10 @@ export function createWorker(options: WorkerOptions): Worker {
     entry.finished = (async () => {
       try {
         const result = await options.handler(task, contextFor(entry, task));
+        entry.settled = true;
         if (!entry.ended) await complete(entry, result ?? undefined);
       } catch (error) {
+        entry.settled = true;
         if (!entry.ended) await fail(entry, error);
       } finally {
         keeper?.remove(claim.taskId);
@@ -618,14 +623,23 @@ export function createWorker(options: WorkerOptions): Worker {
     if (running.size > 0) {
       log(`stopping: waiting up to ${graceMs} ms for ${running.size} running task(s)`);
       const all = Promise.all([...running.values()].map((r) => r.finished));
-      await Promise.race([all, sleep(graceMs, hurry.signal)]);
+      const grace = new AbortController();
+      const skip = () => grace.abort();
+      hurry.signal.addEventListener("abort", skip, { once: true });
+      await Promise.race([all, sleep(graceMs, grace.signal)]);
+      grace.abort(); // no timer keeps the process alive once the tasks are done
+      hurry.signal.removeEventListener("abort", skip);
     }
-    await Promise.all([...running.values()].filter((r) => !r.ended).map((r) => release(r)));
-    running.clear();
+    // Past the grace: handlers still running lose their tasks; outcomes already
+    // being sent are waited for (their calls give up when `hurry` aborts).
+    const left = [...running.values()];
+    await Promise.all(left.filter((r) => !r.settled && !r.ended).map((r) => release(r)));
     if (flushTimer) {
       clearTimeout(flushTimer);
       await flush();
     }
+    await Promise.all(left.filter((r) => r.settled).map((r) => r.finished));
+    running.clear();
     await keeper?.stop();
     try {
       if (options.onStop === "drain") {

@@ -1,13 +1,16 @@
+import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { mkdtempSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import type { DescService } from "@bufbuild/protobuf";
 import { type Client, createClient, type Interceptor } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import type { App } from "../../src/app.js";
 import {
@@ -260,6 +263,7 @@ describe("the worker SDK against a coordinator with auth on", () => {
     await new Promise((r) => setTimeout(r, 300)); // room for a completion that must not come
     expect(calls.completed).not.toContain(taskId);
     expect(calls.count.get("FailTask") ?? 0).toBe(0);
+    expect(calls.count.get("RenewLease") ?? 0).toBe(0); // the stream said so
     await until(async () => {
       const { task } = await tasks().getTask({ taskId });
       return task?.state === TaskState.FAILED; // the sweeper, not the worker
@@ -367,6 +371,59 @@ describe("the worker SDK against a coordinator with auth on", () => {
     expect(calls.count.get("RenewLease") ?? 0).toBeGreaterThanOrEqual(2);
     expect(calls.count.get("StreamLeases") ?? 0).toBe(0);
     await w.stop();
+  }, 30_000);
+
+  it("stops on SIGTERM in a process of its own: the running task finishes, the worker deregisters, the process exits", async () => {
+    const workload = uniqueWorkload("sdk-sigterm");
+    const taskId = (await tasks().createTask({ workload })).task?.taskId ?? "";
+    // As a user runs it: the built package, imported by its name.
+    const script = `
+      import { createWorker } from "meshwork/worker";
+      const w = createWorker({
+        url: process.env.MW_URL, token: process.env.MW_TOKEN, workloads: [process.env.MW_WORKLOAD],
+        pollSeconds: 2, graceMs: 5000,
+        async handler(task) {
+          console.log("started " + task.id);
+          await new Promise((r) => setTimeout(r, 800));
+          return { summary: "finished after the signal" };
+        },
+      });
+      console.log("worker " + await w.ready);
+      await w.done;
+      console.log("done");`;
+    const child = spawn(process.execPath, ["--input-type=module", "-e", script], {
+      cwd: fileURLToPath(new URL("../..", import.meta.url)),
+      env: { ...process.env, MW_URL: url, MW_TOKEN: workerToken, MW_WORKLOAD: workload },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.setEncoding("utf8").on("data", (d: string) => {
+      stdout += d;
+    });
+    child.stderr.setEncoding("utf8").on("data", (d: string) => {
+      stderr += d;
+    });
+    const exited = new Promise<number | null>((resolve) => child.on("close", resolve));
+    const timer = setTimeout(() => child.kill("SIGKILL"), 20_000);
+    try {
+      await until(() => stdout.includes(`started ${taskId}`));
+      const t0 = Date.now();
+      child.kill("SIGTERM");
+      expect(await exited, stderr).toBe(0);
+      // The handler's 0.8 s, not the 5 s grace: nothing is left to hold the process.
+      expect(Date.now() - t0).toBeLessThan(4000);
+    } finally {
+      clearTimeout(timer);
+    }
+    expect(stdout).toContain("done");
+    expect(stderr).toContain("SIGTERM: stopping");
+    expect(stderr).not.toContain(workerToken);
+    const { task } = await tasks().getTask({ taskId });
+    expect(task?.state, stderr).toBe(TaskState.SUCCEEDED);
+    expect(task?.resultSummary).toBe("finished after the signal");
+    const workerId = /worker (\S+)/.exec(stdout)?.[1] ?? "";
+    await expect(as(FleetService).getWorker({ workerId })).rejects.toThrow(/not found|not_found/i);
   }, 30_000);
 
   it("rides out a coordinator restart: the lease stream reconnects, the task completes once, later tasks still come", async () => {
