@@ -7,6 +7,7 @@ import { fleetCommand } from "./fleet.js";
 import { knowledgeCommand } from "./knowledge.js";
 import { taskCommand } from "./task.js";
 import { tokenCommand } from "./token.js";
+import { workCommand } from "./work.js";
 import { workerCommand } from "./worker.js";
 
 const usage = `Usage: meshwork <command> [flags]
@@ -19,6 +20,7 @@ Commands:
   worker      list | drain | undrain | deregister workers
   fleet       status: tasks by state, backlog, worker load
   artifact    get | put artifact bytes (put: task inputs)
+  work        run a command per task as a worker (--workload W -- COMMAND [ARGS])
 
 Each command takes --help; operator commands take --url, --token and --json.
 
@@ -97,6 +99,7 @@ export async function run(argv: string[]): Promise<number> {
     worker: workerCommand,
     fleet: fleetCommand,
     artifact: artifactCommand,
+    work: workCommand,
   };
   const handler = operator[command];
   if (handler) return handler(rest);

@@ -1,0 +1,279 @@
+import { spawn } from "node:child_process";
+import { createReadStream } from "node:fs";
+import { mkdir, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+import {
+  createWorker,
+  type TaskContext,
+  TaskError,
+  type TaskResult,
+  type WorkerTask,
+} from "../sdk/worker.js";
+import { endpointOf, type Io, intFlag, parse, runCommand, stdio, UsageError } from "./args.js";
+
+const usage = `Usage:
+  meshwork work --url U --token T --workload W [--workload W2]... [--concurrency N]
+                [--capability C]... [--name NAME] -- COMMAND [ARGS]...
+
+Runs a worker that runs COMMAND once per task it claims, in a fresh temp dir:
+  stdin                 the task's parameters as JSON
+  MESHWORK_PARAMETERS   the same JSON
+  MESHWORK_INPUT        the path of the downloaded input file ("" when the task has none)
+  MESHWORK_OUTPUT       an empty folder for the command's output files
+  MESHWORK_TASK_ID      the task id
+The worker's token is not passed on (MESHWORK_TOKEN is removed from the environment).
+
+Exit 0: every regular file in MESHWORK_OUTPUT is uploaded (OUTPUT kind) and
+  the task completes with the first one by name as its result (no result when
+  the folder is empty). Name the file you want as the result so it sorts first.
+Non-zero exit: the task fails with error code CommandFailed, the exit status
+  and the last lines of stderr (at most 4 KiB, control characters removed).
+A stdout line 'progress: N message' records N completed steps.
+When the task's lease is lost or it is cancelled, the command's process group
+  gets SIGTERM (SIGKILL 5 s later).
+SIGTERM/SIGINT stop claiming; running commands finish within the grace period.
+
+On a terminal, one status line (done, failed, running tasks, elapsed) is
+redrawn in place; otherwise one log line per task start and end.
+
+Flags:
+  --url URL           the coordinator; default $MESHWORK_URL or http://127.0.0.1:8080
+  --token T           a worker token; default $MESHWORK_TOKEN, else <data dir>/admin.token
+  --data-dir DIR      the local data dir holding admin.token
+  --workload W        a workload to run (repeatable, at least one)
+  --capability C      a further capability to register (repeatable)
+  --concurrency N     commands run at once; default 1
+  --name NAME         the worker's name; default the host name
+  -h, --help          this help
+`;
+
+const options = {
+  url: { type: "string" },
+  token: { type: "string" },
+  "data-dir": { type: "string" },
+  workload: { type: "string", multiple: true },
+  capability: { type: "string", multiple: true },
+  concurrency: { type: "string" },
+  name: { type: "string" },
+  help: { type: "boolean", short: "h" },
+} as const;
+
+/** The most stderr kept for a failure message. */
+const stderrTailBytes = 4096;
+const progressLine = /^progress: (\d+) (.*)$/;
+
+/** Text without control characters (newlines and tabs kept), at most `max` bytes from the end. */
+export function sanitizeTail(text: string, max = stderrTailBytes): string {
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: removing them is the point
+  const clean = text.replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g, "");
+  const bytes = Buffer.from(clean, "utf8");
+  if (bytes.length <= max) return clean.trimEnd();
+  // Cut at a line start when there is one, dropping a partial first character.
+  const tail = bytes
+    .subarray(bytes.length - max)
+    .toString("utf8")
+    .replace(/^\uFFFD+/, "");
+  const nl = tail.indexOf("\n");
+  return (nl >= 0 && nl < tail.length - 1 ? tail.slice(nl + 1) : tail).trimEnd();
+}
+
+/** The status shown on a terminal or logged per task. */
+interface Status {
+  start(task: WorkerTask): void;
+  end(task: WorkerTask, outcome: string, ok: boolean): void;
+  close(): void;
+}
+
+function createStatus(io: Io, tty: boolean): Status {
+  const started = Date.now();
+  const current = new Set<string>();
+  let done = 0;
+  let failed = 0;
+  const elapsed = () => {
+    const s = Math.floor((Date.now() - started) / 1000);
+    return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s`;
+  };
+  const draw = () => {
+    const running = [...current];
+    const shown =
+      running.length === 0
+        ? "idle"
+        : `running ${running.slice(0, 3).join(", ")}${running.length > 3 ? ` +${running.length - 3}` : ""}`;
+    io.out.write(`\r\x1b[2Kdone ${done}  failed ${failed}  ${shown}  ${elapsed()}`);
+  };
+  const timer = tty ? setInterval(draw, 1000) : undefined;
+  timer?.unref();
+  if (tty) draw();
+  return {
+    start(task) {
+      current.add(task.id);
+      if (tty) draw();
+      else io.out.write(`${new Date().toISOString()} start ${task.id} (attempt ${task.attempt})\n`);
+    },
+    end(task, outcome, ok) {
+      current.delete(task.id);
+      if (ok) done++;
+      else failed++;
+      if (tty) draw();
+      else io.out.write(`${new Date().toISOString()} ${outcome} ${task.id}\n`);
+    },
+    close() {
+      if (timer) clearInterval(timer);
+      if (tty) {
+        draw();
+        io.out.write("\n");
+      }
+    },
+  };
+}
+
+/** The environment a command gets: the worker's, without its token, plus the task's. */
+function commandEnv(extra: Record<string, string>): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = { ...process.env };
+  delete env.MESHWORK_TOKEN;
+  return { ...env, ...extra };
+}
+
+/** Runs `argv` for one task in its own temp dir; see `usage`. */
+async function runTask(argv: string[], task: WorkerTask, ctx: TaskContext): Promise<TaskResult> {
+  const dir = await mkdtemp(join(tmpdir(), "meshwork-work-"));
+  try {
+    const output = join(dir, "output");
+    await mkdir(output);
+    let inputPath = "";
+    if (task.input) {
+      inputPath = join(dir, "input");
+      await writeFile(inputPath, await ctx.input());
+    }
+    const parameters = JSON.stringify(task.parameters);
+    const [command, ...args] = argv as [string, ...string[]];
+    const child = spawn(command, args, {
+      cwd: dir,
+      detached: true, // its own process group, killed as one
+      stdio: ["pipe", "pipe", "pipe"],
+      env: commandEnv({
+        MESHWORK_PARAMETERS: parameters,
+        MESHWORK_INPUT: inputPath,
+        MESHWORK_OUTPUT: output,
+        MESHWORK_TASK_ID: task.id,
+      }),
+    });
+    const killGroup = (signal: NodeJS.Signals) => {
+      if (child.pid === undefined) return;
+      try {
+        process.kill(-child.pid, signal);
+      } catch {
+        // already gone
+      }
+    };
+    let killTimer: NodeJS.Timeout | undefined;
+    const onAbort = () => {
+      killGroup("SIGTERM");
+      killTimer = setTimeout(() => killGroup("SIGKILL"), 5000);
+      killTimer.unref();
+    };
+    if (ctx.signal.aborted) onAbort();
+    else ctx.signal.addEventListener("abort", onAbort, { once: true });
+
+    child.stdin.on("error", () => {}); // the command may not read its stdin
+    child.stdin.end(parameters);
+    let stderr = "";
+    child.stderr.setEncoding("utf8");
+    child.stderr.on("data", (chunk: string) => {
+      stderr = (stderr + chunk).slice(-4 * stderrTailBytes);
+    });
+    const lines = createInterface({ input: child.stdout, crlfDelay: Number.POSITIVE_INFINITY });
+    lines.on("line", (line) => {
+      const m = progressLine.exec(line);
+      if (m) ctx.progress(Number(m[1]), m[2]);
+    });
+    const exit = await new Promise<{ code: number | null; signal: NodeJS.Signals | null }>(
+      (resolve, reject) => {
+        child.once("error", reject);
+        child.once("close", (code, signal) => resolve({ code, signal }));
+      },
+    ).finally(() => {
+      ctx.signal.removeEventListener("abort", onAbort);
+      if (killTimer) clearTimeout(killTimer);
+    });
+    if (exit.code !== 0) {
+      const status = exit.signal ? `signal ${exit.signal}` : `exit status ${exit.code}`;
+      const tail = sanitizeTail(stderr);
+      throw new TaskError(
+        "CommandFailed",
+        `command failed with ${status}${tail ? `: ${tail}` : ""}`,
+      );
+    }
+    const entries = await readdir(output, { withFileTypes: true });
+    const files = entries
+      .filter((e) => e.isFile())
+      .map((e) => e.name)
+      .sort();
+    let result: TaskResult["result"];
+    for (const name of files) {
+      const artifact = await ctx.upload(name, createReadStream(join(output, name)));
+      result ??= artifact;
+    }
+    return { result, summary: `${files.length} output file${files.length === 1 ? "" : "s"}` };
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
+/** `meshwork work …`: a worker that runs a command per task. */
+export async function workCommand(argv: string[], io: Io = stdio): Promise<number> {
+  return runCommand("meshwork work", io, async () => {
+    const split = argv.indexOf("--");
+    const flags = split >= 0 ? argv.slice(0, split) : argv;
+    const command = split >= 0 ? argv.slice(split + 1) : [];
+    const { values, positionals } = parse(flags, options);
+    if (values.help) {
+      io.out.write(usage);
+      return 0;
+    }
+    if (positionals.length > 0) {
+      throw new UsageError(
+        `unexpected argument ${JSON.stringify(positionals[0])} (put the command after --)`,
+      );
+    }
+    const workloads = values.workload ?? [];
+    if (workloads.length === 0) throw new UsageError("missing --workload");
+    if (command.length === 0) throw new UsageError("missing the command after --");
+    const concurrency = intFlag("concurrency", values.concurrency, 1, 10_000) ?? 1;
+    const endpoint = endpointOf(values);
+    const tty = (io.out as NodeJS.WriteStream).isTTY === true;
+    const status = createStatus(io, tty);
+    const log = (m: string) => {
+      if (tty) io.out.write("\r\x1b[2K");
+      io.err.write(`meshwork work: ${m}\n`);
+    };
+    const worker = createWorker({
+      url: endpoint.url,
+      token: endpoint.token,
+      workloads,
+      capabilities: values.capability ?? [],
+      ...(values.name === undefined ? {} : { name: values.name }),
+      concurrency,
+      log,
+      handler: async (task, ctx) => {
+        status.start(task);
+        try {
+          const result = await runTask(command, task, ctx);
+          status.end(task, "done", true);
+          return result;
+        } catch (error) {
+          status.end(task, ctx.signal.aborted ? "stopped" : "failed", false);
+          throw error;
+        }
+      },
+    });
+    try {
+      await worker.done;
+    } finally {
+      status.close();
+    }
+    return 0;
+  });
+}

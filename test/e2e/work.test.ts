@@ -1,0 +1,176 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createClient } from "@connectrpc/connect";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
+import type { App } from "../../src/app.js";
+import { transportFor } from "../../src/cli/connect.js";
+import { listen, type RunningServer } from "../../src/server.js";
+import { within } from "../support/bounded.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { appOn, uniqueWorkload } from "../support/harness.js";
+
+// `meshwork work … -- sh -c '…'` as a child process against a coordinator
+// with auth on: parameters on stdin and in the environment, the input as a
+// file, the output folder uploaded, progress lines, failures with the stderr
+// tail, no token in the command's environment, and SIGTERM.
+
+/** What the command does, chosen by the task's parameters. */
+const script = `
+stdin=$(cat)
+case "$MESHWORK_PARAMETERS" in
+  *fail*) echo "first line" >&2; printf 'boom \\033[31mred\\033[0m\\n' >&2; exit 3 ;;
+  *env*) env > "$MESHWORK_OUTPUT/env.txt"; exit 0 ;;
+esac
+{ printf '%s|%s|%s|' "$stdin" "$MESHWORK_PARAMETERS" "$MESHWORK_TASK_ID"; cat "$MESHWORK_INPUT"; } > "$MESHWORK_OUTPUT/a-result.txt"
+echo second > "$MESHWORK_OUTPUT/b-other.txt"
+echo "progress: 1 halfway there"
+sleep 4
+`;
+
+/** Resolves when `check` returns true; throws after `ms`. */
+async function until(check: () => boolean | Promise<boolean>, ms = 20_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await check())) {
+    if (Date.now() > end) throw new Error("timed out waiting");
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+describe("meshwork work", () => {
+  let tdb: TestDatabase;
+  let app: App;
+  let server: RunningServer | undefined;
+  let adminToken = "";
+  let workerToken = "";
+  let child: ChildProcess | undefined;
+  let stdout = "";
+  let stderr = "";
+  let exited: Promise<number | null> = Promise.resolve(null);
+  const workload = uniqueWorkload("cli-work");
+  const blobDir = mkdtempSync(join(tmpdir(), "meshwork-work-blobs-"));
+  const tasks = () =>
+    createClient(TaskService, transportFor({ url: server?.url ?? "", token: adminToken }));
+  const finished = async (taskId: string) => {
+    await until(async () => {
+      const { task } = await tasks().getTask({ taskId });
+      return task?.state === TaskState.SUCCEEDED || task?.state === TaskState.FAILED;
+    });
+    return (await tasks().getTask({ taskId })).task;
+  };
+  const bytesOf = async (uri: string) => {
+    // The URI names the coordinator's public URL; fetch the same path from the test server.
+    const res = await fetch(`${server?.url}${new URL(uri).pathname}`, {
+      headers: { authorization: `Bearer ${adminToken}` },
+    });
+    expect(res.status).toBe(200);
+    return res.text();
+  };
+
+  beforeAll(async () => {
+    tdb = await createTestDatabase();
+    app = appOn(tdb.database, { auth: "on", blobDir });
+    server = await listen(app, "127.0.0.1:0");
+    adminToken = (await app.tokens.create("work-admin", "admin")).secret;
+    workerToken = (await app.tokens.create("work-worker", "worker")).secret;
+    const url = server.url;
+    child = spawn(
+      "node",
+      [
+        "bin/meshwork.js",
+        "work",
+        "--url",
+        url,
+        "--token",
+        workerToken,
+        "--workload",
+        workload,
+      ].concat(["--concurrency", "2", "--", "sh", "-c", script]),
+      {
+        // The token also in MESHWORK_TOKEN: the command must not see it there either.
+        env: {
+          PATH: process.env.PATH ?? "",
+          HOME: process.env.HOME ?? "",
+          MESHWORK_TOKEN: workerToken,
+        },
+        stdio: ["ignore", "pipe", "pipe"],
+      },
+    );
+    child.stdout?.on("data", (d) => {
+      stdout += String(d);
+    });
+    child.stderr?.on("data", (d) => {
+      stderr += String(d);
+    });
+    const c = child;
+    exited = new Promise((resolve) => c.once("exit", (code) => resolve(code)));
+    await until(() => stderr.includes("registered as worker"));
+  });
+  afterAll(async () => {
+    if (child?.exitCode === null) child.kill("SIGKILL");
+    await server?.close();
+    await tdb.drop();
+  });
+
+  it("runs the command: parameters on stdin and in the environment, the input as a file, the first output file as the result, progress recorded", async () => {
+    const { task: created } = await tasks().createTask({
+      workload,
+      parameters: { greeting: "hi" },
+      input: { case: "inputData", value: new TextEncoder().encode("hello input") },
+      leaseSeconds: 5,
+      steps: 2,
+    });
+    const taskId = created?.taskId ?? "";
+    await until(async () => {
+      const { task } = await tasks().getTask({ taskId });
+      return task?.progress?.completedSteps === 1;
+    });
+    const { task: during } = await tasks().getTask({ taskId });
+    expect(during?.progress?.message).toBe("halfway there");
+    const task = await finished(taskId);
+    expect(task?.state, stderr).toBe(TaskState.SUCCEEDED);
+    const params = '{"greeting":"hi"}';
+    expect(await bytesOf(task?.result?.uri ?? "")).toBe(
+      `${params}|${params}|${taskId}|hello input`,
+    );
+    expect(task?.resultSummary).toBe("2 output files");
+    expect(stdout).toContain(`start ${taskId}`);
+    expect(stdout).toContain(`done ${taskId}`);
+  });
+
+  it("fails the task with CommandFailed, the exit status and the stderr tail without control characters", async () => {
+    const { task: created } = await tasks().createTask({
+      workload,
+      parameters: { mode: "fail" },
+      maxAttempts: 1,
+    });
+    const taskId = created?.taskId ?? "";
+    const task = await finished(taskId);
+    expect(task?.state).toBe(TaskState.FAILED);
+    expect(task?.error?.code).toBe("CommandFailed");
+    expect(task?.error?.message).toContain("exit status 3");
+    expect(task?.error?.message).toMatch(/first line\sboom \[31mred\[0m/);
+    expect(task?.error?.message).not.toContain("\x1b");
+    expect(stdout).toContain(`failed ${taskId}`);
+  });
+
+  it("does not pass the worker's token to the command", async () => {
+    const { task: created } = await tasks().createTask({ workload, parameters: { mode: "env" } });
+    const taskId = created?.taskId ?? "";
+    const task = await finished(taskId);
+    expect(task?.state, stderr).toBe(TaskState.SUCCEEDED);
+    const env = await bytesOf(task?.result?.uri ?? "");
+    expect(env).toContain(`MESHWORK_TASK_ID=${taskId}`);
+    expect(env).toContain("MESHWORK_INPUT=\n");
+    expect(env).not.toContain(workerToken);
+    expect(env).not.toContain("MESHWORK_TOKEN");
+  });
+
+  it("exits 0 on SIGTERM", async () => {
+    child?.kill("SIGTERM");
+    expect(await within(15_000, exited)).toBe(0);
+    expect(stderr).not.toContain(workerToken);
+  });
+});
