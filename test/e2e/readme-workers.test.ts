@@ -1,0 +1,172 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { mkdirSync, mkdtempSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import { createClient } from "@connectrpc/connect";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
+import { transportFor } from "../../src/cli/connect.js";
+import { listen, type RunningServer } from "../../src/server.js";
+import { within } from "../support/bounded.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { appOn } from "../support/harness.js";
+
+// The README's two worker examples, run as written against a coordinator
+// with auth on: the TypeScript SDK example and `meshwork work`. Only the
+// coordinator's URL and the "…" token placeholder are substituted.
+
+const readme = readFileSync(new URL("../../README.md", import.meta.url), "utf8");
+const root = fileURLToPath(new URL("../../", import.meta.url));
+const README_URL = "http://127.0.0.1:8080";
+
+/** The fenced `lang` block between the two markers. */
+function block(name: string, lang: string): string {
+  const m = new RegExp(
+    `<!-- ${name}:start -->\\s*\`\`\`${lang}\\n([\\s\\S]*?)\`\`\`\\s*<!-- ${name}:end -->`,
+  ).exec(readme);
+  if (!m?.[1]) throw new Error(`README has no ${name} block`);
+  return m[1];
+}
+
+/** Resolves when `check` returns true; throws after `ms`. */
+async function until(check: () => boolean | Promise<boolean>, ms = 20_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await check())) {
+    if (Date.now() > end) throw new Error("timed out waiting");
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** A child process with its output collected and its exit code awaited. */
+function start(command: string, args: string[], env: NodeJS.ProcessEnv, cwd: string) {
+  const child = spawn(command, args, { env, cwd, stdio: ["ignore", "pipe", "pipe"] });
+  const out = { stdout: "", stderr: "" };
+  child.stdout.on("data", (d) => {
+    out.stdout += String(d);
+  });
+  child.stderr.on("data", (d) => {
+    out.stderr += String(d);
+  });
+  const exited = new Promise<number | null>((resolve) => child.once("exit", (c) => resolve(c)));
+  return { child, out, exited };
+}
+
+describe("README worker examples", () => {
+  let tdb: TestDatabase;
+  let server: RunningServer | undefined;
+  let adminToken = "";
+  let workerToken = "";
+  const children: ChildProcess[] = [];
+  const blobDir = mkdtempSync(join(tmpdir(), "meshwork-readme-blobs-"));
+  const tasks = () =>
+    createClient(TaskService, transportFor({ url: server?.url ?? "", token: adminToken }));
+  const finished = async (taskId: string) => {
+    await until(async () => {
+      const { task } = await tasks().getTask({ taskId });
+      return task?.state === TaskState.SUCCEEDED || task?.state === TaskState.FAILED;
+    });
+    return (await tasks().getTask({ taskId })).task;
+  };
+  const bytesOf = async (uri: string) => {
+    // The URI names the coordinator's public URL; fetch the same path from the test server.
+    const res = await fetch(`${server?.url}${new URL(uri).pathname}`, {
+      headers: { authorization: `Bearer ${adminToken}` },
+    });
+    expect(res.status).toBe(200);
+    return res.text();
+  };
+  const wc = (text: string) =>
+    tasks().createTask({
+      workload: "wc",
+      input: { case: "inputData", value: new TextEncoder().encode(text) },
+      maxAttempts: 1,
+    });
+
+  beforeAll(async () => {
+    tdb = await createTestDatabase();
+    const app = appOn(tdb.database, { auth: "on", blobDir });
+    server = await listen(app, "127.0.0.1:0");
+    adminToken = (await app.tokens.create("readme-admin", "admin")).secret;
+    workerToken = (await app.tokens.create("readme-worker", "worker")).secret;
+  });
+  afterAll(async () => {
+    for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
+    await server?.close();
+    await tdb.drop();
+  });
+
+  it("runs the TypeScript SDK example as written: counts lines, fails empty input, exits 0 on SIGTERM", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "meshwork-readme-sdk-"));
+    const sdk = pathToFileURL(join(root, "dist/src/sdk/worker.js")).href;
+    const source = block("sdk-example", "ts");
+    expect(source).toContain('from "meshwork/worker"');
+    expect(source).toContain(README_URL);
+    // Plain JavaScript as written: no TypeScript-only syntax to strip.
+    const file = join(dir, "worker.mjs");
+    writeFileSync(
+      file,
+      source
+        .replace('from "meshwork/worker"', `from ${JSON.stringify(sdk)}`)
+        .replace(README_URL, server?.url ?? ""),
+    );
+    const w = start("node", [file], { ...process.env, MESHWORK_TOKEN: workerToken }, dir);
+    children.push(w.child);
+    await until(() => w.out.stdout.includes("registered as"));
+
+    const { task: created } = await wc("one\ntwo\nthree\n");
+    const task = await finished(created?.taskId ?? "");
+    expect(task?.state, w.out.stderr).toBe(TaskState.SUCCEEDED);
+    expect(await bytesOf(task?.result?.uri ?? "")).toBe("3\n");
+    expect(task?.resultSummary).toBe("3 lines");
+
+    const { task: empty } = await wc("");
+    const failed = await finished(empty?.taskId ?? "");
+    expect(failed?.state, w.out.stderr).toBe(TaskState.FAILED);
+    expect(failed?.error?.code).toBe("EmptyInput");
+
+    w.child.kill("SIGTERM");
+    expect(await within(15_000, w.exited)).toBe(0);
+    expect(w.out.stdout + w.out.stderr).not.toContain(workerToken);
+  });
+
+  it("runs the `meshwork work` example as written: counts lines, exits 0 on SIGTERM", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "meshwork-readme-work-"));
+    // `meshwork` on PATH, as after `npm install` of the package.
+    const bin = join(dir, "bin");
+    mkdirSync(bin);
+    symlinkSync(join(root, "bin/meshwork.js"), join(bin, "meshwork"));
+    const source = block("work-example", "sh");
+    expect(source).toContain("MESHWORK_TOKEN=…");
+    expect(source).toContain(README_URL);
+    const script = source
+      .replace("MESHWORK_TOKEN=…", `MESHWORK_TOKEN=${workerToken}`)
+      .replace(README_URL, server?.url ?? "");
+    const shell = start(
+      "bash",
+      ["-euo", "pipefail", "-c", script],
+      { ...process.env, PATH: `${bin}:${process.env.PATH ?? ""}` },
+      dir,
+    );
+    children.push(shell.child);
+    await until(() => shell.out.stderr.includes("registered as worker"));
+    const { task: created } = await wc("a\nb\n");
+    const task = await finished(created?.taskId ?? "");
+    expect(task?.state, shell.out.stderr).toBe(TaskState.SUCCEEDED);
+    expect((await bytesOf(task?.result?.uri ?? "")).trim()).toBe("2");
+
+    // SIGTERM to the worker, not to bash: bash execs the last command of a
+    // -c script itself; when it has not, the worker is its only child.
+    const pid = shell.child.pid ?? 0;
+    expect(pid).toBeGreaterThan(0);
+    let worker = pid;
+    if (readFileSync(`/proc/${pid}/comm`, "utf8").trim() === "bash") {
+      const kids = readFileSync(`/proc/${pid}/task/${pid}/children`, "utf8").trim().split(/\s+/);
+      expect(kids).toHaveLength(1);
+      worker = Number(kids[0]);
+    }
+    expect(worker).toBeGreaterThan(0);
+    process.kill(worker, "SIGTERM");
+    expect(await within(15_000, shell.exited)).toBe(0);
+  });
+});
