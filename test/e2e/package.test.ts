@@ -54,6 +54,13 @@ describe.skipIf(!enabled)("the npm package", () => {
       timeout: 60_000,
     });
     expect(stdout).toBe(`meshwork ${version}\n`);
+    // The worker runner is in the package too.
+    const work = await run("npx", ["--no", "--", "meshwork", "work", "--help"], {
+      cwd: app,
+      env: cleanEnv(),
+      timeout: 60_000,
+    });
+    expect(work.stdout).toMatch(/meshwork work[\s\S]*-- COMMAND/);
   });
 
   it("serves: /readyz answers 200, and SIGTERM ends it with exit code 0", async () => {
@@ -101,7 +108,13 @@ describe.skipIf(!enabled)("the npm package", () => {
           module: "NodeNext",
           moduleResolution: "NodeNext",
           strict: true,
-          types: [],
+          types: ["node"],
+          // The worker SDK's declarations name Node's types (AbortSignal,
+          // streams): a consumer has @types/node; this one borrows the repository's.
+          typeRoots: [join(root, "node_modules/@types")],
+          // Connect's own declarations name fetch types (HeadersInit) from
+          // the DOM library, as every Connect consumer without it does.
+          skipLibCheck: true,
           lib: ["ES2023"],
           outDir: "out",
         },
@@ -112,14 +125,29 @@ describe.skipIf(!enabled)("the npm package", () => {
       join(app, "consumer.ts"),
       `import { create } from "@bufbuild/protobuf";
 import { CreateTaskRequestSchema, TaskService, TaskState } from "meshwork/gen/meshwork/v1/task_pb";
+import { createWorker, TaskError } from "meshwork/worker";
 
-declare const console: { log(...values: unknown[]): void };
 
 const request = create(CreateTaskRequestSchema, { name: "demo", workload: "render" });
 const state: TaskState = TaskState.PENDING;
 // @ts-expect-error: the declarations know CreateTaskRequest's fields.
 create(CreateTaskRequestSchema, { nmae: "typo" });
 console.log(TaskService.typeName, TaskService.method.createTask.name, request.workload, state);
+// The worker SDK, typed (defined, not started).
+export function startWorker() {
+  return createWorker({
+    url: "http://127.0.0.1:8080",
+    token: "t",
+    workloads: ["wc"],
+    concurrency: 2,
+    async handler(_task, ctx) {
+      if (ctx.signal.aborted) throw new TaskError("Stopped", "stopped", { retryable: false });
+      return {};
+    },
+  });
+}
+// @ts-expect-error: the declarations know createWorker's options.
+export const wrong = () => createWorker({ url: 8080 });
 `,
     );
     // tsc prints its errors on stdout: keep them in the failure.
