@@ -40,8 +40,9 @@ redrawn in place; otherwise one log line per task start and end.
 
 Flags:
   --url URL           the coordinator; default $MESHWORK_URL or http://127.0.0.1:8080
-  --token T           a worker token; default $MESHWORK_TOKEN, else <data dir>/admin.token
-  --data-dir DIR      the local data dir holding admin.token
+  --token T           a worker token; default $MESHWORK_TOKEN (prefer the variable:
+                      a flag is visible to the commands in the process list).
+                      Required: the admin token file is never used to run commands.
   --workload W        a workload to run (repeatable, at least one)
   --capability C      a further capability to register (repeatable)
   --concurrency N     commands run at once; default 1
@@ -52,7 +53,6 @@ Flags:
 const options = {
   url: { type: "string" },
   token: { type: "string" },
-  "data-dir": { type: "string" },
   workload: { type: "string", multiple: true },
   capability: { type: "string", multiple: true },
   concurrency: { type: "string" },
@@ -242,6 +242,13 @@ export async function workCommand(argv: string[], io: Io = stdio): Promise<numbe
     if (workloads.length === 0) throw new UsageError("missing --workload");
     if (command.length === 0) throw new UsageError("missing the command after --");
     const concurrency = intFlag("concurrency", values.concurrency, 1, 10_000) ?? 1;
+    // Only a token given for the purpose: never the local admin token
+    // file, which the commands this runs could then read too.
+    if (!values.token && !process.env.MESHWORK_TOKEN) {
+      throw new UsageError(
+        "needs a worker token: set $MESHWORK_TOKEN (or --token); the admin token file is not used to run commands",
+      );
+    }
     const endpoint = endpointOf(values);
     const tty = (io.out as NodeJS.WriteStream).isTTY === true;
     const status = createStatus(io, tty);

@@ -194,6 +194,10 @@ export function createLeaseService(
           return answer(rows);
         }
         await armed.fired;
+        // The caller gave up (it cancelled the call, or its deadline passed):
+        // whatever were claimed now would go to nobody and sit leased until
+        // its lease ran out.
+        if (ctx.signal.aborted) return answer([]);
         if (Date.now() >= deadline || signal.aborted) {
           // One last look, so that a wake-up at the deadline is not wasted.
           return answer(await app.leases.claim(claiming, max));

@@ -582,10 +582,13 @@ export function createWorker(options: WorkerOptions): Worker {
     while (!stopping.signal.aborted) {
       const free = concurrency - running.size;
       if (free <= 0) {
+        const onStop = () => slotFreed?.();
         await new Promise<void>((resolve) => {
           slotFreed = resolve;
-          stopping.signal.addEventListener("abort", () => resolve(), { once: true });
+          stopping.signal.addEventListener("abort", onStop, { once: true });
         });
+        // Removed at once: a worker at its cap waits here once per task.
+        stopping.signal.removeEventListener("abort", onStop);
         slotFreed = undefined;
         continue;
       }

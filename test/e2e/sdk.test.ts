@@ -200,6 +200,37 @@ describe("the worker SDK against a coordinator with auth on", () => {
     expect(calls.count.get("DeregisterWorker")).toBe(1);
   }, 30_000);
 
+  it("runs task after task at its cap without piling up listeners (no MaxListenersExceededWarning)", async () => {
+    const workload = uniqueWorkload("sdk-cap");
+    const warnings: string[] = [];
+    const onWarning = (w: Error) => warnings.push(`${w.name}: ${w.message}`);
+    process.on("warning", onWarning);
+    try {
+      const ids: string[] = [];
+      for (let i = 0; i < 14; i++) {
+        const { task } = await tasks().createTask({ workload });
+        ids.push(task?.taskId ?? "");
+      }
+      let done = 0;
+      const w = worker({
+        workloads: [workload],
+        concurrency: 1,
+        async handler() {
+          // Long enough for the claim loop to wait for the slot each time.
+          await new Promise((r) => setTimeout(r, 30));
+          done++;
+          return {};
+        },
+      });
+      await until(() => done === ids.length, 30_000);
+      await w.stop();
+      await new Promise((r) => setImmediate(r));
+      expect(warnings.filter((m) => m.includes("MaxListeners"))).toEqual([]);
+    } finally {
+      process.off("warning", onWarning);
+    }
+  });
+
   it("fails a task whose handler throws: retried while retryable, FAILED once a TaskError says not to", async () => {
     const workload = uniqueWorkload("sdk-throw");
     const { task: created } = await tasks().createTask({

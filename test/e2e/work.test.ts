@@ -1,5 +1,5 @@
-import { type ChildProcess, spawn } from "node:child_process";
-import { mkdtempSync } from "node:fs";
+import { type ChildProcess, spawn, spawnSync } from "node:child_process";
+import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createClient } from "@connectrpc/connect";
@@ -166,6 +166,25 @@ describe("meshwork work", () => {
     expect(env).toContain("MESHWORK_INPUT=\n");
     expect(env).not.toContain(workerToken);
     expect(env).not.toContain("MESHWORK_TOKEN");
+  });
+
+  it("refuses to run without a worker token, even with an admin token file in the data dir", () => {
+    const dataDir = mkdtempSync(join(tmpdir(), "meshwork-work-data-"));
+    writeFileSync(join(dataDir, "admin.token"), `${adminToken}\n`);
+    const r = spawnSync(
+      "node",
+      ["bin/meshwork.js", "work", "--url", server?.url ?? "", "--workload", workload, "--", "true"],
+      {
+        env: { PATH: process.env.PATH ?? "", MESHWORK_DATA_DIR: dataDir },
+        cwd: process.cwd(),
+        encoding: "utf8",
+        timeout: 30_000,
+      },
+    );
+    expect(r.status).toBe(2);
+    expect(r.stderr.trim().split("\n")).toHaveLength(1);
+    expect(r.stderr).toContain("needs a worker token");
+    expect(r.stderr).not.toContain(adminToken);
   });
 
   it("exits 0 on SIGTERM", async () => {
