@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { transportFor } from "../../src/cli/connect.js";
 import { listen, type RunningServer } from "../../src/server.js";
-import { within } from "../support/bounded.js";
+import { until, within } from "../support/bounded.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { appOn } from "../support/harness.js";
 
@@ -27,15 +27,6 @@ function block(name: string, lang: string): string {
   ).exec(readme);
   if (!m?.[1]) throw new Error(`README has no ${name} block`);
   return m[1];
-}
-
-/** Resolves when `check` returns true; throws after `ms`. */
-async function until(check: () => boolean | Promise<boolean>, ms = 20_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await check())) {
-    if (Date.now() > end) throw new Error("timed out waiting");
-    await new Promise((r) => setTimeout(r, 100));
-  }
 }
 
 /** A child process with its output collected and its exit code awaited. */
@@ -65,7 +56,7 @@ describe("README worker examples", () => {
     await until(async () => {
       const { task } = await tasks().getTask({ taskId });
       return task?.state === TaskState.SUCCEEDED || task?.state === TaskState.FAILED;
-    });
+    }, 20_000);
     return (await tasks().getTask({ taskId })).task;
   };
   const bytesOf = async (uri: string) => {
@@ -112,7 +103,7 @@ describe("README worker examples", () => {
     );
     const w = start("node", [file], { ...process.env, MESHWORK_TOKEN: workerToken }, dir);
     children.push(w.child);
-    await until(() => w.out.stdout.includes("registered as"));
+    await until(() => w.out.stdout.includes("registered as"), 20_000);
 
     const { task: created } = await wc("one\ntwo\nthree\n");
     const task = await finished(created?.taskId ?? "");
@@ -149,7 +140,7 @@ describe("README worker examples", () => {
       dir,
     );
     children.push(shell.child);
-    await until(() => shell.out.stderr.includes("registered as worker"));
+    await until(() => shell.out.stderr.includes("registered as worker"), 20_000);
     const { task: created } = await wc("a\nb\n");
     const task = await finished(created?.taskId ?? "");
     expect(task?.state, shell.out.stderr).toBe(TaskState.SUCCEEDED);

@@ -21,6 +21,7 @@ import {
   type WorkerOptions,
 } from "../../src/sdk/worker.js";
 import { listen, type RunningServer } from "../../src/server.js";
+import { until } from "../support/bounded.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { appOn, uniqueWorkload } from "../support/harness.js";
 
@@ -39,15 +40,6 @@ function freePort(): Promise<number> {
       s.close(() => resolve(port));
     });
   });
-}
-
-/** Resolves when `check` returns true; throws after `ms`. */
-async function until(check: () => boolean | Promise<boolean>, ms = 15_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await check())) {
-    if (Date.now() > end) throw new Error("timed out waiting");
-    await new Promise((r) => setTimeout(r, 50));
-  }
 }
 
 describe("the worker SDK against a coordinator with auth on", () => {

@@ -8,7 +8,7 @@ import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import type { App } from "../../src/app.js";
 import { transportFor } from "../../src/cli/connect.js";
 import { listen, type RunningServer } from "../../src/server.js";
-import { within } from "../support/bounded.js";
+import { until, within } from "../support/bounded.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { appOn, uniqueWorkload } from "../support/harness.js";
 
@@ -30,15 +30,6 @@ echo "progress: 1 halfway there"
 sleep 4
 `;
 
-/** Resolves when `check` returns true; throws after `ms`. */
-async function until(check: () => boolean | Promise<boolean>, ms = 20_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await check())) {
-    if (Date.now() > end) throw new Error("timed out waiting");
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
 describe("meshwork work", () => {
   let tdb: TestDatabase;
   let app: App;
@@ -57,7 +48,7 @@ describe("meshwork work", () => {
     await until(async () => {
       const { task } = await tasks().getTask({ taskId });
       return task?.state === TaskState.SUCCEEDED || task?.state === TaskState.FAILED;
-    });
+    }, 20_000);
     return (await tasks().getTask({ taskId })).task;
   };
   const bytesOf = async (uri: string) => {
@@ -106,7 +97,7 @@ describe("meshwork work", () => {
     });
     const c = child;
     exited = new Promise((resolve) => c.once("exit", (code) => resolve(code)));
-    await until(() => stderr.includes("registered as worker"));
+    await until(() => stderr.includes("registered as worker"), 20_000);
   });
   afterAll(async () => {
     if (child?.exitCode === null) child.kill("SIGKILL");
@@ -126,7 +117,7 @@ describe("meshwork work", () => {
     await until(async () => {
       const { task } = await tasks().getTask({ taskId });
       return task?.progress?.completedSteps === 1;
-    });
+    }, 20_000);
     const { task: during } = await tasks().getTask({ taskId });
     expect(during?.progress?.message).toBe("halfway there");
     const task = await finished(taskId);

@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { until } from "../support/bounded.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
 
 /**
@@ -50,7 +51,14 @@ describe.skipIf(!onPostgres)("PostgreSQL connections terminated again and again"
     child.stderr?.on("data", (d: Buffer) => {
       output += d.toString();
     });
-    await until(async () => (await fetch(`${url}/readyz`)).status === 200, 60_000);
+    await until(
+      () =>
+        fetch(`${url}/readyz`).then(
+          (r) => r.status === 200,
+          () => false,
+        ),
+      60_000,
+    );
   });
 
   afterAll(async () => {
@@ -110,17 +118,15 @@ describe.skipIf(!onPostgres)("PostgreSQL connections terminated again and again"
     // off), not only by the last-resort handler.
     expect(output).not.toContain("unhandled rejection");
     // Recovered: ready again, and a call that needs the database succeeds.
-    await until(async () => (await fetch(`${url}/readyz`)).status === 200, 10_000);
+    await until(
+      () =>
+        fetch(`${url}/readyz`).then(
+          (r) => r.status === 200,
+          () => false,
+        ),
+      10_000,
+    );
     const created = await rpc("TaskService/CreateTask", { workload: "after-the-storm" });
     expect(created.status).toBe(200);
   });
 });
-
-async function until(check: () => Promise<boolean>, ms: number): Promise<void> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    if (await check().catch(() => false)) return;
-    if (Date.now() > deadline) throw new Error(`not true within ${ms} ms`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}

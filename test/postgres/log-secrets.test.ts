@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { until } from "../support/bounded.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
 
 /**
@@ -43,7 +44,14 @@ describe.skipIf(!onPostgres)("logs of a run with failing statements", () => {
     child.stderr?.on("data", (d: Buffer) => {
       output += d.toString();
     });
-    await until(async () => (await fetch(`${url}/readyz`)).status === 200, 60_000);
+    await until(
+      () =>
+        fetch(`${url}/readyz`).then(
+          (r) => r.status === 200,
+          () => false,
+        ),
+      60_000,
+    );
     adminToken = readFileSync(join(dataDir, "admin.token"), "utf8").trim();
   });
 
@@ -168,12 +176,3 @@ describe.skipIf(!onPostgres)("logs of a run with failing statements", () => {
     }
   });
 });
-
-async function until(check: () => Promise<boolean>, ms: number): Promise<void> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    if (await check().catch(() => false)) return;
-    if (Date.now() > deadline) throw new Error(`not true within ${ms} ms`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}

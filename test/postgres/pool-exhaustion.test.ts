@@ -9,6 +9,7 @@ import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
 import { type Database, openDatabase } from "../../src/db/database.js";
 import type { RunningServer } from "../../src/server.js";
 import { listen } from "../../src/server.js";
+import { until } from "../support/bounded.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
 import { outcome } from "../support/errors.js";
 import { appOn, uniqueWorkload } from "../support/harness.js";
@@ -81,7 +82,7 @@ describe.skipIf(!onPostgres)("PostgreSQL pool exhaustion", () => {
         const [row] = await admin`select count(*)::int as n from pg_stat_activity
           where application_name = 'meshwork' and wait_event_type = 'Lock'`;
         return row?.n === poolSize;
-      });
+      }, 5000);
 
       const heartbeat = await failure(fleet.heartbeat({ workerId: victim }, { timeoutMs }));
       expect(await outcome(Promise.reject(heartbeat))).toMatchObject({
@@ -100,7 +101,7 @@ describe.skipIf(!onPostgres)("PostgreSQL pool exhaustion", () => {
       await until(async () => {
         const [row] = await admin`select state from tasks where id = ${taskId}`;
         return row?.state === "PENDING";
-      });
+      }, 5000);
       // ... and requests are still refused at that moment.
       expect(
         await outcome(leases.claimTasks({ workerId: victim, waitSeconds: 0 }, { timeoutMs })),
@@ -143,12 +144,4 @@ async function failure(call: Promise<unknown>): Promise<ConnectError> {
     return ConnectError.from(error);
   }
   throw new Error("the call succeeded");
-}
-
-async function until(check: () => Promise<boolean>, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await check())) {
-    if (Date.now() > end) throw new Error(`not within ${ms} ms`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
 }

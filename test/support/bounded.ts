@@ -14,3 +14,15 @@ export async function within<T>(ms: number, work: Promise<T>): Promise<T | "time
     clearTimeout(timer);
   }
 }
+
+/**
+ * Resolves once `check` returns true, polled every 100 ms; throws after
+ * `ms`. Like `within`, a bound against hanging, not a timing assertion.
+ */
+export async function until(check: () => boolean | Promise<boolean>, ms = 15_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await check())) {
+    if (Date.now() > end) throw new Error(`not true within ${ms} ms`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
