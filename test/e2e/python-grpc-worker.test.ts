@@ -1,4 +1,4 @@
-import { execFileSync, spawn, spawnSync } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -11,6 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { TokenRole, TokenService } from "../../gen/meshwork/v1/token_pb.js";
 import { uniqueWorkload } from "../support/harness.js";
+import { missingForPythonGrpc, python } from "../support/python.js";
 import { useListeningServer } from "../support/server.js";
 
 // The gRPC example worker in examples/python-grpc-worker, run as a user would
@@ -18,21 +19,7 @@ import { useListeningServer } from "../support/server.js";
 // python3-grpcio), against a real coordinator with auth on, over h2c.
 
 const dir = fileURLToPath(new URL("../../examples/python-grpc-worker/", import.meta.url));
-const python = "/usr/bin/python3";
-const onPath = (cmd: string) => spawnSync("sh", ["-c", `command -v ${cmd}`]).status === 0;
-const missing = [
-  spawnSync(python, ["-c", "import grpc, google.protobuf"]).status === 0
-    ? ""
-    : `${python} with grpc (python3-grpcio, python3-protobuf)`,
-  onPath("protoc") ? "" : "protoc (protobuf-compiler)",
-  onPath("grpc_python_plugin") ? "" : "grpc_python_plugin (protobuf-compiler-grpc)",
-].filter(Boolean);
-if (missing.length > 0) {
-  console.warn(
-    `skipping python-grpc-worker: missing ${missing.join(", ")}; ` +
-      "apt-get install python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc",
-  );
-}
+const missing = missingForPythonGrpc("python-grpc-worker");
 const sha = (s: string) => createHash("sha256").update(s).digest("hex");
 /** A deterministic command: the input upper-cased, then the `suffix` parameter. */
 const upper = (sleepSeconds = 0) => [
