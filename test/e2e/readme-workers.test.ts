@@ -11,10 +11,11 @@ import { listen, type RunningServer } from "../../src/server.js";
 import { until, within } from "../support/bounded.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { appOn } from "../support/harness.js";
+import { missingForPythonGrpc } from "../support/python.js";
 
-// The README's two worker examples, run as written against a coordinator
-// with auth on: the TypeScript SDK example and `meshwork work`. Only the
-// coordinator's URL and the "…" token placeholder are substituted.
+// The README's worker examples, run as written against a coordinator with
+// auth on: the TypeScript SDK example, `meshwork work` and the Python gRPC
+// worker. Only the coordinator's URL and the token placeholder are substituted.
 
 const readme = readFileSync(new URL("../../README.md", import.meta.url), "utf8");
 const root = fileURLToPath(new URL("../../", import.meta.url));
@@ -27,6 +28,23 @@ function block(name: string, lang: string): string {
   ).exec(readme);
   if (!m?.[1]) throw new Error(`README has no ${name} block`);
   return m[1];
+}
+
+/**
+ * The process a `bash -c` script runs as its last command: bash execs the
+ * last command of a -c script itself; when it has not, that command is its
+ * only child. SIGTERM goes to it, not to bash, which would not pass it on.
+ */
+function lastCommandPid(shellPid: number): number {
+  expect(shellPid).toBeGreaterThan(0);
+  if (readFileSync(`/proc/${shellPid}/comm`, "utf8").trim() !== "bash") return shellPid;
+  const kids = readFileSync(`/proc/${shellPid}/task/${shellPid}/children`, "utf8")
+    .trim()
+    .split(/\s+/);
+  expect(kids).toHaveLength(1);
+  const pid = Number(kids[0]);
+  expect(pid).toBeGreaterThan(0);
+  return pid;
 }
 
 /** A child process with its output collected and its exit code awaited. */
@@ -146,18 +164,44 @@ describe("README worker examples", () => {
     expect(task?.state, shell.out.stderr).toBe(TaskState.SUCCEEDED);
     expect((await bytesOf(task?.result?.uri ?? "")).trim()).toBe("2");
 
-    // SIGTERM to the worker, not to bash: bash execs the last command of a
-    // -c script itself; when it has not, the worker is its only child.
-    const pid = shell.child.pid ?? 0;
-    expect(pid).toBeGreaterThan(0);
-    let worker = pid;
-    if (readFileSync(`/proc/${pid}/comm`, "utf8").trim() === "bash") {
-      const kids = readFileSync(`/proc/${pid}/task/${pid}/children`, "utf8").trim().split(/\s+/);
-      expect(kids).toHaveLength(1);
-      worker = Number(kids[0]);
-    }
-    expect(worker).toBeGreaterThan(0);
-    process.kill(worker, "SIGTERM");
+    process.kill(lastCommandPid(shell.child.pid ?? 0), "SIGTERM");
     expect(await within(15_000, shell.exited)).toBe(0);
   });
+
+  it.skipIf(missingForPythonGrpc("the README's Python gRPC example").length > 0)(
+    "runs the Python gRPC example as written: counts lines, exits 0 on SIGTERM",
+    async () => {
+      // The apt-get line is a block of its own just before this one: the
+      // packages are a precondition (checked above), not part of the run.
+      expect(readme).toMatch(
+        /```sh\napt-get install python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc\n```\s*<!-- python-example:start -->/,
+      );
+      const source = block("python-example", "sh");
+      expect(source).toMatch(/^examples\/python-grpc-worker\/generate\.sh\n/);
+      expect(source).toContain("MESHWORK_TOKEN=mw_...");
+      expect(source).toContain("--url 127.0.0.1:8080 ");
+      const script = source
+        .replace("MESHWORK_TOKEN=mw_...", `MESHWORK_TOKEN=${workerToken}`)
+        .replace("127.0.0.1:8080", new URL(server?.url ?? "").host);
+      // From the repository root, as written: generate.sh writes the stubs
+      // into examples/python-grpc-worker/gen/, which git ignores.
+      const shell = start("bash", ["-euo", "pipefail", "-c", script], process.env, root);
+      children.push(shell.child);
+      await until(() => shell.out.stderr.includes("registered as"), 25_000).catch((error) => {
+        throw new Error(`${error}\n${shell.out.stdout}${shell.out.stderr}`);
+      });
+      const { task: created } = await wc("a\nb\nc\n");
+      const task = await finished(created?.taskId ?? "");
+      expect(task?.state, shell.out.stderr).toBe(TaskState.SUCCEEDED);
+      expect((await bytesOf(task?.result?.uri ?? "")).trim()).toBe("3");
+
+      // An idle worker.py ends its long poll on SIGTERM and exits 0.
+      const worker = lastCommandPid(shell.child.pid ?? 0);
+      expect(readFileSync(`/proc/${worker}/comm`, "utf8").trim()).toMatch(/^python3/);
+      process.kill(worker, "SIGTERM");
+      expect(await within(15_000, shell.exited), shell.out.stderr).toBe(0);
+      expect(shell.out.stdout + shell.out.stderr).not.toContain(workerToken);
+    },
+    60_000,
+  );
 });
