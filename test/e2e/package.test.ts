@@ -1,9 +1,10 @@
-import { execFile, spawn } from "node:child_process";
+import { type ChildProcess, execFile, spawn } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { within } from "../support/bounded.js";
 
 // The package as a user gets it: `npm pack`, installed into an empty folder,
 // run with npx, its gen/ subpath imported with its type declarations. Slow
@@ -63,7 +64,7 @@ describe.skipIf(!enabled)("the npm package", () => {
     expect(work.stdout).toMatch(/meshwork work[\s\S]*-- COMMAND/);
   });
 
-  it("serves: /readyz answers 200, and SIGTERM ends it with exit code 0", async () => {
+  it("serves: /readyz answers 200, `npx meshwork work` runs a task on it, and SIGTERM ends the server with exit code 0", async () => {
     const dataDir = join(app, "data");
     // The embedded database, whatever the environment says.
     const env = cleanEnv();
@@ -83,6 +84,7 @@ describe.skipIf(!enabled)("the npm package", () => {
       output += d.toString();
     });
     const exited = new Promise<number | null>((done) => child.on("exit", (code) => done(code)));
+    let work: ChildProcess | undefined;
     try {
       let url = "";
       for (let i = 0; i < 120 && !url; i++) {
@@ -90,14 +92,96 @@ describe.skipIf(!enabled)("the npm package", () => {
         if (!url) await new Promise((r) => setTimeout(r, 250));
       }
       expect(url, output).not.toBe("");
-      const ready = await fetch(`${url}/readyz`);
+      const ready = await fetch(`${url}/readyz`, { signal: AbortSignal.timeout(10_000) });
       expect(ready.status).toBe(200);
+
+      // A worker token, made with the admin token the first start wrote.
+      const admin = readFileSync(join(dataDir, "admin.token"), "utf8").trim();
+      const call = async (path: string, body: unknown) => {
+        const res = await fetch(`${url}/meshwork.v1.${path}`, {
+          method: "POST",
+          headers: { "content-type": "application/json", authorization: `Bearer ${admin}` },
+          body: JSON.stringify(body),
+          signal: AbortSignal.timeout(10_000),
+        });
+        const text = await res.text();
+        expect(res.status, text).toBe(200);
+        return JSON.parse(text);
+      };
+      const { secret } = await call("TokenService/CreateToken", {
+        name: "pkg",
+        role: "TOKEN_ROLE_WORKER",
+      });
+      expect(secret).toBeTruthy();
+
+      // `meshwork work` through npx, in a process group of its own: npx does
+      // not pass SIGTERM on, so the whole group is signalled.
+      work = spawn(
+        "npx",
+        [
+          "--no",
+          "--",
+          "meshwork",
+          "work",
+          "--url",
+          url,
+          "--workload",
+          "pkgwc",
+          "--",
+          "sh",
+          "-c",
+          'wc -l < "$MESHWORK_INPUT" > "$MESHWORK_OUTPUT/count.txt"',
+        ],
+        { cwd: app, env: { ...cleanEnv(), MESHWORK_TOKEN: secret }, detached: true },
+      );
+      let workOutput = "";
+      work.stdout?.on("data", (d: Buffer) => {
+        workOutput += d.toString();
+      });
+      work.stderr?.on("data", (d: Buffer) => {
+        workOutput += d.toString();
+      });
+      const workExited = new Promise<void>((done) => work?.on("exit", () => done()));
+
+      const { task: created } = await call("TaskService/CreateTask", {
+        workload: "pkgwc",
+        inputData: Buffer.from("x\ny\n").toString("base64"),
+        maxAttempts: 1,
+      });
+      const taskId = created?.taskId as string;
+      expect(taskId).toBeTruthy();
+      let task: { state?: string; result?: { uri?: string }; error?: unknown } = {};
+      const end = Date.now() + 30_000;
+      while (Date.now() < end) {
+        ({ task } = await call("TaskService/GetTask", { taskId }));
+        if (task.state === "TASK_STATE_SUCCEEDED" || task.state === "TASK_STATE_FAILED") break;
+        await new Promise((r) => setTimeout(r, 250));
+      }
+      expect(task.state, `${JSON.stringify(task)}\n${workOutput}`).toBe("TASK_STATE_SUCCEEDED");
+      const result = await fetch(`${url}${new URL(task.result?.uri ?? "").pathname}`, {
+        headers: { authorization: `Bearer ${admin}` },
+        signal: AbortSignal.timeout(10_000),
+      });
+      expect(result.status).toBe(200);
+      expect((await result.text()).trim()).toBe("2");
+
+      process.kill(-(work.pid ?? 0), "SIGTERM");
+      expect(await within(15_000, workExited), workOutput).not.toBe("timed out");
+
       child.kill("SIGTERM");
-      expect(await exited, output).toBe(0);
+      expect(await within(15_000, exited), output).toBe(0);
     } finally {
+      // The whole group: npx may be gone while meshwork work is not.
+      if (work?.pid) {
+        try {
+          process.kill(-work.pid, "SIGKILL");
+        } catch {
+          // Already gone.
+        }
+      }
       child.kill("SIGKILL");
     }
-  }, 60_000);
+  }, 120_000);
 
   it("exposes the generated service descriptors as meshwork/gen/… with type declarations", async () => {
     writeFileSync(
