@@ -1,4 +1,5 @@
 import { createHash } from "node:crypto";
+import { open, rm } from "node:fs/promises";
 import { availableParallelism, freemem, hostname } from "node:os";
 import type { JsonObject } from "@bufbuild/protobuf";
 import {
@@ -9,6 +10,7 @@ import {
   type Interceptor,
   type Transport,
 } from "@connectrpc/connect";
+import { codeFromString } from "@connectrpc/connect/protocol-connect";
 import {
   type Artifact,
   ArtifactKind,
@@ -16,6 +18,7 @@ import {
   ArtifactService,
   type UploadArtifactRequest,
 } from "../../gen/meshwork/v1/artifact_pb.js";
+import { ErrorInfoSchema } from "../../gen/meshwork/v1/errors_pb.js";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import {
   type Claim,
@@ -85,6 +88,12 @@ export interface TaskContext {
   signal: AbortSignal;
   /** Downloads the input and checks its SHA-256 (a TaskError when it has none or it differs). */
   input(): Promise<Uint8Array>;
+  /**
+   * Streams the input into the file at `path` (created or truncated) without
+   * holding it in memory, checking its SHA-256 as it goes; on a mismatch the
+   * file is removed and a TaskError thrown. Resolves with its size in bytes.
+   */
+  saveInput(path: string): Promise<number>;
   /** Uploads an artifact of this task under its lease and returns it (pass it as `result`). */
   upload(name: string, body: UploadBody, options?: UploadOptions): Promise<Artifact>;
   /** Records progress; it goes with the next lease renewal. */
@@ -182,6 +191,12 @@ export interface WorkerOptions {
   leaseStreams?: boolean;
   /** How long a finished task waits for others to complete with it in one CompleteTasks; default 20 ms. */
   completionBatchMs?: number;
+  /**
+   * The deadline of each RegisterWorker, CompleteTask(s), FailTask,
+   * ReleaseTask, DrainWorker and DeregisterWorker call (each try, when it is
+   * retried); default 30 s. Uploads and downloads run as long as the lease.
+   */
+  callTimeoutMs?: number;
   /** Extra Connect interceptors (after the bearer token). */
   interceptors?: Interceptor[];
   /** A transport to use instead of the SDK's gRPC one (then `url`, `token` and `interceptors` are not used). */
@@ -239,6 +254,7 @@ export function createWorker(options: WorkerOptions): Worker {
   const pollSeconds = Math.max(0, Math.min(30, options.pollSeconds ?? 20));
   const graceMs = options.graceMs ?? 30_000;
   const batchMs = options.completionBatchMs ?? 20;
+  const timeoutMs = options.callTimeoutMs ?? 30_000;
   const transport =
     options.transport ?? workerTransport(options.url, options.token, options.interceptors);
   const fleet = createClient(FleetService, transport);
@@ -251,18 +267,23 @@ export function createWorker(options: WorkerOptions): Worker {
   let slotFreed: (() => void) | undefined;
   let keeper: LeaseKeeper | undefined;
   let workerId = "";
+  /** The coordinator no longer knows this worker: nothing to drain or deregister. */
+  let gone = false;
 
   const ready = retrying(
     () =>
-      fleet.registerWorker({
-        name: options.name ?? hostname(),
-        capabilities: [...new Set([...options.workloads, ...(options.capabilities ?? [])])],
-        labels: options.labels ?? {},
-        maxConcurrency: concurrency,
-        peerId: options.peerId ?? "",
-        cpuCount: availableParallelism(),
-        memoryMb: BigInt(Math.floor(freemem() / (1 << 20))),
-      }),
+      fleet.registerWorker(
+        {
+          name: options.name ?? hostname(),
+          capabilities: [...new Set([...options.workloads, ...(options.capabilities ?? [])])],
+          labels: options.labels ?? {},
+          maxConcurrency: concurrency,
+          peerId: options.peerId ?? "",
+          cpuCount: availableParallelism(),
+          memoryMb: BigInt(Math.floor(freemem() / (1 << 20))),
+        },
+        { timeoutMs, signal: stopping.signal },
+      ),
     { signal: stopping.signal },
   ).then((res) => {
     workerId = res.workerId;
@@ -306,42 +327,63 @@ export function createWorker(options: WorkerOptions): Worker {
     };
     try {
       if (batch.length === 1) {
-        const [only] = batch as [PendingCompletion];
-        try {
-          await underLease(only.entry, () =>
-            retrying(() => leases.completeTask(only.request), { signal: hurry.signal }),
-          );
-          log(`task ${only.request.taskId} completed`);
-        } catch (error) {
-          await refused(only.entry, error);
-        }
+        await completeAlone(batch[0] as PendingCompletion);
         return;
       }
-      const res = await retrying(
-        () => leases.completeTasks({ completions: batch.map((p) => p.request) }),
-        { signal: hurry.signal },
-      );
-      batch.forEach((p, i) => {
-        const outcome = res.results[i]?.outcome;
-        if (outcome?.case === "error") {
+      let res: Awaited<ReturnType<typeof leases.completeTasks>>;
+      try {
+        res = await retrying(
+          () => leases.completeTasks({ completions: batch.map((p) => p.request) }, { timeoutMs }),
+          { signal: hurry.signal },
+        );
+      } catch (error) {
+        if (isTransient(error)) throw error;
+        // The batch as a whole was refused (a coordinator without
+        // CompleteTasks, say): each completion goes alone, with its own answer.
+        log(`CompleteTasks refused (${(error as Error).message}); completing one by one`);
+        for (const p of batch) await completeAlone(p);
+        return;
+      }
+      await Promise.all(
+        batch.map(async (p, i) => {
+          const outcome = res.results[i]?.outcome;
+          if (outcome?.case !== "error") {
+            log(`task ${p.request.taskId} completed`);
+            return;
+          }
+          // The same handling as a lone CompleteTask's error.
           const { code, reason, message } = outcome.value;
-          if (code === "aborted" && reason && reason !== "ARTIFACT_MISMATCH") {
+          const error = new ConnectError(
+            message,
+            codeFromString(code) ?? Code.Unknown,
+            undefined,
+            reason ? [{ desc: ErrorInfoSchema, value: { reason } }] : [],
+          );
+          if (isTransient(error)) return completeAlone(p); // with its retries
+          if (isLeaseRefusal(error)) {
             endLease(
               p.entry,
               new LeaseEndedError(reason === "TASK_CANCELED" ? "canceled" : "lost", reason),
             );
-            log(`task ${p.request.taskId}: completion refused, the lease is gone (${reason})`);
-          } else {
-            log(`task ${p.request.taskId}: completion refused: ${code} ${reason} ${message}`);
           }
-        } else {
-          log(`task ${p.request.taskId} completed`);
-        }
-      });
+          await refused(p.entry, error);
+        }),
+      );
     } catch (error) {
       log(`completing ${batch.length} tasks failed: ${(error as Error).message}`);
     } finally {
       settleAll();
+    }
+  };
+  /** One CompleteTask with its retries; a refusal fails the task or drops it when the lease is gone. */
+  const completeAlone = async (p: PendingCompletion) => {
+    try {
+      await underLease(p.entry, () =>
+        retrying(() => leases.completeTask(p.request, { timeoutMs }), { signal: hurry.signal }),
+      );
+      log(`task ${p.request.taskId} completed`);
+    } catch (error) {
+      await refused(p.entry, error);
     }
   };
   const refused = async (entry: Running, error: unknown) => {
@@ -396,15 +438,18 @@ export function createWorker(options: WorkerOptions): Worker {
       await underLease(entry, () =>
         retrying(
           () =>
-            leases.failTask({
-              taskId: entry.claim.taskId,
-              workerId,
-              attempt: entry.claim.attempt,
-              leaseToken: entry.claim.leaseToken,
-              errorCode: code.slice(0, 256),
-              errorMessage: message,
-              retryable,
-            }),
+            leases.failTask(
+              {
+                taskId: entry.claim.taskId,
+                workerId,
+                attempt: entry.claim.attempt,
+                leaseToken: entry.claim.leaseToken,
+                errorCode: code.slice(0, 256),
+                errorMessage: message,
+                retryable,
+              },
+              { timeoutMs },
+            ),
           { signal: hurry.signal },
         ),
       );
@@ -421,13 +466,16 @@ export function createWorker(options: WorkerOptions): Worker {
     try {
       await retrying(
         () =>
-          leases.releaseTask({
-            taskId: entry.claim.taskId,
-            workerId,
-            attempt: entry.claim.attempt,
-            leaseToken: entry.claim.leaseToken,
-            checkpointHandle: entry.checkpoint,
-          }),
+          leases.releaseTask(
+            {
+              taskId: entry.claim.taskId,
+              workerId,
+              attempt: entry.claim.attempt,
+              leaseToken: entry.claim.leaseToken,
+              checkpointHandle: entry.checkpoint,
+            },
+            { timeoutMs },
+          ),
         { tries: 3 },
       );
       log(`task ${entry.claim.taskId} released${entry.checkpoint ? " with its checkpoint" : ""}`);
@@ -439,7 +487,8 @@ export function createWorker(options: WorkerOptions): Worker {
   const contextFor = (entry: Running, task: WorkerTask): TaskContext => ({
     parameters: task.parameters,
     signal: entry.abort.signal,
-    input: () => download(entry),
+    input: () => inputBytes(entry),
+    saveInput: (path) => saveInput(entry, path),
     upload: (name, body, uploadOptions) => upload(entry, name, body, uploadOptions),
     progress(completedSteps, message = "") {
       entry.lease.progress = { completedSteps, message };
@@ -449,29 +498,74 @@ export function createWorker(options: WorkerOptions): Worker {
     },
   });
 
-  const download = async (entry: Running): Promise<Uint8Array> => {
+  /**
+   * Streams the input to `sink` (started again from scratch after a
+   * transient failure) and checks its SHA-256; resolves with its size.
+   */
+  const download = async (
+    entry: Running,
+    sink: { reset(): Promise<void>; write(chunk: Uint8Array): Promise<void> },
+  ): Promise<number> => {
     const ref = entry.claim.input;
     if (!ref?.artifactId) {
       throw new TaskError("NoInput", "the task has no input", { retryable: false });
     }
-    const bytes = await retrying(
+    const { digest, size } = await retrying(
       async () => {
-        const chunks: Uint8Array[] = [];
+        await sink.reset();
+        const hash = createHash("sha256");
+        let size = 0;
         for await (const m of artifacts.downloadArtifact(
           { artifactId: ref.artifactId },
           { signal: entry.abort.signal },
         )) {
-          chunks.push(m.chunk);
+          hash.update(m.chunk);
+          size += m.chunk.byteLength;
+          await sink.write(m.chunk);
         }
-        return Buffer.concat(chunks);
+        return { digest: hash.digest("hex"), size };
       },
       { signal: entry.abort.signal },
     );
-    const digest = createHash("sha256").update(bytes).digest("hex");
     if (digest !== ref.sha256.toLowerCase()) {
       throw new TaskError("InputChecksumMismatch", "the input's SHA-256 is not the claim's");
     }
+    return size;
+  };
+  const inputBytes = async (entry: Running): Promise<Uint8Array> => {
+    let chunks: Uint8Array[] = [];
+    await download(entry, {
+      reset: async () => {
+        chunks = [];
+      },
+      write: async (chunk) => {
+        chunks.push(chunk);
+      },
+    });
+    const bytes = Buffer.concat(chunks);
     return new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  };
+  const saveInput = async (entry: Running, path: string): Promise<number> => {
+    const file = await open(path, "w");
+    let at = 0;
+    let saved = false;
+    try {
+      const size = await download(entry, {
+        reset: async () => {
+          at = 0;
+          await file.truncate(0);
+        },
+        write: async (chunk) => {
+          await file.write(chunk, 0, chunk.byteLength, at);
+          at += chunk.byteLength;
+        },
+      });
+      saved = true;
+      return size;
+    } finally {
+      await file.close();
+      if (!saved) await rm(path, { force: true });
+    }
   };
 
   const upload = (
@@ -612,6 +706,16 @@ export function createWorker(options: WorkerOptions): Worker {
         }
       } catch (error) {
         if (stopping.signal.aborted) break;
+        if (error instanceof ConnectError && error.code === Code.NotFound) {
+          // Deregistered (by an operator, or the coordinator's data was reset):
+          // its leases were released with it. Not registered again on its own,
+          // which would undo the operator's choice: the worker stops.
+          gone = true;
+          throw new ConnectError(
+            `worker ${workerId} is no longer registered (deregistered?); stopping`,
+            Code.NotFound,
+          );
+        }
         if (!isTransient(error)) throw error;
         failures++;
         const delay = backoffMs(failures);
@@ -623,6 +727,17 @@ export function createWorker(options: WorkerOptions): Worker {
 
   const shutdown = async () => {
     if (!workerId) return;
+    // Drained at once, so that the fleet shows it stopping and no task is
+    // pushed to it meanwhile; deregistered (by default) at the end.
+    const drained = gone
+      ? Promise.resolve(false)
+      : fleet.drainWorker({ workerId, drained: true }, { timeoutMs }).then(
+          () => true,
+          (error: unknown) => {
+            log(`could not drain worker ${workerId}: ${(error as Error).message}`);
+            return false;
+          },
+        );
     if (running.size > 0) {
       log(`stopping: waiting up to ${graceMs} ms for ${running.size} running task(s)`);
       const all = Promise.all([...running.values()].map((r) => r.finished));
@@ -644,12 +759,16 @@ export function createWorker(options: WorkerOptions): Worker {
     await Promise.all(left.filter((r) => r.settled).map((r) => r.finished));
     running.clear();
     await keeper?.stop();
+    if (gone) return;
     try {
       if (options.onStop === "drain") {
-        await fleet.drainWorker({ workerId, drained: true }, { timeoutMs: 10_000 });
+        if (!(await drained)) {
+          await fleet.drainWorker({ workerId, drained: true }, { timeoutMs });
+        }
         log(`worker ${workerId} drained`);
       } else {
-        await fleet.deregisterWorker({ workerId }, { timeoutMs: 10_000 });
+        await drained;
+        await fleet.deregisterWorker({ workerId }, { timeoutMs });
         log(`worker ${workerId} deregistered`);
       }
     } catch (error) {

@@ -346,8 +346,14 @@ describe("the worker SDK against a coordinator with auth on", () => {
       },
     });
     await until(() => running.size === 2);
+    const workerId = await w.ready;
     const stopping = w.stop();
     stopAsked = true;
+    // Drained as soon as the stop begins, while its handlers still run.
+    await until(
+      async () => (await as(FleetService).getWorker({ workerId })).worker?.drained === true,
+    );
+    expect(running.size).toBe(2);
     const t0 = Date.now();
     await stopping;
     expect(Date.now() - t0).toBeLessThan(5000);
@@ -362,6 +368,113 @@ describe("the worker SDK against a coordinator with auth on", () => {
     expect(calls.count.get("DeregisterWorker")).toBe(1);
     // Nothing claims after stop: the released task stays PENDING for someone else.
     await tasks().cancelTask({ taskId: slow });
+  }, 30_000);
+
+  it("fails a task whose completion the coordinator refuses in a CompleteTasks batch, and completes the other", async () => {
+    const workload = uniqueWorkload("sdk-refused");
+    const good = (await tasks().createTask({ workload, name: "good" })).task?.taskId ?? "";
+    const bad = (await tasks().createTask({ workload, name: "bad", maxAttempts: 1 })).task?.taskId;
+    const calls = recorder();
+    let arrived = 0;
+    let release: () => void = () => {};
+    const both = new Promise<void>((r) => {
+      release = r;
+    });
+    const logs: string[] = [];
+    worker(
+      {
+        workloads: [workload],
+        concurrency: 2,
+        interceptors: [calls.interceptor],
+        handler: async (task) => {
+          if (++arrived === 2) release();
+          await both; // finish together: one CompleteTasks
+          // A result naming an artifact the coordinator does not have: refused.
+          return task.name === "bad"
+            ? {
+                result: { artifactId: "0b0e2a0c-3f5e-4a7b-9d1c-2e3f4a5b6c7d", uri: "", sha256: "" },
+              }
+            : { summary: "fine" };
+        },
+      },
+      logs,
+    );
+    const state = async (taskId: string) => (await tasks().getTask({ taskId })).task;
+    await until(async () => (await state(good))?.state === TaskState.SUCCEEDED);
+    // Failed at once, not left RUNNING until its lease runs out.
+    await until(async () => (await state(bad ?? ""))?.state === TaskState.FAILED);
+    expect(calls.count.get("CompleteTasks"), logs.join("\n")).toBe(1);
+    const failed = await state(bad ?? "");
+    expect(failed?.error?.code).toBe("CompletionRefused");
+    expect(failed?.attempt).toBe(1);
+  }, 30_000);
+
+  it("gives up on a completion call that hangs after callTimeoutMs and sends it again", async () => {
+    const workload = uniqueWorkload("sdk-timeout");
+    const taskId = (await tasks().createTask({ workload })).task?.taskId ?? "";
+    const calls = recorder();
+    let hung = 0;
+    // The first CompleteTask never reaches the coordinator: it waits until
+    // its deadline aborts it, as a call on a dead connection would.
+    const hang: Interceptor = (next) => async (req) => {
+      if (req.method.name === "CompleteTask" && hung++ === 0) {
+        await new Promise<void>((resolve) => {
+          if (req.signal.aborted) resolve();
+          req.signal.addEventListener("abort", () => resolve(), { once: true });
+        });
+      }
+      return next(req);
+    };
+    const logs: string[] = [];
+    worker(
+      {
+        workloads: [workload],
+        callTimeoutMs: 500,
+        interceptors: [calls.interceptor, hang],
+        handler: async () => ({ summary: "after a hung call" }),
+      },
+      logs,
+    );
+    await until(async () => {
+      const { task } = await tasks().getTask({ taskId });
+      return task?.state === TaskState.SUCCEEDED;
+    });
+    expect(calls.count.get("CompleteTask"), logs.join("\n")).toBe(2);
+    expect((await tasks().getTask({ taskId })).task?.resultSummary).toBe("after a hung call");
+  }, 30_000);
+
+  it("stops when an operator deregisters it: done rejects saying so, its handler's signal fires, nothing is registered again", async () => {
+    const workload = uniqueWorkload("sdk-deregistered");
+    const { task: created } = await tasks().createTask({ workload, leaseSeconds: 5 });
+    const taskId = created?.taskId ?? "";
+    const calls = recorder();
+    let reason: unknown;
+    const logs: string[] = [];
+    const w = worker(
+      {
+        workloads: [workload],
+        concurrency: 2, // a slot free: it keeps claiming while the task runs
+        interceptors: [calls.interceptor],
+        handler: async (_task, ctx) => {
+          await new Promise<void>((r) => ctx.signal.addEventListener("abort", () => r()));
+          reason = ctx.signal.reason;
+          return { summary: "never sent" };
+        },
+      },
+      logs,
+    );
+    const workerId = await w.ready;
+    await until(async () => (await tasks().getTask({ taskId })).task?.state === TaskState.RUNNING);
+    const { releasedTaskIds } = await as(FleetService).deregisterWorker({ workerId });
+    expect(releasedTaskIds).toEqual([taskId]);
+    await expect(w.done).rejects.toThrow(/no longer registered/);
+    expect(reason).toBeInstanceOf(LeaseEndedError);
+    expect(calls.count.get("RegisterWorker")).toBe(1);
+    expect(calls.count.get("DeregisterWorker") ?? 0).toBe(0);
+    expect(calls.completed).toEqual([]);
+    // Its task went back to the queue for another worker.
+    expect((await tasks().getTask({ taskId })).task?.state).toBe(TaskState.PENDING);
+    await tasks().cancelTask({ taskId });
   }, 30_000);
 
   it("renews with RenewLease when lease streams are off, and progress reaches the task", async () => {
