@@ -1,6 +1,6 @@
 import { spawn } from "node:child_process";
 import { createReadStream } from "node:fs";
-import { mkdir, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
@@ -80,13 +80,14 @@ export function sanitizeTail(text: string, max = stderrTailBytes): string {
 }
 
 /** The status shown on a terminal or logged per task. */
-interface Status {
+export interface Status {
   start(task: WorkerTask): void;
   end(task: WorkerTask, outcome: string, ok: boolean): void;
   close(): void;
 }
 
-function createStatus(io: Io, tty: boolean): Status {
+/** The status line on a terminal (redrawn in place), or one log line per task start and end. */
+export function createStatus(io: Io, tty: boolean): Status {
   const started = Date.now();
   const current = new Set<string>();
   let done = 0;
@@ -145,7 +146,7 @@ async function runTask(argv: string[], task: WorkerTask, ctx: TaskContext): Prom
     let inputPath = "";
     if (task.input) {
       inputPath = join(dir, "input");
-      await writeFile(inputPath, await ctx.input());
+      await ctx.saveInput(inputPath); // streamed: never held in memory whole
     }
     const parameters = JSON.stringify(task.parameters);
     const [command, ...args] = argv as [string, ...string[]];

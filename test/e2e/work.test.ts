@@ -23,6 +23,7 @@ stdin=$(cat)
 case "$MESHWORK_PARAMETERS" in
   *fail*) echo "first line" >&2; printf 'boom \\033[31mred\\033[0m\\n' >&2; exit 3 ;;
   *env*) env > "$MESHWORK_OUTPUT/env.txt"; exit 0 ;;
+  *hang*) sleep "$(printf '%s' "$MESHWORK_PARAMETERS" | tr -dc '0-9.')" & wait; exit 0 ;;
 esac
 { printf '%s|%s|%s|' "$stdin" "$MESHWORK_PARAMETERS" "$MESHWORK_TASK_ID"; cat "$MESHWORK_INPUT"; } > "$MESHWORK_OUTPUT/a-result.txt"
 echo second > "$MESHWORK_OUTPUT/b-other.txt"
@@ -145,6 +146,30 @@ describe("meshwork work", () => {
     expect(task?.error?.message).toMatch(/first line\sboom \[31mred\[0m/);
     expect(task?.error?.message).not.toContain("\x1b");
     expect(stdout).toContain(`failed ${taskId}`);
+  });
+
+  it("stops the command's whole process group when its task is cancelled, and goes on with the next task", async () => {
+    // A child of the command's shell, found by its unique argument.
+    const seconds = String(1000 + Math.floor(Math.random() * 9000));
+    const sleeping = () =>
+      spawnSync("pgrep", ["-f", `^sleep ${seconds}$`], { encoding: "utf8" }).stdout.trim();
+    const { task: created } = await tasks().createTask({
+      workload,
+      parameters: { mode: "hang", seconds: Number(seconds) },
+    });
+    const taskId = created?.taskId ?? "";
+    await until(() => sleeping() !== "", 20_000);
+    await tasks().cancelTask({ taskId, reason: "changed my mind" });
+    await until(() => sleeping() === "", 15_000);
+    await until(() => stdout.includes(`stopped ${taskId}`), 15_000);
+    const { task } = await tasks().getTask({ taskId });
+    expect(task?.state).toBe(TaskState.CANCELED);
+    // The cancellation's reason, not a CommandFailed from the killed command.
+    expect(task?.error?.code).not.toBe("CommandFailed");
+    expect(task?.error?.message).toContain("changed my mind");
+    // The worker goes on: the next task runs.
+    const { task: next } = await tasks().createTask({ workload, parameters: { mode: "env" } });
+    expect((await finished(next?.taskId ?? ""))?.state, stderr).toBe(TaskState.SUCCEEDED);
   });
 
   it("does not pass the worker's token to the command", async () => {
