@@ -7,7 +7,7 @@ import { createClient } from "@connectrpc/connect";
 import { describe, expect, it } from "vitest";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
-import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
+import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { transportFor } from "../../src/cli/connect.js";
 import { within } from "../support/bounded.js";
 import { useListeningServer } from "../support/server.js";
@@ -235,6 +235,57 @@ describe("meshwork operator CLI against a live coordinator with auth on", {
     const priority = await cli(["task", "create", "--workload", "w", "--priority", "high"]);
     expect(priority.code).toBe(2);
     expect(priority.stderr).toContain("--priority must be an integer");
+  });
+
+  it("retries a running task onto another worker (push placement), and deregisters a worker, releasing its leases", async () => {
+    const workload = "cli-retry";
+    const register = (name: string) =>
+      fleet().registerWorker({
+        name,
+        capabilities: [workload],
+        apiBaseUrl: `http://127.0.0.1:1/${name}`,
+        maxConcurrency: 1,
+      });
+    const first = (await register("cli-r1")).workerId;
+    const taskId = (await tasks().createTask({ workload })).task?.taskId ?? "";
+    const { claims } = await leases().claimTasks({ workerId: first, waitSeconds: 5 });
+    expect(claims.map((c) => c.taskId)).toEqual([taskId]);
+    const second = (await register("cli-r2")).workerId;
+
+    const retried = await cli(["task", "retry", taskId, "--json"]);
+    expect(retried.code, retried.stderr).toBe(0);
+    const moved = JSON.parse(retried.stdout);
+    expect(moved).toMatchObject({
+      taskId,
+      state: "TASK_STATE_ASSIGNED",
+      attempt: 2,
+      assignedWorkerId: second,
+      assignedApiBaseUrl: "http://127.0.0.1:1/cli-r2",
+    });
+    expect(moved.lease.leaseToken).toMatch(/\S/); // for the director to dispatch
+    // The first worker's lease is fenced: its completion is refused.
+    await expect(
+      leases().completeTask({
+        taskId,
+        workerId: first,
+        attempt: claims[0]?.attempt ?? 0,
+        leaseToken: claims[0]?.leaseToken ?? "",
+      }),
+    ).rejects.toThrow(/aborted/);
+    const human = await cli(["task", "retry", "not-a-uuid"]);
+    expect(human.code).toBe(1);
+    expect(human.stderr).toMatch(/^meshwork task retry: invalid_argument: .+\n$/);
+
+    const gone = await cli(["worker", "deregister", second]);
+    expect(gone.code, gone.stderr).toBe(0);
+    expect(gone.stdout).toBe(`deregistered worker ${second}; released 1 task(s)\n  ${taskId}\n`);
+    expect((await tasks().getTask({ taskId })).task?.state).toBe(TaskState.PENDING);
+    const listed = JSON.parse((await cli(["worker", "list", "--json"])).stdout);
+    expect(listed.workers.map((w: { workerId: string }) => w.workerId)).not.toContain(second);
+    const again = await cli(["worker", "deregister", second]);
+    expect(again.code).toBe(1);
+    expect(again.stderr).toMatch(/^meshwork worker deregister: not_found: .+\n$/);
+    await tasks().cancelTask({ taskId });
   });
 
   it("refuses a bad token with one clear line and exit 1, without printing the token", async () => {
