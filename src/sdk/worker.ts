@@ -282,12 +282,19 @@ export function createWorker(options: WorkerOptions): Worker {
           cpuCount: availableParallelism(),
           memoryMb: BigInt(Math.floor(freemem() / (1 << 20))),
         },
-        { timeoutMs, signal: stopping.signal },
+        // Not stopped mid-call: a registration the coordinator committed
+        // must be answered, so that the stop that follows deregisters it.
+        { timeoutMs },
       ),
     { signal: stopping.signal },
   ).then((res) => {
     workerId = res.workerId;
     log(`registered as worker ${workerId} for ${options.workloads.join(", ")}`);
+    if (res.worker?.drained) {
+      log(
+        `worker ${workerId} is drained (an operator drained it): it gets no tasks until undrained (meshwork worker undrain ${workerId})`,
+      );
+    }
     return workerId;
   });
 
@@ -333,7 +340,11 @@ export function createWorker(options: WorkerOptions): Worker {
       let res: Awaited<ReturnType<typeof leases.completeTasks>>;
       try {
         res = await retrying(
-          () => leases.completeTasks({ completions: batch.map((p) => p.request) }, { timeoutMs }),
+          () =>
+            leases.completeTasks(
+              { completions: batch.map((p) => p.request) },
+              { timeoutMs, signal: hurry.signal },
+            ),
           { signal: hurry.signal },
         );
       } catch (error) {
@@ -347,10 +358,12 @@ export function createWorker(options: WorkerOptions): Worker {
       await Promise.all(
         batch.map(async (p, i) => {
           const outcome = res.results[i]?.outcome;
-          if (outcome?.case !== "error") {
+          if (outcome?.case === "task") {
             log(`task ${p.request.taskId} completed`);
             return;
           }
+          // No answer for it: sent again alone (a completion is idempotent).
+          if (outcome?.case !== "error") return completeAlone(p);
           // The same handling as a lone CompleteTask's error.
           const { code, reason, message } = outcome.value;
           const error = new ConnectError(
@@ -379,7 +392,9 @@ export function createWorker(options: WorkerOptions): Worker {
   const completeAlone = async (p: PendingCompletion) => {
     try {
       await underLease(p.entry, () =>
-        retrying(() => leases.completeTask(p.request, { timeoutMs }), { signal: hurry.signal }),
+        retrying(() => leases.completeTask(p.request, { timeoutMs, signal: hurry.signal }), {
+          signal: hurry.signal,
+        }),
       );
       log(`task ${p.request.taskId} completed`);
     } catch (error) {
@@ -393,7 +408,13 @@ export function createWorker(options: WorkerOptions): Worker {
     }
     log(`task ${entry.claim.taskId}: completion failed: ${(error as Error).message}`);
     if (!isTransient(error)) {
-      await fail(entry, new TaskError("CompletionRefused", (error as Error).message));
+      // A result the coordinator finds invalid (a summary too long, too many
+      // metrics) would be refused again: another attempt cannot help.
+      const retryable = !(error instanceof ConnectError && error.code === Code.InvalidArgument);
+      await fail(
+        entry,
+        new TaskError("CompletionRefused", (error as Error).message, { retryable }),
+      );
     }
   };
   const complete = (entry: Running, result: TaskResult | undefined): Promise<void> => {
@@ -448,7 +469,7 @@ export function createWorker(options: WorkerOptions): Worker {
                 errorMessage: message,
                 retryable,
               },
-              { timeoutMs },
+              { timeoutMs, signal: hurry.signal },
             ),
           { signal: hurry.signal },
         ),
@@ -546,6 +567,12 @@ export function createWorker(options: WorkerOptions): Worker {
     return new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   };
   const saveInput = async (entry: Running, path: string): Promise<number> => {
+    // Nothing is opened (so nothing already at `path` is touched) for a task
+    // without input or a lease that has ended.
+    if (!entry.claim.input?.artifactId) {
+      throw new TaskError("NoInput", "the task has no input", { retryable: false });
+    }
+    entry.abort.signal.throwIfAborted();
     const file = await open(path, "w");
     let at = 0;
     let saved = false;
@@ -727,17 +754,22 @@ export function createWorker(options: WorkerOptions): Worker {
 
   const shutdown = async () => {
     if (!workerId) return;
-    // Drained at once, so that the fleet shows it stopping and no task is
-    // pushed to it meanwhile; deregistered (by default) at the end.
-    const drained = gone
-      ? Promise.resolve(false)
-      : fleet.drainWorker({ workerId, drained: true }, { timeoutMs }).then(
-          () => true,
-          (error: unknown) => {
-            log(`could not drain worker ${workerId}: ${(error as Error).message}`);
-            return false;
-          },
-        );
+    // With onStop "drain", drained at once, so that the fleet shows it
+    // stopping and nothing is pushed to it meanwhile. Not when it is to be
+    // deregistered: if that failed, a restart with the same peer_id would
+    // find the worker drained, and take no work.
+    const drained =
+      gone || options.onStop !== "drain"
+        ? Promise.resolve(false)
+        : retrying(() => fleet.drainWorker({ workerId, drained: true }, { timeoutMs }), {
+            tries: 3,
+          }).then(
+            () => true,
+            (error: unknown) => {
+              log(`could not drain worker ${workerId}: ${(error as Error).message}`);
+              return false;
+            },
+          );
     if (running.size > 0) {
       log(`stopping: waiting up to ${graceMs} ms for ${running.size} running task(s)`);
       const all = Promise.all([...running.values()].map((r) => r.finished));
@@ -749,7 +781,7 @@ export function createWorker(options: WorkerOptions): Worker {
       hurry.signal.removeEventListener("abort", skip);
     }
     // Past the grace: handlers still running lose their tasks; outcomes already
-    // being sent are waited for (their calls give up when `hurry` aborts).
+    // being sent are waited for (a second signal, `hurry`, cuts their calls).
     const left = [...running.values()];
     await Promise.all(left.filter((r) => !r.settled && !r.ended).map((r) => release(r)));
     if (flushTimer) {
@@ -763,12 +795,13 @@ export function createWorker(options: WorkerOptions): Worker {
     try {
       if (options.onStop === "drain") {
         if (!(await drained)) {
-          await fleet.drainWorker({ workerId, drained: true }, { timeoutMs });
+          await retrying(() => fleet.drainWorker({ workerId, drained: true }, { timeoutMs }), {
+            tries: 3,
+          });
         }
         log(`worker ${workerId} drained`);
       } else {
-        await drained;
-        await fleet.deregisterWorker({ workerId }, { timeoutMs });
+        await retrying(() => fleet.deregisterWorker({ workerId }, { timeoutMs }), { tries: 3 });
         log(`worker ${workerId} deregistered`);
       }
     } catch (error) {

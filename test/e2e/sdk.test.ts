@@ -1,16 +1,23 @@
 import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
-import { mkdtempSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { DescService } from "@bufbuild/protobuf";
-import { type Client, createClient, type Interceptor } from "@connectrpc/connect";
+import {
+  type Client,
+  Code,
+  ConnectError,
+  createClient,
+  type Interceptor,
+} from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
+import type { ClaimTasksResponse, CompleteTasksResponse } from "../../gen/meshwork/v1/lease_pb.js";
 import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import type { App } from "../../src/app.js";
 import {
@@ -190,6 +197,8 @@ describe("the worker SDK against a coordinator with auth on", () => {
     expect(calls.count.get("RegisterWorker")).toBe(1);
     await w.stop();
     expect(calls.count.get("DeregisterWorker")).toBe(1);
+    // Deregistered, never drained: a restart with the same peer_id would find it drained.
+    expect(calls.count.get("DrainWorker") ?? 0).toBe(0);
   }, 30_000);
 
   it("runs task after task at its cap without piling up listeners (no MaxListenersExceededWarning)", async () => {
@@ -319,7 +328,7 @@ describe("the worker SDK against a coordinator with auth on", () => {
     await w.stop();
   }, 30_000);
 
-  it("stops gracefully: a handler that finishes within the grace completes, the other is released with its checkpoint", async () => {
+  it("stops gracefully (onStop drain): drained at once, a handler that finishes within the grace completes, the other is released with its checkpoint; registered again, it says it is drained", async () => {
     const workload = uniqueWorkload("sdk-stop");
     const quick = (await tasks().createTask({ workload, name: "quick" })).task?.taskId ?? "";
     const slow = (await tasks().createTask({ workload, name: "slow" })).task?.taskId ?? "";
@@ -327,10 +336,13 @@ describe("the worker SDK against a coordinator with auth on", () => {
     const running = new Set<string>();
     let stopAsked = false;
     let slowReason: unknown;
+    const peerId = `peer-${workload}`;
     const w = worker({
       workloads: [workload],
       concurrency: 2,
       graceMs: 1500,
+      onStop: "drain",
+      peerId,
       interceptors: [calls.interceptor],
       handler: async (task, ctx) => {
         running.add(task.name);
@@ -365,7 +377,14 @@ describe("the worker SDK against a coordinator with auth on", () => {
     expect(s?.checkpointHandle).toBe("step-3");
     expect(calls.completed).toEqual([quick]);
     expect(calls.count.get("ReleaseTask")).toBe(1);
-    expect(calls.count.get("DeregisterWorker")).toBe(1);
+    expect(calls.count.get("DeregisterWorker") ?? 0).toBe(0);
+    expect((await as(FleetService).getWorker({ workerId })).worker?.drained).toBe(true);
+    // The same peer started again is the same worker, still drained: it says so.
+    const logs: string[] = [];
+    const again = worker({ workloads: [workload], peerId, handler: async () => ({}) }, logs);
+    expect(await again.ready).toBe(workerId);
+    expect(logs.join("\n")).toContain(`worker ${workerId} is drained`);
+    await again.stop();
     // Nothing claims after stop: the released task stays PENDING for someone else.
     await tasks().cancelTask({ taskId: slow });
   }, 30_000);
@@ -407,6 +426,145 @@ describe("the worker SDK against a coordinator with auth on", () => {
     const failed = await state(bad ?? "");
     expect(failed?.error?.code).toBe("CompletionRefused");
     expect(failed?.attempt).toBe(1);
+  }, 30_000);
+
+  it("goes on when CompleteTasks is refused as a whole or one answer is transient: each such completion is sent alone", async () => {
+    const workload = uniqueWorkload("sdk-batch-paths");
+    const make = async () => {
+      const ids = [];
+      for (const name of ["a", "b"]) {
+        ids.push((await tasks().createTask({ workload, name })).task?.taskId ?? "");
+      }
+      return ids;
+    };
+    const run = async (interceptor: Interceptor, ids: string[]) => {
+      const calls = recorder();
+      let arrived = 0;
+      let release: () => void = () => {};
+      const both = new Promise<void>((r) => {
+        release = r;
+      });
+      const logs: string[] = [];
+      const w = worker(
+        {
+          workloads: [workload],
+          concurrency: 2,
+          interceptors: [calls.interceptor, interceptor],
+          handler: async (task) => {
+            if (++arrived === 2) release();
+            await both;
+            return { summary: `did ${task.name}` };
+          },
+        },
+        logs,
+      );
+      for (const taskId of ids) {
+        await until(async () => {
+          const { task } = await tasks().getTask({ taskId });
+          return task?.state === TaskState.SUCCEEDED;
+        });
+      }
+      await w.stop();
+      return { calls, logs };
+    };
+
+    // A coordinator that does not serve CompleteTasks: one by one instead.
+    const refuseBatch: Interceptor = (next) => async (req) => {
+      if (req.method.name === "CompleteTasks") throw new ConnectError("no", Code.Unimplemented);
+      return next(req);
+    };
+    const first = await run(refuseBatch, await make());
+    expect(first.calls.count.get("CompleteTasks"), first.logs.join("\n")).toBe(1);
+    expect(first.calls.count.get("CompleteTask")).toBe(2);
+
+    // One answer of the batch says "unavailable": that completion is sent
+    // again alone (identical, so the coordinator answers it as done).
+    const flaky: Interceptor = (next) => async (req) => {
+      const res = await next(req);
+      if (req.method.name === "CompleteTasks" && !res.stream) {
+        const [one] = (res.message as CompleteTasksResponse).results;
+        if (one)
+          one.outcome = {
+            case: "error",
+            value: {
+              $typeName: "meshwork.v1.CompletionError",
+              code: "unavailable",
+              reason: "",
+              message: "try again",
+            },
+          };
+      }
+      return res;
+    };
+    const ids = await make();
+    const second = await run(flaky, ids);
+    expect(second.calls.count.get("CompleteTasks"), second.logs.join("\n")).toBe(1);
+    expect(second.calls.count.get("CompleteTask")).toBe(1);
+    for (const taskId of ids) {
+      expect((await tasks().getTask({ taskId })).task?.attempt).toBe(1);
+    }
+  }, 30_000);
+
+  it("saves the input to a file with ctx.saveInput: checked, removed on a checksum mismatch, nothing touched for a task without input", async () => {
+    const workload = uniqueWorkload("sdk-save-input");
+    const dir = mkdtempSync(join(tmpdir(), "meshwork-sdk-save-"));
+    const content = "x".repeat(300_000); // several download messages
+    const good = (
+      await tasks().createTask({
+        workload,
+        name: "good",
+        input: { case: "inputData", value: new TextEncoder().encode(content) },
+      })
+    ).task?.taskId;
+    const bad = (
+      await tasks().createTask({
+        workload,
+        name: "bad",
+        maxAttempts: 1,
+        input: { case: "inputData", value: new TextEncoder().encode("tampered") },
+      })
+    ).task?.taskId;
+    const none = (await tasks().createTask({ workload, name: "none", maxAttempts: 1 })).task
+      ?.taskId;
+    // The claim of "bad" names another SHA-256 than its bytes have.
+    const tamper: Interceptor = (next) => async (req) => {
+      const res = await next(req);
+      if (req.method.name === "ClaimTasks" && !res.stream) {
+        for (const c of (res.message as ClaimTasksResponse).claims) {
+          if (c.name === "bad" && c.input) c.input.sha256 = sha("something else");
+        }
+      }
+      return res;
+    };
+    const kept = join(dir, "none");
+    writeFileSync(kept, "already here");
+    const saved = new Map<string, number>();
+    worker({
+      workloads: [workload],
+      concurrency: 3,
+      interceptors: [tamper],
+      handler: async (task, ctx) => {
+        const path = join(dir, task.name);
+        saved.set(task.name, await ctx.saveInput(path));
+        expect(readFileSync(path, "utf8")).toBe(content);
+        return { summary: "saved" };
+      },
+    });
+    const ended = async (taskId = "") => {
+      await until(async () => {
+        const { task } = await tasks().getTask({ taskId });
+        return task?.state === TaskState.SUCCEEDED || task?.state === TaskState.FAILED;
+      });
+      return (await tasks().getTask({ taskId })).task;
+    };
+    expect((await ended(good))?.state).toBe(TaskState.SUCCEEDED);
+    expect(saved.get("good")).toBe(content.length);
+    const refused = await ended(bad);
+    expect(refused?.error?.code).toBe("InputChecksumMismatch");
+    expect(existsSync(join(dir, "bad"))).toBe(false);
+    const empty = await ended(none);
+    expect(empty?.error?.code).toBe("NoInput");
+    expect(readFileSync(kept, "utf8")).toBe("already here");
   }, 30_000);
 
   it("gives up on a completion call that hangs after callTimeoutMs and sends it again", async () => {

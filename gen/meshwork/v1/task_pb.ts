@@ -1026,7 +1026,9 @@ export const TaskService: GenService<{
     output: typeof GetTaskResponseSchema;
   },
   /**
-   * ListTasks pages through tasks, newest first, with optional filters.
+   * ListTasks pages through tasks, newest first (by create_time, kept to the
+   * millisecond; tasks created within the same millisecond by task_id,
+   * descending), with optional filters.
    *
    * @generated from rpc meshwork.v1.TaskService.ListTasks
    */
