@@ -205,13 +205,20 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
     async heartbeatMany(beats: Map<string, number | undefined>): Promise<void> {
       if (beats.size === 0) return;
       const json = JSON.stringify([...beats].map(([id, depth]) => ({ id, depth: depth ?? null })));
+      // The rows are locked in id order, the order a batch of claims takes
+      // them in (leases/claim.ts): two statements that lock several workers
+      // in one order cannot deadlock each other.
       await db
         .update(workers)
         .set({
           lastHeartbeatAt: sql`now()`,
           queueDepth: sql`coalesce(v.depth, ${workers.queueDepth})`,
         })
-        .from(sql`jsonb_to_recordset(${json}::jsonb) as v(id uuid, depth int)`)
+        .from(
+          sql`(select w.id, b.depth from workers w
+            join jsonb_to_recordset(${json}::jsonb) as b(id uuid, depth int) on b.id = w.id
+            order by w.id for no key update of w) as v`,
+        )
         .where(sql`${workers.id} = v.id`);
     },
 

@@ -14,37 +14,78 @@ export interface ClaimingWorker {
 
 const p = sql.placeholder;
 
+/** What one claim got: its tasks, best first, and the worker's slots after them. */
+export interface ClaimAnswer {
+  rows: TaskRow[];
+  /** Counted in the same statement after the claim; undefined for an unknown worker. */
+  slots: Slots | undefined;
+}
+
 /**
- * The claim: one statement calling `meshwork_claim` (migration
- * 0006_claim.sql, redefined in 0008 with the `concurrency` parameter), the single SQL text that says which tasks a worker may
- * take, in which order, and the lease each gets, with the plan decisions
- * that keep it O(claimed) whatever the backlog and the statistics. Rows
- * come back best first (`with ordinality` keeps the function's order).
+ * Claims, several in one statement: `meshwork_claim_batch` (migration
+ * 0010) runs each through `meshwork_claim` (0006, redefined in 0008 with
+ * the `concurrency` parameter), the single SQL text that says which tasks a
+ * worker may take, in which order, and the lease each gets, with the plan
+ * decisions that keep it O(claimed) whatever the backlog and the
+ * statistics; after each claim it counts the worker's slots left. Rows come
+ * back in the function's order (`with ordinality`).
  *
+ * Claims go by worker id, so that batches take worker locks in one order.
  * Prepared once per store: building a Drizzle query costs more than the query.
  */
 export function createClaimStatement(db: Db) {
   const columns = getTableColumns(tasks);
-  // The function's rows under the table's name, so that Drizzle maps them
-  // to TaskRow exactly as it maps a select from the table.
-  const claimed = new Subquery(
-    sql`select * from meshwork_claim(${p("worker")}::uuid, ${p("caps")}::text[], ${p("labels")}::jsonb, ${p("max")}::int, ${p("concurrency")}::int) with ordinality`,
+  // The function's rows under the table's name, so that Drizzle maps the
+  // task's columns to TaskRow exactly as it maps a select from the table.
+  const answered = new Subquery(
+    sql`select b.claim as claim_index, b.free as claim_free, b.cap as claim_cap, b.ord as claim_ord, (b.task).*
+      from meshwork_claim_batch(${p("claims")}::jsonb) with ordinality as b(claim, free, cap, task, ord)`,
     columns,
     "tasks",
   );
   const statement = db
-    .select(columns)
-    .from(claimed as unknown as typeof tasks)
-    .orderBy(sql`ordinality`)
-    .prepare("meshwork_claim");
-  return (worker: ClaimingWorker, max: number): Promise<TaskRow[]> =>
-    statement.execute({
-      worker: worker.id,
-      caps: worker.capabilities,
-      labels: JSON.stringify(worker.labels),
-      max,
-      concurrency: worker.maxConcurrency ?? null,
+    .select({
+      ...columns,
+      claimIndex: sql<number>`tasks.claim_index`,
+      claimFree: sql<number | null>`tasks.claim_free`,
+      claimCap: sql<number | null>`tasks.claim_cap`,
+    })
+    .from(answered as unknown as typeof tasks)
+    .orderBy(sql`tasks.claim_ord`)
+    .prepare("meshwork_claim_batch");
+  return async (
+    claims: readonly { worker: ClaimingWorker; max: number }[],
+  ): Promise<ClaimAnswer[]> => {
+    const order = claims
+      .map((_, i) => i)
+      .sort((a, b) => {
+        const x = claims[a]?.worker.id ?? "";
+        const y = claims[b]?.worker.id ?? "";
+        return x < y ? -1 : x > y ? 1 : a - b;
+      });
+    const rows = await statement.execute({
+      claims: JSON.stringify(
+        order.map((i) => {
+          const { worker, max } = claims[i] as { worker: ClaimingWorker; max: number };
+          return {
+            worker: worker.id,
+            caps: worker.capabilities,
+            labels: worker.labels,
+            max,
+            concurrency: worker.maxConcurrency ?? null,
+          };
+        }),
+      ),
     });
+    const answers: ClaimAnswer[] = claims.map(() => ({ rows: [], slots: undefined }));
+    for (const { claimIndex, claimFree, claimCap, ...row } of rows) {
+      const answer = answers[order[claimIndex] ?? -1];
+      if (!answer) continue;
+      if (claimFree === null || claimCap === null) answer.rows.push(row as TaskRow);
+      else answer.slots = { free: claimFree, maxConcurrency: claimCap };
+    }
+    return answers;
+  };
 }
 
 /** How a worker's cap stands: the cap that applies and the slots it leaves free. */

@@ -17,7 +17,7 @@ import type { Config } from "../config.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { type LeaseRef, leaseToken, parseLeaseRef } from "../core/lease-ref.js";
 import { attemptField, intInRange, isUuid, stringList, text, uuidField } from "../core/validate.js";
-import type { ArtifactRefJson, TaskRow } from "../db/schema/index.js";
+import type { ArtifactRefJson } from "../db/schema/index.js";
 import type { WorkerCache } from "../fleet/cache.js";
 import type { HeartbeatBuffer } from "../fleet/heartbeats.js";
 import type { FleetStore } from "../fleet/store.js";
@@ -25,7 +25,7 @@ import { codeName, codeOfKind } from "../rpc/errors.js";
 import { toTask } from "../tasks/convert.js";
 import { toClaim } from "./convert.js";
 import { sanitizeMessage } from "./sanitize.js";
-import type { Completion, LeaseStore, Outcome, Progress } from "./store.js";
+import type { ClaimAnswer, Completion, LeaseStore, Outcome, Progress } from "./store.js";
 import type { ClaimWakeups } from "./wakeup.js";
 
 /** What LeaseService uses. */
@@ -167,40 +167,43 @@ export function createLeaseService(
         labels: worker.labels,
         maxConcurrency,
       };
-      // The answer, with the cap and the slots left counted after the claims.
-      // Leases already granted are never lost to a failed count: they are
-      // answered without free_slots (the cap as last read) rather than not
-      // at all, which would leave them running out unused.
-      const answer = async (rows: TaskRow[]) => {
+      // The answer, with the cap and the slots left after the claims, which
+      // the claim's statement counts (a separate count only when it did not:
+      // a drained worker, a caller that gave up). Leases already granted are
+      // never lost to a failed count: they are answered without free_slots
+      // (the cap as last read) rather than not at all, which would leave
+      // them running out unused.
+      const answer = async ({ rows, slots }: ClaimAnswer) => {
         app.events.emit(rows.map((r) => r.id));
         const claims = rows.map(toClaim);
         try {
-          const slots = await app.leases.slots(claiming);
-          return { claims, freeSlots: slots.free, maxConcurrency: slots.maxConcurrency };
+          const counted = slots ?? (await app.leases.slots(claiming));
+          return { claims, freeSlots: counted.free, maxConcurrency: counted.maxConcurrency };
         } catch (error) {
           if (rows.length === 0) throw error;
           return { claims, maxConcurrency: maxConcurrency ?? worker.maxConcurrency };
         }
       };
-      if (worker.drained) return answer([]);
+      const nothing: ClaimAnswer = { rows: [], slots: undefined };
+      if (worker.drained) return answer(nothing);
       const signal = AbortSignal.any([ctx.signal, app.shutdownSignal]);
       const deadline = Date.now() + waitSeconds * 1000;
       for (;;) {
         // Armed before the claim: a task created while it runs still wakes us.
         const armed = app.wakeups.arm(deadline - Date.now(), signal);
-        const rows = await app.leases.claim(claiming, max);
-        if (rows.length > 0 || Date.now() >= deadline || signal.aborted) {
+        const claimed = await app.leases.claimCounted(claiming, max);
+        if (claimed.rows.length > 0 || Date.now() >= deadline || signal.aborted) {
           armed.cancel();
-          return answer(rows);
+          return answer(claimed);
         }
         await armed.fired;
         // The caller gave up (it cancelled the call, or its deadline passed):
         // whatever were claimed now would go to nobody and sit leased until
         // its lease ran out.
-        if (ctx.signal.aborted) return answer([]);
+        if (ctx.signal.aborted) return answer(nothing);
         if (Date.now() >= deadline || signal.aborted) {
           // One last look, so that a wake-up at the deadline is not wasted.
-          return answer(await app.leases.claim(claiming, max));
+          return answer(await app.leases.claimCounted(claiming, max));
         }
       }
     },

@@ -7,10 +7,27 @@ import type { LeaseRef } from "../core/lease-ref.js";
 import { stateIs } from "../core/task-sql.js";
 import type { Db } from "../db/database.js";
 import { type ArtifactRefJson, type TaskRow, tasks } from "../db/schema/index.js";
-import { type ClaimingWorker, createClaimStatement, createSlotsStatement } from "./claim.js";
+import { createBatcher } from "./batcher.js";
+import {
+  type ClaimAnswer,
+  type ClaimingWorker,
+  createClaimStatement,
+  createSlotsStatement,
+} from "./claim.js";
 import { createTransitions, released } from "./transitions.js";
 
-export type { ClaimingWorker, Slots } from "./claim.js";
+export type { ClaimAnswer, ClaimingWorker, Slots } from "./claim.js";
+
+/** Whether the database rolled a statement back for a conflict: safe to run again. */
+function rolledBack(error: unknown): boolean {
+  let e: unknown = error;
+  for (let depth = 0; depth < 6 && e !== null && typeof e === "object"; depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (code === "40P01" || code === "40001") return true;
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
 
 export interface Progress {
   completedSteps: number;
@@ -39,7 +56,16 @@ export function completionHash(c: Completion): string {
  * transitions.ts); a refused request costs one more read, to name why.
  */
 export function createLeaseStore(db: Db) {
-  const claim = createClaimStatement(db);
+  // Claims made while one is in flight go together in the next statement
+  // (group commit, as completions do). Run again only when the database
+  // says it rolled the statement back (a deadlock with a statement that
+  // locks workers in another order, a serialization failure): a claim whose
+  // answer was lost may have leased tasks, which would sit leased to nobody
+  // while more were taken; for that, the callers retry.
+  const claim = createBatcher(createClaimStatement(db), {
+    maxBatch: 64,
+    retryable: (error) => rolledBack(error),
+  });
   const slots = createSlotsStatement(db);
   const q = createTransitions(db);
 
@@ -56,12 +82,19 @@ export function createLeaseStore(db: Db) {
 
   return {
     /**
-     * Leases up to `max` claimable tasks to the worker in one statement,
-     * best first (the rules are in migration 0006_claim.sql). Concurrent
-     * claimers take disjoint tasks; a drained or unknown worker gets none.
+     * Leases up to `max` claimable tasks to the worker, best first (the
+     * rules are in migration 0006_claim.sql), and counts the slots it has
+     * left after them, in one statement shared with the claims made at the
+     * same time. Concurrent claimers take disjoint tasks; a drained or
+     * unknown worker gets none.
      */
-    claim(worker: ClaimingWorker, max: number): Promise<TaskRow[]> {
-      return claim(worker, max);
+    claimCounted(worker: ClaimingWorker, max: number): Promise<ClaimAnswer> {
+      return claim({ worker, max });
+    },
+
+    /** The tasks of claimCounted, without the count. */
+    async claim(worker: ClaimingWorker, max: number): Promise<TaskRow[]> {
+      return (await claim({ worker, max })).rows;
     },
 
     /**

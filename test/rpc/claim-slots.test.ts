@@ -100,8 +100,61 @@ describe("ClaimTasks reports the cap that bounded it", () => {
     expect(await claim(workerId, 2)).toMatchObject({ claims: 0, freeSlots: 3, maxConcurrency: 3 });
   });
 
+  it("answers concurrent claims of many workers (one statement for those that arrive together) each with its own tasks and slots", async () => {
+    const workload = uniqueWorkload();
+    const workers = await Promise.all(
+      Array.from({ length: 12 }, () =>
+        h.fleet.registerWorker({ capabilities: [workload], maxConcurrency: 2 }),
+      ),
+    );
+    await h.tasks.createTasks({ tasks: Array.from({ length: 30 }, () => ({ workload })) });
+    const answers = await Promise.all(
+      workers.flatMap(({ workerId }) => [
+        h.leases.claimTasks({ workerId, maxTasks: 5 }).then((res) => ({ workerId, res })),
+        h.leases.claimTasks({ workerId, maxTasks: 1 }).then((res) => ({ workerId, res })),
+      ]),
+    );
+    const leased = answers.flatMap(({ res }) => res.claims.map((c) => c.taskId));
+    expect(new Set(leased).size).toBe(leased.length); // no task twice
+    expect(leased).toHaveLength(24); // every worker at its cap of 2, 6 tasks left
+    for (const { workerId } of workers) {
+      const mine = answers.filter((a) => a.workerId === workerId);
+      expect(mine.reduce((n, a) => n + a.res.claims.length, 0)).toBe(2);
+      // The slots each answer reports are counted after its own claim: the
+      // second of a worker's two claims says 0.
+      const after = mine.map((a) => a.res.freeSlots).sort();
+      expect(after[0]).toBe(0);
+      for (const a of mine) expect(a.res.maxConcurrency).toBe(2);
+    }
+  });
+
+  it("counts the slots in the claim's own statement: no second statement for a claim", async () => {
+    const { workerId } = await setUp(1, 3);
+    const count = vi.spyOn(h.app.leases, "slots");
+    try {
+      const leased = await h.leases.claimTasks({ workerId, maxTasks: 2 });
+      expect(leased.claims).toHaveLength(1);
+      expect(leased.freeSlots).toBe(2);
+      const empty = await h.leases.claimTasks({ workerId, maxTasks: 2 });
+      expect(empty.claims).toHaveLength(0);
+      expect(empty.freeSlots).toBe(2);
+      expect(count).not.toHaveBeenCalled();
+    } finally {
+      count.mockRestore();
+    }
+  });
+
   it("answers the claims it leased even when the count after them fails, without free_slots", async () => {
     const { workerId } = await setUp(1, 2);
+    // A claim answered without its count (as for a worker the statement did
+    // not find), and the separate count then failing.
+    const claimCounted = h.app.leases.claimCounted.bind(h.app.leases);
+    const uncounted = vi
+      .spyOn(h.app.leases, "claimCounted")
+      .mockImplementation(async (worker, max) => ({
+        rows: (await claimCounted(worker, max)).rows,
+        slots: undefined,
+      }));
     const count = vi.spyOn(h.app.leases, "slots").mockRejectedValue(new Error("connection lost"));
     try {
       const res = await h.leases.claimTasks({ workerId, maxTasks: 2 });
@@ -114,6 +167,7 @@ describe("ClaimTasks reports the cap that bounded it", () => {
       });
     } finally {
       count.mockRestore();
+      uncounted.mockRestore();
     }
   });
 });
