@@ -130,6 +130,18 @@ export const tasks = pgTable(
     index("tasks_deadline_idx")
       .on(t.deadline)
       .where(sql`${t.state} = 'PENDING' and ${t.deadline} is not null`),
+    // The sweeper's retry wake-up scan (retryDue): PENDING tasks in backoff.
+    index("tasks_retry_idx")
+      .on(t.notBefore)
+      .where(sql`${t.state} = 'PENDING' and ${t.notBefore} is not null`),
+    // Retention: finished tasks, oldest first.
+    index("tasks_finished_idx")
+      .on(t.finishedAt)
+      .where(sql`${t.state} in ('SUCCEEDED', 'FAILED', 'CANCELED')`),
+    // Which tasks name an input artifact (retention, unused inputs).
+    index("tasks_input_artifact_idx")
+      .on(sql`(${t.input}->>'artifactId')`)
+      .where(sql`${t.input} is not null`),
     index("tasks_created_idx").on(t.createdAt.desc(), t.id.desc()),
     index("tasks_correlation_idx").on(t.correlationId),
     index("tasks_workload_state_idx").on(t.workload, t.state),
@@ -155,7 +167,11 @@ export const artifacts = pgTable(
     sizeBytes: bigint("size_bytes", { mode: "number" }).notNull(),
     createdAt: timestamptz("created_at").notNull().defaultNow(),
   },
-  (t) => [index("artifacts_task_idx").on(t.taskId, t.createdAt, t.id)],
+  (t) => [
+    index("artifacts_task_idx").on(t.taskId, t.createdAt, t.id),
+    // Whether other rows still hold the same bytes (retention deletes a blob after its last row).
+    index("artifacts_sha256_idx").on(t.sha256),
+  ],
 );
 
 /** Raw bytes; PGlite gives a Uint8Array, postgres.js a Buffer (one). */
