@@ -15,13 +15,17 @@ import { tasks } from "../db/schema/index.js";
 const p = sql.placeholder;
 
 /**
- * A FROM item of the ids a `SKIP LOCKED` select picked, computed once.
- * MATERIALIZED matters: the planner may rescan a plain subquery once per
+ * "The row is one of those a `SKIP LOCKED` select picked", reaching them by
+ * primary key: `id = any(array(...))`, as the claim does (migration 0006).
+ * Never `UPDATE ... FROM picked`: without fresh statistics that was planned
+ * as a hash join over a bitmap of every row matching the condition, 20,000
+ * rows read to update 1,000 from a backlog (test/postgres/sweeper-plan.test.ts).
+ * MATERIALIZED matters too: the planner may rescan a plain subquery once per
  * outer row, and each rescan skips the rows this statement already updated,
  * so an UPDATE of `limit` rows took more (seen here on the claim).
  */
-function picked(select: SQLWrapper): SQL {
-  return sql`(with c as materialized (${select}) select id from c) as picked`;
+function pickedBy(select: SQLWrapper): SQL {
+  return sql`${tasks.id} = any(array(with c as materialized (${select}) select id from c))`;
 }
 
 /** A lease given back without counting a failure (ReleaseTask, DeregisterWorker). */
@@ -203,8 +207,7 @@ export function createTransitions(db: Db) {
           assignedApiBaseUrl: "",
           updatedAt: sql`now()`,
         })
-        .from(picked(due))
-        .where(and(sql`${tasks.id} = picked.id`, expiredLease))
+        .where(and(pickedBy(due), expiredLease))
         .returning({ id: tasks.id, state: tasks.state })
         .prepare("meshwork_expire_leases");
     }),
@@ -227,8 +230,7 @@ export function createTransitions(db: Db) {
           finishedAt: sql`now()`,
           updatedAt: sql`now()`,
         })
-        .from(picked(due))
-        .where(and(sql`${tasks.id} = picked.id`, overdue))
+        .where(and(pickedBy(due), overdue))
         .returning({ id: tasks.id })
         .prepare("meshwork_fail_past_deadline");
     }),
