@@ -24,6 +24,8 @@ export interface Config {
   logLevel: string;
   /** Seconds between worker heartbeats; a worker is LOST after 3 missed intervals. */
   heartbeatIntervalSeconds: number;
+  /** Terminal tasks finished longer ago than this are deleted (README: Retention), in ms; 0 = kept forever. */
+  retentionMs: number;
   /** How often the sweeper runs, in milliseconds. */
   sweepIntervalMs: number;
   /** Grace period for in-flight requests on shutdown, in milliseconds. */
@@ -87,6 +89,7 @@ const flags = {
   "blob-store": { type: "string", env: "MESHWORK_BLOB_STORE" },
   "log-level": { type: "string", env: "MESHWORK_LOG_LEVEL" },
   "heartbeat-interval": { type: "string", env: "MESHWORK_HEARTBEAT_INTERVAL" },
+  retention: { type: "string", env: "MESHWORK_RETENTION" },
   "read-max-bytes": { type: "string", env: "MESHWORK_READ_MAX_BYTES" },
   "max-artifact-bytes": { type: "string", env: "MESHWORK_MAX_ARTIFACT_BYTES" },
   "tls-cert": { type: "string", env: "MESHWORK_TLS_CERT" },
@@ -118,6 +121,7 @@ export const serveUsage = `Usage: meshwork serve [flags]
                             MESHWORK_BLOB_STORE   where artifact bytes live; default fs (--blob-dir)
   --log-level LEVEL         MESHWORK_LOG_LEVEL    trace|debug|info|warn|error|silent; default info
   --heartbeat-interval S    MESHWORK_HEARTBEAT_INTERVAL  seconds, default 15
+  --retention DURATION      MESHWORK_RETENTION    delete finished tasks this old (30m, 12h, 7d); default 7d, 0 = never
   --read-max-bytes N        MESHWORK_READ_MAX_BYTES      default 4194304
   --max-artifact-bytes N    MESHWORK_MAX_ARTIFACT_BYTES  default 1073741824
   --tls-cert FILE           MESHWORK_TLS_CERT     PEM certificate: serve TLS (ALPN h2, http/1.1)
@@ -223,6 +227,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
       1,
       3600,
     ),
+    retentionMs: durationFlag("--retention", get("retention"), 7 * 86_400_000),
     sweepIntervalMs: 1000,
     shutdownGraceMs: 10_000,
     readMaxBytes: intFlag(
@@ -292,6 +297,22 @@ function intFlag(name: string, v: string | undefined, dflt: number, min: number,
     throw new ConfigError(`${name} must be a whole number from ${min} to ${max}, not ${v}`);
   }
   return n;
+}
+
+const durationUnits = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
+
+/** A whole number with a unit: `30s`, `30m`, `12h`, `7d`; `0` alone means none (at most 100 years). */
+function durationFlag(name: string, v: string | undefined, dflt: number): number {
+  if (v === undefined) return dflt;
+  if (v === "0") return 0;
+  const m = /^(\d{1,6})([smhd])$/.exec(v);
+  const ms = m ? Number(m[1]) * durationUnits[m[2] as keyof typeof durationUnits] : Number.NaN;
+  if (!(ms > 0 && ms <= 36_500 * 86_400_000)) {
+    throw new ConfigError(
+      `${name} must be 0 or a whole number with a unit, s, m, h or d (30m, 12h, 7d), up to 36500d, not ${v}`,
+    );
+  }
+  return ms;
 }
 
 /** Splits "host:port" or "[v6]:port"; port 0 asks the OS for a free one. */

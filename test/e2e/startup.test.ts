@@ -51,6 +51,18 @@ describe("start-up failures: one line saying what is wrong, and an exit code", (
     expect(output).toContain("DATABASE_URL must be a PostgreSQL URL");
   });
 
+  it("refuses a --retention that is not a duration (exit 2), flag or environment", async () => {
+    for (const [args, env] of [
+      [["--retention", "7"], {}],
+      [[], { MESHWORK_RETENTION: "1w" }],
+    ] as const) {
+      const { code, output } = await serve([...args], undefined, env);
+      expect(code).toBe(2);
+      expectOneLine(output);
+      expect(output).toContain("--retention must be 0 or a whole number with a unit");
+    }
+  });
+
   it("says PostgreSQL cannot be reached (exit 1), without the password", async () => {
     const { code, output } = await serve([], "postgres://u:secretpw@127.0.0.1:1/app");
     expect(code).toBe(1);

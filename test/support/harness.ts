@@ -44,6 +44,7 @@ export function testConfig(overrides: Partial<Config> = {}): Config {
     blobStore: testBlobStore,
     logLevel: "silent",
     heartbeatIntervalSeconds: 15,
+    retentionMs: 0,
     sweepIntervalMs: 1000,
     shutdownGraceMs: 2000,
     readMaxBytes: 4 * 1024 * 1024,
