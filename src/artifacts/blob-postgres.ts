@@ -231,6 +231,13 @@ export function createPostgresBlobStore(
       return row !== undefined;
     },
 
+    async remove(sha256) {
+      await db.execute(
+        sql`with gone as (delete from ${blobs} where sha256 = ${sha256} returning upload_id)
+            delete from ${blobChunks} where upload_id in (select upload_id from gone)`,
+      );
+    },
+
     async removeAbandoned() {
       const gone = await rowsOf<{ id: string }>(
         db,

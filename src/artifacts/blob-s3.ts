@@ -396,6 +396,10 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
 
     has: (sha256) => exists(keyOf(sha256)),
 
+    async remove(sha256) {
+      await deleteObject(keyOf(sha256));
+    },
+
     async close() {
       client.destroy();
       if (readClient !== client) readClient.destroy();

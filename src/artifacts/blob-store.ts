@@ -35,6 +35,11 @@ export interface BlobStore {
   /** Whether a committed blob exists. */
   has(sha256: string): Promise<boolean>;
   /**
+   * Deletes a committed blob; a missing one is no error. Only retention
+   * calls it (tasks/retention.ts), once no artifact row names the bytes.
+   */
+  remove?(sha256: string): Promise<void>;
+  /**
    * Removes what uploads abandoned by a crash left in a store that replicas
    * share (the app runs it now and then); returns how many were removed. A
    * store that clears its leftovers when it opens has none.
@@ -128,6 +133,7 @@ export function createFileBlobStore(root: string): BlobStore {
       return createReadStream(pathOf(sha256), range ? { start: range.start, end: range.end } : {});
     },
     has: (sha256) => exists(pathOf(sha256)),
+    remove: (sha256) => rm(pathOf(sha256), { force: true }),
   };
 }
 

@@ -107,6 +107,16 @@ export function blobStoreContract(setup: () => Promise<BlobStoreUnderTest>): voi
     expect(await leftovers()).toEqual([]);
   });
 
+  it("removes a committed blob; removing a missing one is no error", async () => {
+    const { store } = await setup();
+    const staged = await store.stage(chunks("to be removed"), 100);
+    await staged.commit();
+    expect(await store.has(staged.sha256)).toBe(true);
+    await store.remove?.(staged.sha256);
+    expect(await store.has(staged.sha256)).toBe(false);
+    await store.remove?.(staged.sha256);
+  });
+
   it("answers has() false for a blob it never had, and fails a read of it on the stream", async () => {
     const { store } = await setup();
     const missing = sha("never stored");
