@@ -14,6 +14,7 @@ import { createClaimWakeups } from "./leases/wakeup.js";
 import type { Logger } from "./log.js";
 import { createStores, createWithTx } from "./stores.js";
 import { createTaskEvents } from "./tasks/events.js";
+import { createRetention } from "./tasks/retention.js";
 
 /**
  * Everything the handlers share, built from an open database. No globals:
@@ -57,6 +58,12 @@ export function createApp(database: Database, config: Config, log: Logger) {
     { leases: housekeeping.leases, heartbeats, events, wakeups, log },
     config.sweepIntervalMs,
   );
+  // Old finished tasks, on the housekeeping handle too: one replica at a
+  // time, in small batches (tasks/retention.ts).
+  const retention = createRetention(
+    { db: database.housekeeping, blobs, log },
+    { retentionMs: config.retentionMs },
+  );
   const shutdown = new AbortController();
   // Every in-flight request listens for shutdown: no listener limit applies.
   setMaxListeners(0, shutdown.signal);
@@ -88,14 +95,18 @@ export function createApp(database: Database, config: Config, log: Logger) {
     guard,
     completeOne,
     sweeper,
+    retention,
     /** Aborted when the server begins to shut down: long polls and streams end. */
     // Named as the global type: @types/node's own is module-local, and the
     // build's declaration emit (tsconfig.build.json) cannot name it.
     shutdownSignal: shutdown.signal as AbortSignal,
-    /** Subscribes to task-ready notifications and starts the sweeper. */
+    /** Subscribes to task-ready notifications and starts the sweeper and retention. */
     async start(options: { sweeper?: boolean } = {}): Promise<void> {
       unlisten = await database.listen("meshwork_task_ready", () => wakeups.notify());
-      if (options.sweeper !== false) sweeper.start();
+      if (options.sweeper !== false) {
+        sweeper.start();
+        retention.start();
+      }
       if (blobs.removeAbandoned) {
         void removeAbandonedBlobs();
         blobSweep = setInterval(removeAbandonedBlobs, 10 * 60 * 1000);
@@ -107,6 +118,7 @@ export function createApp(database: Database, config: Config, log: Logger) {
       shutdown.abort();
       clearInterval(blobSweep);
       await sweeper.stop();
+      await retention.stop();
       await unlisten?.();
       await heartbeats.flush().catch(() => {});
     },

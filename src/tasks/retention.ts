@@ -1,0 +1,225 @@
+import { sql } from "drizzle-orm";
+import type { BlobStore } from "../artifacts/blob-store.js";
+import type { Db } from "../db/database.js";
+import { rowsOf } from "../db/values.js";
+import type { Logger } from "../log.js";
+
+/** What retention uses: the housekeeping handle, the blob store, the log. */
+export interface RetentionDeps {
+  /** The sweeper's handle (its own connection on PostgreSQL): never the request pool. */
+  db: Db;
+  blobs: Pick<BlobStore, "remove">;
+  log: Pick<Logger, "info" | "debug" | "warn" | "error">;
+}
+
+export interface RetentionOptions {
+  /** Terminal tasks finished longer ago than this are deleted; 0 = never. */
+  retentionMs: number;
+  /** Tasks per DELETE statement (one short transaction each). */
+  batchSize?: number;
+  /** Batches per run at most; the rest waits for the next run. */
+  maxBatches?: number;
+  /** Between runs. */
+  intervalMs?: number;
+  /** From start() to the first run. */
+  firstRunMs?: number;
+}
+
+/** What one run did (tests read it; the log line says the same). */
+export interface RetentionRun {
+  /** False when another replica held the lock: this one did nothing. */
+  ran: boolean;
+  tasks: number;
+  artifacts: number;
+  blobs: number;
+  /** Blobs whose removal failed: left in the store as orphan bytes. */
+  blobsFailed: number;
+  batches: number;
+}
+
+/** The advisory lock only one replica holds while it deletes (migrations take 7263550101). */
+export const retentionLockKey = 7263550102;
+
+/**
+ * Deletes terminal tasks (SUCCEEDED, FAILED, CANCELED) finished longer ago
+ * than the retention, with their artifact rows, then the bytes no artifact
+ * row names any more (README: Retention).
+ *
+ * - One replica at a time: a run starts with `pg_try_advisory_lock` on the
+ *   housekeeping connection and does nothing when another replica holds it.
+ * - Small batches: each batch is one statement (its own transaction) over at
+ *   most `batchSize` tasks, picked oldest first through the partial index
+ *   tasks_finished_idx, `FOR UPDATE SKIP LOCKED`, reaching rows by primary
+ *   key; the hot path never waits on it.
+ * - Kept: a task one of whose artifacts another task names as its input;
+ *   an INPUT artifact (uploaded without a task) while any remaining task
+ *   names it; bytes while any artifact row names them (artifacts are
+ *   content-addressed: equal bytes are stored once for many rows).
+ * - Bytes go after the rows are committed: a crash in between leaves
+ *   orphan bytes in the blob store, never a row without bytes.
+ */
+export function createRetention(deps: RetentionDeps, options: RetentionOptions) {
+  const batchSize = options.batchSize ?? 500;
+  const maxBatches = options.maxBatches ?? 20;
+  const intervalMs = options.intervalMs ?? 60_000;
+  const firstRunMs = options.firstRunMs ?? 10_000;
+  const secs = options.retentionMs / 1000;
+  let timer: NodeJS.Timeout | undefined;
+  let running: Promise<RetentionRun> | undefined;
+  let stopping = false;
+
+  /** Deletes one batch of tasks and their artifact rows; returns the bytes they named. */
+  async function deleteBatch(): Promise<{ tasks: number; artifacts: number; shas: string[] }> {
+    const [row] = await rowsOf<{
+      tasks: number | string;
+      artifacts: number | string;
+      shas: string;
+    }>(
+      deps.db,
+      sql`with doomed as materialized (
+            select t.id, t.input->>'artifactId' as input_id
+            from tasks t
+            where t.state in ('SUCCEEDED', 'FAILED', 'CANCELED')
+              and t.finished_at < now() - make_interval(secs => ${secs}::float8)
+              and not exists (
+                select 1 from artifacts a join tasks u
+                  on u.input is not null and u.input->>'artifactId' = a.id::text
+                where a.task_id = t.id and u.id <> t.id)
+            order by t.finished_at
+            limit ${batchSize}::int
+            for update of t skip locked
+          ),
+          gone_tasks as (
+            delete from tasks where id = any(array(select id from doomed)) returning id
+          ),
+          gone_own as (
+            delete from artifacts where task_id = any(array(select id from doomed))
+            returning sha256
+          ),
+          gone_inputs as (
+            delete from artifacts a
+            where a.id = any(array(select input_id::uuid from doomed where input_id is not null))
+              and a.task_id is null
+              and not exists (
+                select 1 from tasks u
+                where u.input is not null and u.input->>'artifactId' = a.id::text
+                  and u.id <> all(array(select id from doomed)))
+            returning a.sha256
+          )
+          select (select count(*) from gone_tasks)::int as tasks,
+            ((select count(*) from gone_own) + (select count(*) from gone_inputs))::int as artifacts,
+            coalesce((select string_agg(distinct sha256, ',')
+              from (select sha256 from gone_own union all select sha256 from gone_inputs) s), '') as shas`,
+    );
+    return {
+      tasks: Number(row?.tasks ?? 0),
+      artifacts: Number(row?.artifacts ?? 0),
+      shas: row?.shas ? row.shas.split(",") : [],
+    };
+  }
+
+  /** Removes the bytes of `shas` that no artifact row names; returns how many went and failed. */
+  async function removeBlobs(shas: string[]): Promise<{ removed: number; failed: number }> {
+    if (shas.length === 0 || !deps.blobs.remove) return { removed: 0, failed: 0 };
+    const unused = await rowsOf<{ sha256: string }>(
+      deps.db,
+      sql`select s.sha256 from unnest(string_to_array(${shas.join(",")}, ',')) as s(sha256)
+          where not exists (select 1 from artifacts a where a.sha256 = s.sha256)`,
+    );
+    let removed = 0;
+    let failed = 0;
+    for (const { sha256 } of unused) {
+      try {
+        await deps.blobs.remove(sha256);
+        removed++;
+      } catch (error) {
+        failed++;
+        if (failed === 1) deps.log.warn({ err: error }, "retention: removing a blob failed");
+      }
+    }
+    return { removed, failed };
+  }
+
+  async function tryLock(): Promise<boolean> {
+    const [row] = await rowsOf<{ locked: boolean | string }>(
+      deps.db,
+      sql`select pg_try_advisory_lock(${retentionLockKey}::bigint) as locked`,
+    );
+    return row?.locked === true || row?.locked === "t";
+  }
+
+  async function run(): Promise<RetentionRun> {
+    const done: RetentionRun = {
+      ran: false,
+      tasks: 0,
+      artifacts: 0,
+      blobs: 0,
+      blobsFailed: 0,
+      batches: 0,
+    };
+    if (options.retentionMs <= 0) return done;
+    if (!(await tryLock())) {
+      deps.log.debug("retention: another replica is deleting; skipped");
+      return done;
+    }
+    done.ran = true;
+    try {
+      while (done.batches < maxBatches && !stopping) {
+        const batch = await deleteBatch();
+        done.batches++;
+        done.tasks += batch.tasks;
+        done.artifacts += batch.artifacts;
+        const blobs = await removeBlobs(batch.shas);
+        done.blobs += blobs.removed;
+        done.blobsFailed += blobs.failed;
+        if (batch.tasks < batchSize) break;
+      }
+    } finally {
+      // On a connection lost meanwhile the lock went with its session.
+      await rowsOf(deps.db, sql`select pg_advisory_unlock(${retentionLockKey}::bigint)`).catch(
+        () => {},
+      );
+    }
+    const { ran: _, ...counts } = done;
+    const level = done.tasks > 0 || done.blobsFailed > 0 ? "info" : "debug";
+    deps.log[level](counts, "retention: deleted finished tasks");
+    return done;
+  }
+
+  function schedule(ms: number): void {
+    if (stopping) return;
+    timer = setTimeout(() => {
+      runOnce()
+        .catch((error: unknown) => deps.log.error({ err: error }, "retention failed"))
+        .finally(() => schedule(intervalMs));
+    }, ms);
+    timer.unref();
+  }
+
+  /** Runs now, or waits for the run in progress and answers with it. */
+  function runOnce(): Promise<RetentionRun> {
+    running ??= run().finally(() => {
+      running = undefined;
+    });
+    return running;
+  }
+
+  return {
+    /** One run now (tests call this instead of waiting). */
+    runOnce,
+    /** The first run soon, then one every interval; nothing when the retention is 0. */
+    start(): void {
+      if (options.retentionMs <= 0) return;
+      stopping = false;
+      schedule(firstRunMs);
+    },
+    /** Stops after the batch in progress. */
+    async stop(): Promise<void> {
+      stopping = true;
+      clearTimeout(timer);
+      await running?.catch(() => {});
+    },
+  };
+}
+
+export type Retention = ReturnType<typeof createRetention>;
