@@ -99,7 +99,10 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
           gone_inputs as (
             delete from artifacts a
             where a.id = any(array(select input_id::uuid from doomed where input_id is not null))
-              and a.task_id is null
+              -- Uploaded without a task (kind INPUT means task_id is null):
+              -- kind, not task_id, so that the plan reaches the rows by
+              -- primary key rather than by every input in artifacts_task_idx.
+              and a.kind = 'INPUT'
               and not exists (
                 select 1 from tasks u
                 where u.input is not null and u.input->>'artifactId' = a.id::text

@@ -4,19 +4,21 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Db } from "../../src/db/database.js";
 import * as schema from "../../src/db/schema/index.js";
 import { createTransitions } from "../../src/leases/transitions.js";
+import { createRetention } from "../../src/tasks/retention.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
 
-// The sweeper runs every second on every replica, so its statements must
-// cost what they change, not the backlog: each finds its rows through a
-// partial index and updates them by primary key. Checked, as the claim is
-// (claim-plan.test.ts), on the plans PostgreSQL actually runs (auto_explain
-// with row counts, no timings), over 100,000 PENDING tasks and a backlog of
-// 20,000 overdue and 20,000 expired ones, before ANALYZE (this machine's
-// PostgreSQL runs with autovacuum off) and after.
+// The sweeper runs every second on every replica, and retention every
+// minute, so their statements must cost what they change, not the backlog:
+// each finds its rows through a partial index and changes them by primary
+// key. Checked, as the claim is (claim-plan.test.ts), on the plans
+// PostgreSQL actually runs (auto_explain with row counts, no timings), over
+// 100,000 PENDING tasks and a backlog of 20,000 due ones, before ANALYZE
+// (this machine's PostgreSQL runs with autovacuum off) and after.
 describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
   let tdb: TestDatabase;
   let client: postgres.Sql;
   let transitions: ReturnType<typeof createTransitions>;
+  let db: Db;
   const plans: string[] = [];
   const columns = sql_columns();
 
@@ -40,7 +42,8 @@ describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
     await client`set auto_explain.log_analyze = on`;
     await client`set auto_explain.log_timing = off`;
     await client`set client_min_messages = log`;
-    transitions = createTransitions(drizzle({ client, schema }) as unknown as Db);
+    db = drizzle({ client, schema }) as unknown as Db;
+    transitions = createTransitions(db);
   });
   afterAll(async () => {
     await client?.end();
@@ -114,6 +117,39 @@ describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
       expect(pkeyRows(plan)).toBe(1000);
       expect(plan).not.toMatch(/Seq Scan on tasks/);
       await client`delete from tasks where lease_expires_at is not null`;
+    });
+
+    it(`deletes 500 of 20,000 old finished tasks by primary key ${when} ANALYZE`, async () => {
+      // 20,000 finished long ago, 20,000 recently, one in ten with an output
+      // artifact and one in ten naming an input.
+      await client.unsafe(`insert into tasks (${columns}, finished_at, input)
+        select gen_random_uuid(), 'w', 'SUCCEEDED', 3, 60, 1000, 300000, 2,
+          now() - case when i % 2 = 0 then interval '8 days' else interval '1 day' end,
+          case when i % 10 = 1 then jsonb_build_object('artifactId', gen_random_uuid()) end
+        from generate_series(1, 40000) as i`);
+      await client.unsafe(`insert into artifacts (id, task_id, filename, kind, sha256, size_bytes)
+        select gen_random_uuid(), id, 'out', 'OUTPUT', md5(id::text), 1
+        from tasks where state = 'SUCCEEDED' and random() < 0.1`);
+      await client.unsafe(`insert into artifacts (id, task_id, filename, kind, sha256, size_bytes)
+        select (input->>'artifactId')::uuid, null, 'in', 'INPUT', md5(id::text), 1
+        from tasks where state = 'SUCCEEDED' and input is not null`);
+      if (analyzed) await client`analyze`;
+      const retention = createRetention(
+        { db, blobs: {}, log: { info() {}, debug() {}, warn() {}, error() {} } },
+        { retentionMs: 7 * 86_400_000, maxBatches: 1 },
+      );
+      const plan = await planOf(async () => {
+        expect(await retention.runOnce()).toMatchObject({ tasks: 500 });
+      });
+      const del = plans.find((p) => p.includes("doomed")) ?? "";
+      expect(del).toContain("tasks_finished_idx");
+      expect(del).toMatch(/Delete on tasks[\s\S]*Index Scan (using|on) tasks_pkey/);
+      expect(del).toMatch(/Delete on artifacts a_1[\s\S]*Index Scan (using|on) artifacts_pkey/);
+      expect(del).not.toMatch(/Seq Scan on (tasks|artifacts)/);
+      expect(del).not.toContain("Index Cond: (task_id IS NULL)");
+      expect(plan).not.toContain("Hash Join");
+      await client`delete from tasks where state = 'SUCCEEDED'`;
+      await client`delete from artifacts`;
     });
   }
 });
