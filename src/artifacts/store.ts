@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { and, asc, eq, inArray, isNull, sql } from "drizzle-orm";
+import { and, asc, eq, inArray, isNull, type SQL, sql } from "drizzle-orm";
 import { DomainError } from "../core/errors.js";
 import { leaseHeld, leaseParams, leaseRefusal } from "../core/lease-check.js";
 import type { LeaseRef } from "../core/lease-ref.js";
@@ -16,6 +16,20 @@ export interface NewArtifact {
   kind: ArtifactKindName;
   sha256: string;
   sizeBytes: number;
+}
+
+/**
+ * The advisory lock class of one blob's bytes, with `hashtext(sha256)` as
+ * the object: an upload committing a row for the bytes takes it shared,
+ * retention removing the bytes takes it exclusive (tasks/retention.ts).
+ */
+export const blobLockClass = 726_355;
+
+/** `pg_advisory_xact_lock[_shared](class, hashtext(sha256))`: held to the end of the transaction. */
+export function lockBlob(sha256: string, mode: "shared" | "exclusive"): SQL {
+  return mode === "shared"
+    ? sql`select pg_advisory_xact_lock_shared(${blobLockClass}::int, hashtext(${sha256}))`
+    : sql`select pg_advisory_xact_lock(${blobLockClass}::int, hashtext(${sha256}))`;
 }
 
 /** Artifact rows, and the lease checks that guard task artifacts. */
@@ -38,11 +52,30 @@ export function createArtifactStore(db: Db) {
     /**
      * Commits the row of a durable blob. For a task artifact the lease is
      * checked again in the same transaction, so nothing is kept for a lease
-     * lost during the upload.
+     * lost during the upload. With `bytesPresent`, the blob's lock is held
+     * shared and the bytes must still be there: retention, which removes
+     * bytes no row names under the same lock taken exclusive, may have
+     * removed them after this upload found them stored already (equal
+     * bytes are kept once). Then nothing is kept and the upload is refused
+     * (`aborted`, to be sent again).
      */
-    async insert(a: NewArtifact, lease: LeaseRef | null): Promise<ArtifactRow> {
+    async insert(
+      a: NewArtifact,
+      lease: LeaseRef | null,
+      bytesPresent?: () => Promise<boolean>,
+    ): Promise<ArtifactRow> {
       return db.transaction(async (tx) => {
         if (lease) await assertLease(tx, lease, true);
+        if (bytesPresent) {
+          await tx.execute(lockBlob(a.sha256, "shared"));
+          if (!(await bytesPresent())) {
+            throw new DomainError(
+              "aborted",
+              "ARTIFACT_BYTES_REMOVED",
+              "the stored bytes this upload matched were removed meanwhile (retention); upload it again",
+            );
+          }
+        }
         const [row] = await tx
           .insert(artifacts)
           .values({ id: randomUUID(), ...a })

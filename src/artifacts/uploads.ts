@@ -10,7 +10,7 @@ import type { ArtifactStore } from "./store.js";
 export interface UploadDeps {
   config: Pick<Config, "maxArtifactBytes">;
   artifacts: Pick<ArtifactStore, "checkLease" | "insert">;
-  blobs: Pick<BlobStore, "stage">;
+  blobs: Pick<BlobStore, "stage" | "has">;
   /** Where a temporary copy that could not be removed is mentioned. */
   log?: Pick<Logger, "warn">;
 }
@@ -115,6 +115,8 @@ export async function storeUpload(
         sizeBytes: staged.size,
       },
       lease,
+      // An empty artifact needs no bytes (reachable.ts).
+      staged.size > 0 ? () => app.blobs.has(staged.sha256) : undefined,
     );
   } finally {
     if (!committed) {

@@ -1,5 +1,6 @@
 import { sql } from "drizzle-orm";
 import type { BlobStore } from "../artifacts/blob-store.js";
+import { lockBlob } from "../artifacts/store.js";
 import type { Db } from "../db/database.js";
 import { rowsOf } from "../db/values.js";
 import type { Logger } from "../log.js";
@@ -121,20 +122,31 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
     };
   }
 
-  /** Removes the bytes of `shas` that no artifact row names; returns how many went and failed. */
+  /**
+   * Removes the bytes of `shas` that no artifact row names; returns how many
+   * went and failed. Each under its blob's lock, exclusive: an upload that
+   * found the same bytes stored and commits its row meanwhile either commits
+   * first (the bytes are kept) or finds them gone and is refused
+   * (artifacts/store.ts, insert).
+   */
   async function removeBlobs(shas: string[]): Promise<{ removed: number; failed: number }> {
-    if (shas.length === 0 || !deps.blobs.remove) return { removed: 0, failed: 0 };
-    const unused = await rowsOf<{ sha256: string }>(
-      deps.db,
-      sql`select s.sha256 from unnest(string_to_array(${shas.join(",")}, ',')) as s(sha256)
-          where not exists (select 1 from artifacts a where a.sha256 = s.sha256)`,
-    );
+    const remove = deps.blobs.remove?.bind(deps.blobs);
+    if (shas.length === 0 || !remove) return { removed: 0, failed: 0 };
     let removed = 0;
     let failed = 0;
-    for (const { sha256 } of unused) {
+    for (const sha256 of shas) {
       try {
-        await deps.blobs.remove(sha256);
-        removed++;
+        const gone = await deps.db.transaction(async (tx) => {
+          await tx.execute(lockBlob(sha256, "exclusive"));
+          const [named] = await rowsOf<{ one: number }>(
+            tx,
+            sql`select 1 as one from artifacts where sha256 = ${sha256} limit 1`,
+          );
+          if (named) return false;
+          await remove(sha256);
+          return true;
+        });
+        if (gone) removed++;
       } catch (error) {
         failed++;
         if (failed === 1) deps.log.warn({ err: error }, "retention: removing a blob failed");

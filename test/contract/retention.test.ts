@@ -7,7 +7,7 @@ import postgres from "postgres";
 import { beforeAll, describe, expect, it } from "vitest";
 import { createPostgresBlobStore } from "../../src/artifacts/blob-postgres.js";
 import { type BlobStore, createFileBlobStore } from "../../src/artifacts/blob-store.js";
-import { createArtifactStore } from "../../src/artifacts/store.js";
+import { blobLockClass, createArtifactStore } from "../../src/artifacts/store.js";
 import type { Db } from "../../src/db/database.js";
 import {
   type ArtifactKindName,
@@ -229,6 +229,32 @@ describeEachEngine("retention", (database) => {
     expect(await w.tasksLeft(ids)).toEqual([]);
   });
 
+  it("refuses an upload's row when the bytes it matched were removed meanwhile", async () => {
+    const staged = await blobs.stage(chunks(`removed ${randomUUID()}`), 1000);
+    await staged.commit();
+    const store = createArtifactStore(database().db);
+    const row = {
+      taskId: null,
+      attempt: 0,
+      workerId: null,
+      filename: "in",
+      contentType: "",
+      kind: "INPUT" as const,
+      sha256: staged.sha256,
+      sizeBytes: staged.size,
+    };
+    await blobs.remove?.(staged.sha256);
+    await expect(store.insert(row, null, () => blobs.has(staged.sha256))).rejects.toMatchObject({
+      kind: "aborted",
+      reason: "ARTIFACT_BYTES_REMOVED",
+    });
+    const left = await rowsOf(
+      database().db,
+      sql`select 1 from artifacts where sha256 = ${staged.sha256}`,
+    );
+    expect(left).toEqual([]);
+  });
+
   it("logs a run that deleted nothing at debug level only", async () => {
     const { r, lines } = retention(7 * day);
     expect(await r.runOnce()).toMatchObject({ ran: true, tasks: 0 });
@@ -269,6 +295,49 @@ describe.skipIf(!onPostgres)("retention on PostgreSQL replicas", () => {
       // The lock is released after a run: the holder can take it.
       const [row] = await holder`select pg_try_advisory_lock(${retentionLockKey}) as locked`;
       expect(row?.locked).toBe(true);
+    } finally {
+      await holder.end();
+      await tdb.drop();
+    }
+  });
+
+  it("an upload committing a row for bytes being removed waits for the removal, then is refused", async () => {
+    const tdb = await createTestDatabase();
+    const holder = postgres(tdb.url ?? "", { max: 1, onnotice: () => {} });
+    try {
+      const blobs = createFileBlobStore(mkdtempSync(join(tmpdir(), "meshwork-retention-")));
+      const staged = await blobs.stage(chunks("bytes being removed"), 1000);
+      await staged.commit();
+      // Retention in the middle of removing them: the blob's lock held exclusive.
+      const retention = await holder.reserve();
+      await retention`begin`;
+      await retention`select pg_advisory_xact_lock(${blobLockClass}::int, hashtext(${staged.sha256}))`;
+      const store = createArtifactStore(tdb.database.db);
+      const insert = store.insert(
+        {
+          taskId: null,
+          attempt: 0,
+          workerId: null,
+          filename: "in",
+          contentType: "",
+          kind: "INPUT",
+          sha256: staged.sha256,
+          sizeBytes: staged.size,
+        },
+        null,
+        () => blobs.has(staged.sha256),
+      );
+      let settled = false;
+      insert.then(
+        () => (settled = true),
+        () => (settled = true),
+      );
+      await new Promise((r) => setTimeout(r, 300));
+      expect(settled).toBe(false);
+      await blobs.remove?.(staged.sha256);
+      await retention`commit`;
+      retention.release();
+      await expect(insert).rejects.toMatchObject({ reason: "ARTIFACT_BYTES_REMOVED" });
     } finally {
       await holder.end();
       await tdb.drop();

@@ -22,7 +22,7 @@ function flakyDiscard() {
         throw new Error("insert must not run");
       }),
     },
-    blobs: { stage: async () => staged },
+    blobs: { stage: async () => staged, has: async () => true },
     log: { warn } as unknown as UploadDeps["log"],
   };
   return { staged, deps, warn };
