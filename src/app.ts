@@ -61,7 +61,7 @@ export function createApp(database: Database, config: Config, log: Logger) {
   // Old finished tasks, on the housekeeping handle too: one replica at a
   // time, in small batches (tasks/retention.ts).
   const retention = createRetention(
-    { db: database.housekeeping, blobs, log },
+    { db: database.housekeeping, blobDb: database.db, blobs, log },
     { retentionMs: config.retentionMs },
   );
   const shutdown = new AbortController();

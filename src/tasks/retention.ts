@@ -7,8 +7,17 @@ import type { Logger } from "../log.js";
 
 /** What retention uses: the housekeeping handle, the blob store, the log. */
 export interface RetentionDeps {
-  /** The sweeper's handle (its own connection on PostgreSQL): never the request pool. */
+  /**
+   * The sweeper's handle (its own connection on PostgreSQL): the lock and
+   * the batches, each a statement of a few milliseconds.
+   */
   db: Db;
+  /**
+   * Where a blob's removal holds its lock (the request pool; default `db`):
+   * that transaction lasts as long as the blob store's call, an S3 request
+   * perhaps, which must not hold up the sweeper's connection.
+   */
+  blobDb?: Db;
   blobs: Pick<BlobStore, "remove">;
   log: Pick<Logger, "info" | "debug" | "warn" | "error">;
 }
@@ -136,7 +145,7 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
     let failed = 0;
     for (const sha256 of shas) {
       try {
-        const gone = await deps.db.transaction(async (tx) => {
+        const gone = await (deps.blobDb ?? deps.db).transaction(async (tx) => {
           await tx.execute(lockBlob(sha256, "exclusive"));
           const [named] = await rowsOf<{ one: number }>(
             tx,

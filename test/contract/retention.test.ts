@@ -356,7 +356,7 @@ describe.skipIf(!onPostgres)("retention on PostgreSQL replicas", () => {
       const shared = await w.artifact(old, "OUTPUT", "bytes shared with a recent task");
       await w.artifact(kept, "OUTPUT", "bytes shared with a recent task");
       const r = createRetention(
-        { db: tdb.database.housekeeping, blobs, log: captureLog().log },
+        { db: tdb.database.housekeeping, blobDb: db, blobs, log: captureLog().log },
         { retentionMs: 7 * day },
       );
       expect(await r.runOnce()).toMatchObject({ tasks: 1, artifacts: 2, blobs: 1 });
