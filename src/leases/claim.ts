@@ -23,7 +23,7 @@ export interface ClaimAnswer {
 
 /**
  * Claims, several in one statement: `meshwork_claim_batch` (migration
- * 0010) runs each through `meshwork_claim` (0006, redefined in 0008 with
+ * 0011) runs each through `meshwork_claim` (0006, redefined in 0008 with
  * the `concurrency` parameter), the single SQL text that says which tasks a
  * worker may take, in which order, and the lease each gets, with the plan
  * decisions that keep it O(claimed) whatever the backlog and the
