@@ -1,14 +1,9 @@
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { PGlite } from "@electric-sql/pglite";
 import { sql } from "drizzle-orm";
 import type { PgDatabase, PgQueryResultHKT } from "drizzle-orm/pg-core";
-import { drizzle as drizzlePglite } from "drizzle-orm/pglite";
-import { migrate as migratePglite } from "drizzle-orm/pglite/migrator";
-import { drizzle as drizzlePostgres } from "drizzle-orm/postgres-js";
-import { migrate as migratePostgres } from "drizzle-orm/postgres-js/migrator";
-import postgres from "postgres";
+import { initPgliteDataDir, pgliteOptions } from "./pglite-init.js";
 import { createPoolGate, gatedClient, poolDefaults } from "./pool-gate.js";
 import * as schema from "./schema/index.js";
 
@@ -68,13 +63,24 @@ function withoutUndefined<T extends object>(o: T): Partial<T> {
   return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as Partial<T>;
 }
 
+// Each driver is loaded only when it is the one in use: PGlite (WebAssembly)
+// is not loaded on PostgreSQL, postgres.js not on PGlite (bench/RESULTS.md, Memory).
 async function openPglite(dataDir: string): Promise<Database> {
+  const [{ PGlite }, { drizzle: drizzlePglite }, { migrate: migratePglite }] = await Promise.all([
+    import("@electric-sql/pglite"),
+    import("drizzle-orm/pglite"),
+    import("drizzle-orm/pglite/migrator"),
+  ]);
   let location = "memory://";
   if (dataDir !== "memory://") {
     location = join(dataDir, "db");
     mkdirSync(location, { recursive: true });
+    // A new data directory is made (initdb) in a child process: in this
+    // one it would leave hundreds of MiB resident for the life of the
+    // coordinator (pglite-init.ts).
+    await initPgliteDataDir(location);
   }
-  const client = await PGlite.create(location);
+  const client = await PGlite.create(location, pgliteOptions(PGlite.defaultStartParams));
   const db = drizzlePglite({ client, schema });
   await migratePglite(db, { migrationsFolder });
   return {
@@ -97,6 +103,14 @@ async function openPglite(dataDir: string): Promise<Database> {
 }
 
 async function openPostgres(url: string, o: typeof poolDefaults): Promise<Database> {
+  const [postgresModule, { drizzle: drizzlePostgres }, { migrate: migratePostgres }] =
+    await Promise.all([
+      import("postgres"),
+      import("drizzle-orm/postgres-js"),
+      import("drizzle-orm/postgres-js/migrator"),
+    ]);
+  // Its types say `export =`; imported as ESM, the function is the default export.
+  const postgres = (postgresModule as unknown as { default: typeof postgresModule }).default;
   const quiet = { onnotice: () => {} };
   // Migrate on one dedicated connection under an advisory lock, so that
   // replicas starting together apply each migration once.
