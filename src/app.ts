@@ -1,5 +1,5 @@
 import { setMaxListeners } from "node:events";
-import { createBlobStore } from "./artifacts/blob-stores.js";
+import { createBlobStore, type S3Module } from "./artifacts/blob-stores.js";
 import { createGuard } from "./auth/guard.js";
 import type { Config } from "./config.js";
 import { DomainError } from "./core/errors.js";
@@ -19,12 +19,13 @@ import { createRetention } from "./tasks/retention.js";
 /**
  * Everything the handlers share, built from an open database. No globals:
  * tests build as many as they like. Each service takes only the parts it
- * uses (its own `…Deps` type); the app satisfies all of them.
+ * uses (its own `…Deps` type); the app satisfies all of them. `s3` is
+ * blob-s3.ts, needed with `--blob-store s3://…` only (loadS3Module).
  */
-export function createApp(database: Database, config: Config, log: Logger) {
+export function createApp(database: Database, config: Config, log: Logger, s3?: S3Module) {
   const stores = createStores(database.db, config);
   const { fleet, leases } = stores;
-  const blobs = createBlobStore(config, database);
+  const blobs = createBlobStore(config, database, s3);
   const events = createTaskEvents();
   const wakeups = createClaimWakeups();
   // The sweeper's stores use the database's housekeeping handle (its own

@@ -1,6 +1,6 @@
 import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
 import { createApp } from "./app.js";
-import { checkS3Bucket } from "./artifacts/blob-s3.js";
+import { loadS3Module } from "./artifacts/blob-stores.js";
 import { createTokenStore } from "./auth/token-store.js";
 import { adminTokenPath, type Config } from "./config.js";
 import { lockDataDir, StartupError } from "./data-dir-lock.js";
@@ -80,7 +80,8 @@ export async function serve(config: Config): Promise<void> {
   try {
     bound = await bind(config, config.listen);
     // An S3 bucket that cannot be used is said now, not at the first upload.
-    if (config.blobStore.kind === "s3") await checkS3Bucket(config.blobStore.bucket);
+    const s3 = await loadS3Module(config);
+    if (s3 && config.blobStore.kind === "s3") await s3.checkS3Bucket(config.blobStore.bucket);
     database = await openDatabase({
       url: config.databaseUrl,
       dataDir: config.dataDir,
@@ -91,7 +92,7 @@ export async function serve(config: Config): Promise<void> {
       throw new StartupError(whyNoDatabase(error, config));
     });
     if (config.auth === "on") await firstAdminToken(database, config, log);
-    server = await bound.serve(createApp(database, config, log));
+    server = await bound.serve(createApp(database, config, log, s3));
   } catch (error) {
     await bound?.close().catch(() => {});
     await database?.close().catch(() => {});

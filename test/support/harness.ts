@@ -14,6 +14,7 @@ import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { type Claim, LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
 import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
 import { type App, createApp } from "../../src/app.js";
+import * as s3 from "../../src/artifacts/blob-s3.js";
 import type { Config } from "../../src/config.js";
 import type { Database } from "../../src/db/database.js";
 import type { TokenRoleName } from "../../src/db/schema/index.js";
@@ -126,7 +127,8 @@ export async function createHarness(overrides: Partial<Config> = {}): Promise<Ha
 }
 
 export function appOn(database: Database, overrides: Partial<Config> = {}): App {
-  return createApp(database, testConfig(overrides), pino({ level: "silent" }));
+  // Tests load blob-s3.ts up front; `serve` loads it only for an S3 store.
+  return createApp(database, testConfig(overrides), pino({ level: "silent" }), s3);
 }
 
 /** A workload name no other test uses, so tests sharing a database never claim each other's tasks. */
