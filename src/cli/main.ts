@@ -1,14 +1,9 @@
 import { existsSync, readFileSync } from "node:fs";
 import { ConfigError, loadConfig, serveUsage } from "../config.js";
 import { StartupError } from "../data-dir-lock.js";
-import { serve } from "../main.js";
-import { artifactCommand } from "./artifact.js";
-import { fleetCommand } from "./fleet.js";
-import { knowledgeCommand } from "./knowledge.js";
-import { taskCommand } from "./task.js";
-import { tokenCommand } from "./token.js";
-import { workCommand } from "./work.js";
-import { workerCommand } from "./worker.js";
+
+// Each command's module is loaded when that command runs: `serve` loads no
+// client code, a client command no server code (bench/RESULTS.md, Memory).
 
 const usage = `Usage: meshwork <command> [flags]
 
@@ -55,7 +50,9 @@ export async function run(argv: string[]): Promise<number> {
       return 0;
     }
     try {
-      await serve(loadConfig(rest));
+      const config = loadConfig(rest);
+      const { serve } = await import("../main.js");
+      await serve(config);
     } catch (error) {
       if (error instanceof ConfigError) {
         process.stderr.write(`meshwork serve: ${error.message}\n`);
@@ -80,6 +77,7 @@ export async function run(argv: string[]): Promise<number> {
   }
   if (command === "token") {
     try {
+      const { tokenCommand } = await import("./token.js");
       return await tokenCommand(rest);
     } catch (error) {
       process.stderr.write(`meshwork token: ${(error as Error).message}\n`);
@@ -88,21 +86,22 @@ export async function run(argv: string[]): Promise<number> {
   }
   if (command === "knowledge") {
     try {
+      const { knowledgeCommand } = await import("./knowledge.js");
       return await knowledgeCommand(rest);
     } catch (error) {
       process.stderr.write(`meshwork knowledge: ${(error as Error).message}\n`);
       return 1;
     }
   }
-  const operator: Record<string, (args: string[]) => Promise<number>> = {
-    task: taskCommand,
-    worker: workerCommand,
-    fleet: fleetCommand,
-    artifact: artifactCommand,
-    work: workCommand,
+  const operator: Record<string, () => Promise<(args: string[]) => Promise<number>>> = {
+    task: async () => (await import("./task.js")).taskCommand,
+    worker: async () => (await import("./worker.js")).workerCommand,
+    fleet: async () => (await import("./fleet.js")).fleetCommand,
+    artifact: async () => (await import("./artifact.js")).artifactCommand,
+    work: async () => (await import("./work.js")).workCommand,
   };
-  const handler = operator[command];
-  if (handler) return handler(rest);
+  const load = Object.hasOwn(operator, command) ? operator[command] : undefined;
+  if (load) return (await load())(rest);
   process.stderr.write(`meshwork: unknown command ${JSON.stringify(command)}\n\n${usage}`);
   return 2;
 }
