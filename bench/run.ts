@@ -18,253 +18,71 @@
  * (postgres://postgres@127.0.0.1:5432/postgres; a fresh database is created
  * and dropped inside it).
  */
-import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { execFileSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import {
-  closeSync,
-  createReadStream,
-  mkdtempSync,
-  openSync,
-  readFileSync,
-  rmSync,
-  writeSync,
-} from "node:fs";
+import { closeSync, createReadStream, mkdtempSync, openSync, rmSync, writeSync } from "node:fs";
 import { request } from "node:http";
 import * as http2 from "node:http2";
 import { createRequire, syncBuiltinESMExports } from "node:module";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { create, toBinary } from "@bufbuild/protobuf";
-import { type Client, createClient, type Interceptor, type Transport } from "@connectrpc/connect";
-import { createGrpcTransport, type GrpcTransportOptions } from "@connectrpc/connect-node";
-import postgres from "postgres";
+import { createClient } from "@connectrpc/connect";
 import {
   ArtifactKind,
   ArtifactService,
   DownloadArtifactRequestSchema,
 } from "../gen/meshwork/v1/artifact_pb.js";
-import { FleetService } from "../gen/meshwork/v1/fleet_pb.js";
-import { LeaseService } from "../gen/meshwork/v1/lease_pb.js";
-import { TaskService } from "../gen/meshwork/v1/task_pb.js";
+import {
+  type Coordinator,
+  clients,
+  drainScenario,
+  drain as drainTasks,
+  grpc,
+  latency as latencyOf,
+  print,
+  rssOf,
+  startCoordinator,
+} from "./lib.js";
 
 const env = process.env;
 const totalTasks = Number(env.BENCH_TASKS ?? 20_000);
 const workerCount = Number(env.BENCH_WORKERS ?? 16);
 const latencySamples = Number(env.BENCH_LATENCY_SAMPLES ?? 1000);
-const pgUrl = env.BENCH_PG_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
 const which = env.BENCH_DB ?? "both";
 const scenarios = (env.BENCH_SCENARIOS ?? "drain,latency,artifacts").split(",");
 const artifactMiB = Number(env.BENCH_ARTIFACT_MIB ?? 256);
 const uploadChunkBytes = Number(env.BENCH_UPLOAD_CHUNK_KIB ?? 1024) * 1024;
 
-interface Coordinator {
-  url: string;
-  database: string;
-  pid: number;
-  /** The admin token the coordinator wrote on its first start: every call presents it (auth on). */
-  token: string;
-  stop(): Promise<void>;
-}
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const s = createServer().listen(0, "127.0.0.1", () => {
-      const { port } = s.address() as { port: number };
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-async function startCoordinator(database: "postgres" | "pglite"): Promise<Coordinator> {
-  const port = await freePort();
-  const dataDir = mkdtempSync(join(tmpdir(), "meshwork-bench-"));
-  let dbName = "";
-  let admin: postgres.Sql | undefined;
-  const childEnv: NodeJS.ProcessEnv = { ...env, MESHWORK_LOG_LEVEL: "warn" };
-  delete childEnv.DATABASE_URL;
-  if (database === "postgres") {
-    dbName = `meshwork_bench_${process.pid}_${Date.now()}`;
-    admin = postgres(pgUrl, { max: 1, onnotice: () => {} });
-    await admin.unsafe(`create database ${dbName}`);
-    const url = new URL(pgUrl);
-    url.pathname = `/${dbName}`;
-    childEnv.DATABASE_URL = url.toString();
-  }
-  const child: ChildProcess = spawn(
-    process.execPath,
-    ["bin/meshwork.js", "serve", "--listen", `127.0.0.1:${port}`, "--data-dir", dataDir],
-    { env: childEnv, stdio: ["ignore", "inherit", "inherit"] },
-  );
-  const url = `http://127.0.0.1:${port}`;
-  for (let i = 0; ; i++) {
-    try {
-      if ((await fetch(`${url}/readyz`)).ok) break;
-    } catch {
-      // not listening yet
-    }
-    if (i > 200) throw new Error("coordinator did not start");
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  return {
-    url,
-    database,
-    pid: child.pid ?? 0,
-    token: readFileSync(join(dataDir, "admin.token"), "utf8").trim(),
-    async stop() {
-      child.kill("SIGTERM");
-      await new Promise((r) => child.once("exit", r));
-      if (admin) {
-        await admin.unsafe(`drop database if exists ${dbName} with (force)`);
-        await admin.end();
-      }
-      rmSync(dataDir, { recursive: true, force: true });
-    },
-  };
-}
-
-/** A gRPC (h2c) transport to the coordinator that presents its admin token. */
-function grpc(co: Coordinator, options: Partial<GrpcTransportOptions> = {}): Transport {
-  const bearer: Interceptor = (next) => (req) => {
-    req.header.set("authorization", `Bearer ${co.token}`);
-    return next(req);
-  };
-  return createGrpcTransport({ ...options, baseUrl: co.url, interceptors: [bearer] });
-}
-
-interface Clients {
-  fleet: Client<typeof FleetService>;
-  tasks: Client<typeof TaskService>;
-  leases: Client<typeof LeaseService>;
-}
-
-function clients(transport: Transport): Clients {
-  return {
-    fleet: createClient(FleetService, transport),
-    tasks: createClient(TaskService, transport),
-    leases: createClient(LeaseService, transport),
-  };
-}
-
-function print(line: Record<string, unknown>) {
-  process.stdout.write(`${JSON.stringify(line)}\n`);
-}
-
-/** Creates `n` tasks of `workload`, 1,000 per CreateTasks call; returns tasks/s. */
-async function enqueue(c: Clients, workload: string, n: number): Promise<number> {
-  const started = performance.now();
-  for (let done = 0; done < n; done += 1000) {
-    const count = Math.min(1000, n - done);
-    await c.tasks.createTasks({ tasks: Array.from({ length: count }, () => ({ workload })) });
-  }
-  return n / ((performance.now() - started) / 1000);
-}
-
 /** Scenario 1: W workers claim and complete every task; batch = max_tasks. */
 async function drain(co: Coordinator, batch: number) {
-  const setup = clients(grpc(co));
-  const workload = `drain-${batch}-${Date.now()}`;
-  const enqueueRate = await enqueue(setup, workload, totalTasks);
-  let completed = 0;
-  const started = performance.now();
-  await Promise.all(
-    Array.from({ length: workerCount }, async () => {
-      const c = clients(grpc(co));
-      const { workerId } = await c.fleet.registerWorker({
-        capabilities: [workload],
-        maxConcurrency: batch,
-      });
-      while (completed < totalTasks) {
-        const { claims } = await c.leases.claimTasks({ workerId, maxTasks: batch });
-        if (claims.length === 0) {
-          await new Promise((r) => setTimeout(r, 5));
-          continue;
-        }
-        if (batch === 1) {
-          for (const claim of claims) {
-            await c.leases.completeTask({
-              taskId: claim.taskId,
-              workerId,
-              attempt: claim.attempt,
-              leaseToken: claim.leaseToken,
-            });
-          }
-        } else {
-          const { results } = await c.leases.completeTasks({
-            completions: claims.map((claim) => ({
-              taskId: claim.taskId,
-              workerId,
-              attempt: claim.attempt,
-              leaseToken: claim.leaseToken,
-            })),
-          });
-          if (results.some((r) => r.outcome.case !== "task"))
-            throw new Error("a completion was refused");
-        }
-        completed += claims.length;
-      }
-    }),
-  );
-  const seconds = (performance.now() - started) / 1000;
+  const r = await drainTasks(co, { batch, tasks: totalTasks, workers: workerCount });
   print({
-    scenario: batch === 1 ? "1a-drain-claim1-complete1" : `1b-drain-claim${batch}-completeTasks`,
+    scenario: drainScenario(batch),
     database: co.database,
     transport: "grpc-h2c",
     tasks: totalTasks,
     workers: workerCount,
-    tasks_per_s: Math.round(totalTasks / seconds),
-    seconds: Math.round(seconds * 100) / 100,
+    tasks_per_s: Math.round(totalTasks / r.seconds),
+    seconds: Math.round(r.seconds * 100) / 100,
   });
   if (batch !== 1) {
     print({
       scenario: "2b-enqueue-createTasks-1000",
       database: co.database,
-      tasks_per_s: Math.round(enqueueRate),
+      tasks_per_s: Math.round(r.enqueueRate),
     });
   }
 }
 
 /** Scenario 3: one idle worker long-polls; serial CreateTask; create→claim latency. */
 async function latency(co: Coordinator) {
-  const creator = clients(grpc(co));
-  const worker = clients(grpc(co));
-  const workload = `latency-${Date.now()}`;
-  const { workerId } = await worker.fleet.registerWorker({ capabilities: [workload] });
-  const samples: number[] = [];
-  for (let i = 0; i < latencySamples; i++) {
-    const polling = worker.leases.claimTasks({ workerId, maxTasks: 1, waitSeconds: 30 });
-    // Let the long poll reach the server and start waiting.
-    await new Promise((r) => setTimeout(r, 2));
-    const sent = performance.now();
-    await creator.tasks.createTask({ workload });
-    const { claims } = await polling;
-    if (claims.length !== 1) throw new Error("the long poll returned no task");
-    samples.push(performance.now() - sent);
-    const [claim] = claims;
-    if (claim) {
-      await worker.leases.completeTask({ taskId: claim.taskId, workerId, attempt: claim.attempt });
-    }
-  }
-  samples.sort((a, b) => a - b);
-  const pct = (p: number) =>
-    Math.round((samples[Math.min(samples.length - 1, Math.floor(p * samples.length))] ?? 0) * 100) /
-    100;
   print({
     scenario: "3-create-to-claim-latency",
     database: co.database,
     transport: "grpc-h2c",
-    samples: samples.length,
-    p50_ms: pct(0.5),
-    p99_ms: pct(0.99),
-    max_ms: pct(1),
+    ...(await latencyOf(co, latencySamples)),
   });
-}
-
-/** Resident memory of a process, in bytes (Linux). */
-function rssOf(pid: number): number {
-  const status = readFileSync(`/proc/${pid}/status`, "utf8");
-  const kb = /VmRSS:\s+(\d+) kB/.exec(status)?.[1];
-  return Number(kb ?? 0) * 1024;
 }
 
 /** Runs `transfer`, sampling the coordinator's RSS; returns MB/s and the peak RSS growth. */
