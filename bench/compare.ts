@@ -1,0 +1,807 @@
+/**
+ * `npm run bench:compare`: Meshwork against its reference points of
+ * docs/benchmarks.md, measured in ONE run on the same PostgreSQL, so that
+ * the ratios mean something on a noisy machine. Prints one JSON line per
+ * measurement, then a table of each ratio beside its target and whether it
+ * is met. Meshwork runs as its own process (`meshwork serve`, auth on, as in
+ * bench/run.ts, whose code it shares through bench/lib.ts); its workers run
+ * in this process over gRPC on h2c, one HTTP/2 connection per worker.
+ *
+ * Parts (BENCH_SCENARIOS, a comma list; default every part but sweep):
+ *
+ * - graphile: graphile-worker 0.16.6 in this process (concurrency 16 =
+ *   BENCH_WORKERS, a task that does nothing, default pollInterval), in its
+ *   own database bench_graphile_<pid> (created, dropped). BENCH_TASKS jobs
+ *   added by graphile_worker.add_jobs, 1,000 per call (the add rate, beside
+ *   2b), then drained: jobs/s from run() until no job is left.
+ * - ceiling: the transport ceiling (bench/ceiling-server.ts, its own
+ *   process: connectNodeAdapter on http2.createServer, TCP_NODELAY, a no-op
+ *   grpc.health.v1.Health/Check, no interceptors, no database), and
+ *   Meshwork's own Health/Check through its whole stack, both called with
+ *   the drain's client code: BENCH_WORKERS callers, one HTTP/2 connection
+ *   each, BENCH_CALLS calls in all (after 20 per caller to warm up): calls/s.
+ * - postgres: scenarios 1a (claim 1 + CompleteTask), 1b (claim
+ *   BENCH_BATCH + CompleteTasks), 2b (CreateTasks of 1,000) and 3
+ *   (create→claim latency) on PostgreSQL.
+ * - leases (scenario 4): 1b drains on one coordinator, without, with, and
+ *   again without BENCH_HELD_LEASES held leases (another workload, claimed
+ *   by BENCH_LEASE_STREAMS other workers with lease_seconds 3600) renewed
+ *   over StreamLeases, one stream per holder, each message renewing all of
+ *   its holder's leases every BENCH_RENEW_SECONDS (the streams staggered
+ *   over the period, the first message at the drain's start). Ratio: with ÷
+ *   the mean of the two without.
+ * - pglite (scenario 5): 1a, 1b and 3 on a coordinator without
+ *   DATABASE_URL (embedded PGlite, fresh --data-dir). Ratios to the
+ *   postgres part.
+ * - memory (scenario 6): coordinator RSS 2 s after /readyz answers 200, on
+ *   PostgreSQL and on PGlite; then on PostgreSQL with BENCH_MEMORY_WORKERS
+ *   registered workers, each with an open StreamLeases stream and a parked
+ *   long-poll ClaimTasks (wait 30 s), over 8 HTTP/2 connections, 2 s after
+ *   all streams answered.
+ * - backlog (scenario 7): for BENCH_BACKLOG_SMALL (10,000) and
+ *   BENCH_BACKLOG (1,000,000) PENDING tasks, each on a fresh coordinator:
+ *   the backlog inserted straight into its tasks table (one
+ *   `insert … select … from generate_series`, the columns the coordinator
+ *   sets, its defaults otherwise, created_at 1 ms apart; no ANALYZE), plus
+ *   the tasks the measurement takes, so at least that many stay PENDING
+ *   throughout; then one worker's serial claims of 32 + CompleteTasks
+ *   (BENCH_BACKLOG_CLAIMS, 200: claim p50/p99), and a 1b drain of
+ *   BENCH_BACKLOG_DRAIN (10,000) tasks. Prints `show autovacuum`.
+ * - sweep (scenario 8, only when named): 1b drains (claim N +
+ *   CompleteTasks) for workers 1, 4, 16, 64 × batch 1, 8, 32, 100, each on a
+ *   fresh PostgreSQL coordinator, BENCH_SWEEP_TASKS (5,000) tasks each;
+ *   written to bench/results/sweep-<date>.json and drawn as bench/sweep.svg
+ *   (bench/sweep-svg.ts redraws it from the JSON).
+ *
+ * Every coordinator a drain or claim is measured on is warmed up first:
+ * BENCH_WARMUP (1,000) tasks of another workload drained with claims of 32,
+ * and a fifth as many with claims of 1, not measured.
+ *
+ * Other environment: BENCH_TASKS (20000), BENCH_WORKERS (16), BENCH_BATCH
+ * (32), BENCH_LATENCY_SAMPLES (1000), BENCH_CALLS (20000), BENCH_PG_URL
+ * (postgres://postgres@127.0.0.1:5432/postgres; every database is created
+ * and dropped inside that server).
+ */
+import { type ChildProcess, spawn } from "node:child_process";
+import { setMaxListeners } from "node:events";
+import { mkdirSync, writeFileSync } from "node:fs";
+import { createInterface } from "node:readline";
+import { createClient } from "@connectrpc/connect";
+import { Logger, run, runMigrations } from "graphile-worker";
+import postgres from "postgres";
+import { Health } from "../gen/grpc/health/v1/health_pb.js";
+import {
+  type Claim,
+  LeaseStatus,
+  type StreamLeasesRequest,
+  type StreamLeasesResponse,
+} from "../gen/meshwork/v1/lease_pb.js";
+import {
+  type Coordinator,
+  clients,
+  databaseUrl,
+  drain,
+  drainScenario,
+  drainWorkload,
+  enqueue,
+  grpc,
+  grpcTo,
+  latency,
+  pgUrl,
+  print,
+  quantile,
+  round2,
+  rssOf,
+  startCoordinator,
+} from "./lib.js";
+import { drawSweep, type SweepPoint, type SweepResults } from "./sweep-svg.js";
+
+const env = process.env;
+const tasks = Number(env.BENCH_TASKS ?? 20_000);
+const workers = Number(env.BENCH_WORKERS ?? 16);
+const batch = Number(env.BENCH_BATCH ?? 32);
+const latencySamples = Number(env.BENCH_LATENCY_SAMPLES ?? 1000);
+const calls = Number(env.BENCH_CALLS ?? 20_000);
+const heldLeases = Number(env.BENCH_HELD_LEASES ?? 1000);
+const leaseStreams = Number(env.BENCH_LEASE_STREAMS ?? 4);
+const renewSeconds = Number(env.BENCH_RENEW_SECONDS ?? 10);
+const memoryWorkers = Number(env.BENCH_MEMORY_WORKERS ?? 1000);
+const backlogSmall = Number(env.BENCH_BACKLOG_SMALL ?? 10_000);
+const backlogBig = Number(env.BENCH_BACKLOG ?? 1_000_000);
+const backlogClaims = Number(env.BENCH_BACKLOG_CLAIMS ?? 200);
+const backlogDrain = Number(env.BENCH_BACKLOG_DRAIN ?? 10_000);
+const sweepTasks = Number(env.BENCH_SWEEP_TASKS ?? 5000);
+const warmupTasks = Number(env.BENCH_WARMUP ?? 1000);
+const parts = (env.BENCH_SCENARIOS ?? "graphile,ceiling,postgres,leases,pglite,memory,backlog")
+  .split(",")
+  .map((s) => s.trim());
+const known = ["graphile", "ceiling", "postgres", "leases", "pglite", "memory", "backlog", "sweep"];
+for (const p of parts) {
+  if (!known.includes(p))
+    throw new Error(`BENCH_SCENARIOS: unknown part ${p} (${known.join(",")})`);
+}
+
+/** The figures the ratio table is computed from, by name. */
+const figures: Record<string, number> = {};
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const mib = (bytes: number) => Math.round((bytes / 1048576) * 10) / 10;
+
+// ---------------------------------------------------------------- graphile
+
+async function graphile() {
+  const name = `bench_graphile_${process.pid}`;
+  const admin = postgres(pgUrl, { max: 1, onnotice: () => {} });
+  await admin.unsafe(`drop database if exists ${name} with (force)`);
+  await admin.unsafe(`create database ${name}`);
+  const connectionString = databaseUrl(pgUrl, name);
+  const sql = postgres(connectionString, { max: 1, onnotice: () => {} });
+  try {
+    // Errors only: graphile-worker logs every job otherwise.
+    const logger = new Logger(() => (level, message) => {
+      if (level === "error") process.stderr.write(`graphile-worker: ${message}\n`);
+    });
+    await runMigrations({ connectionString, logger });
+    const addStarted = performance.now();
+    for (let done = 0; done < tasks; done += 1000) {
+      const count = Math.min(1000, tasks - done);
+      await sql`select graphile_worker.add_jobs(array(
+        select json_populate_record(null::graphile_worker.job_spec, '{"identifier":"noop"}')
+        from generate_series(1, ${count}::int)))`;
+    }
+    const addRate = tasks / ((performance.now() - addStarted) / 1000);
+    let ran = 0;
+    const started = performance.now();
+    const runner = await run({
+      connectionString,
+      concurrency: workers,
+      noHandleSignals: true,
+      logger,
+      taskList: {
+        noop: async () => {
+          ran++;
+        },
+      },
+    });
+    // Done when every job ran and its completion committed (the job row is gone).
+    for (;;) {
+      if (ran >= tasks) {
+        const [row] = await sql`select count(*)::int as n from graphile_worker._private_jobs`;
+        if (row?.n === 0) break;
+      }
+      await sleep(5);
+    }
+    const seconds = (performance.now() - started) / 1000;
+    await runner.stop();
+    await runner.promise.catch(() => {});
+    figures.graphile = tasks / seconds;
+    figures.graphileAdd = addRate;
+    print({
+      scenario: "graphile-worker-drain",
+      version: "0.16.6",
+      database: "postgres",
+      jobs: tasks,
+      concurrency: workers,
+      jobs_per_s: Math.round(figures.graphile),
+      seconds: round2(seconds),
+    });
+    print({
+      scenario: "graphile-worker-add_jobs-1000",
+      database: "postgres",
+      jobs_per_s: Math.round(addRate),
+    });
+  } finally {
+    await sql.end();
+    // graphile-worker's pool may close its last connections after stop():
+    // dropping the database under them would end them with an error it
+    // does not handle.
+    for (let i = 0; i < 100; i++) {
+      const [row] =
+        await admin`select count(*)::int as n from pg_stat_activity where datname = ${name}`;
+      if (row?.n === 0) break;
+      await sleep(50);
+    }
+    await admin.unsafe(`drop database if exists ${name} with (force)`);
+    await admin.end();
+  }
+}
+
+// ---------------------------------------------------------------- ceiling
+
+/** `calls` Health/Check calls from `workers` callers, one HTTP/2 connection each: calls/s. */
+async function healthRate(baseUrl: string, token: string) {
+  const callers = Array.from({ length: workers }, () =>
+    createClient(Health, grpcTo(baseUrl, token)),
+  );
+  await Promise.all(
+    callers.map(async (c) => {
+      for (let i = 0; i < 20; i++) await c.check({});
+    }),
+  );
+  let issued = 0;
+  const started = performance.now();
+  await Promise.all(
+    callers.map(async (c) => {
+      while (issued < calls) {
+        issued++;
+        await c.check({});
+      }
+    }),
+  );
+  return calls / ((performance.now() - started) / 1000);
+}
+
+async function startCeilingServer(): Promise<{ url: string; child: ChildProcess }> {
+  const child = spawn(process.execPath, ["--import", "tsx", "bench/ceiling-server.ts"], {
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  const lines = createInterface({ input: child.stdout as NodeJS.ReadableStream });
+  for await (const line of lines) {
+    const { port } = JSON.parse(line) as { port: number };
+    lines.close();
+    return { url: `http://127.0.0.1:${port}`, child };
+  }
+  throw new Error("the ceiling server did not start");
+}
+
+async function ceiling(co: Coordinator) {
+  const bare = await startCeilingServer();
+  try {
+    figures.ceiling = await healthRate(bare.url, co.token);
+  } finally {
+    bare.child.kill("SIGTERM");
+  }
+  figures.health = await healthRate(co.url, co.token);
+  print({
+    scenario: "transport-ceiling-bare-connect-node",
+    transport: "grpc-h2c",
+    method: "grpc.health.v1.Health/Check (no-op)",
+    calls,
+    callers: workers,
+    calls_per_s: Math.round(figures.ceiling),
+  });
+  print({
+    scenario: "meshwork-health-check",
+    database: co.database,
+    transport: "grpc-h2c",
+    calls,
+    callers: workers,
+    calls_per_s: Math.round(figures.health),
+  });
+}
+
+// ---------------------------------------------------------------- 1a, 1b, 2b, 3
+
+/**
+ * Runs a fresh coordinator's paths once before anything is measured on it
+ * (a first drain ran at a third of the second's rate here): BENCH_WARMUP
+ * tasks drained with claims of 32 and a fifth as many with claims of 1.
+ */
+async function warmUp(co: Coordinator) {
+  if (warmupTasks <= 0) return;
+  await drain(co, { batch: 32, tasks: warmupTasks, workers });
+  await drain(co, { batch: 1, tasks: Math.ceil(warmupTasks / 5), workers });
+}
+
+async function drains(co: Coordinator, prefix: string) {
+  await warmUp(co);
+  for (const b of [1, batch]) {
+    const r = await drain(co, { batch: b, tasks, workers });
+    figures[`${prefix}${b === 1 ? "1a" : "1b"}`] = r.tasksPerS;
+    print({
+      scenario: drainScenario(b),
+      database: co.database,
+      transport: "grpc-h2c",
+      tasks: r.completed,
+      workers,
+      tasks_per_s: Math.round(r.tasksPerS),
+      seconds: round2(r.seconds),
+    });
+    if (b !== 1) {
+      figures[`${prefix}2b`] = r.enqueueRate;
+      print({
+        scenario: "2b-enqueue-createTasks-1000",
+        database: co.database,
+        tasks_per_s: Math.round(r.enqueueRate),
+      });
+    }
+  }
+  const l = await latency(co, latencySamples);
+  figures[`${prefix}p50`] = l.p50_ms;
+  figures[`${prefix}p99`] = l.p99_ms;
+  print({
+    scenario: "3-create-to-claim-latency",
+    database: co.database,
+    transport: "grpc-h2c",
+    ...l,
+  });
+}
+
+// ---------------------------------------------------------------- 4: held leases
+
+/** An async queue of requests for a bidi stream. */
+function requestQueue<T>() {
+  const items: T[] = [];
+  let wake: (() => void) | undefined;
+  let closed = false;
+  return {
+    push(item: T) {
+      items.push(item);
+      wake?.();
+    },
+    close() {
+      closed = true;
+      wake?.();
+    },
+    async *[Symbol.asyncIterator]() {
+      for (;;) {
+        const item = items.shift();
+        if (item !== undefined) {
+          yield item;
+          continue;
+        }
+        if (closed) return;
+        await new Promise<void>((r) => {
+          wake = r;
+        });
+        wake = undefined;
+      }
+    },
+  };
+}
+
+type RequestInit = Partial<Omit<StreamLeasesRequest, "$typeName" | "leases">> & {
+  leases?: { taskId: string; attempt: number; leaseToken: string }[];
+};
+
+/** One StreamLeases stream: send() resolves with the answer to that message. */
+function leaseStream(co: Coordinator, signal: AbortSignal) {
+  const c = clients(grpc(co));
+  const queue = requestQueue<RequestInit>();
+  const responses = c.leases.streamLeases(queue, { signal })[Symbol.asyncIterator]();
+  return {
+    c,
+    async send(req: RequestInit): Promise<StreamLeasesResponse> {
+      queue.push(req);
+      const next = await responses.next();
+      if (next.done) throw new Error("StreamLeases ended");
+      return next.value;
+    },
+    close: () => queue.close(),
+  };
+}
+
+async function leases() {
+  const co = await startCoordinator("postgres");
+  const abort = new AbortController();
+  try {
+    await warmUp(co);
+    const before = await drain(co, { batch, tasks, workers });
+    // The held leases: another workload, claimed by other workers.
+    const setup = clients(grpc(co));
+    const workload = `held-${Date.now()}`;
+    await enqueue(setup, workload, heldLeases, { leaseSeconds: 3600 });
+    const share = Math.ceil(heldLeases / leaseStreams);
+    const holders = await Promise.all(
+      Array.from({ length: leaseStreams }, async () => {
+        const stream = leaseStream(co, abort.signal);
+        const { workerId } = await stream.c.fleet.registerWorker({
+          capabilities: [workload],
+          maxConcurrency: share,
+        });
+        const held: Claim[] = [];
+        for (;;) {
+          const { claims } = await stream.c.leases.claimTasks({
+            workerId,
+            maxTasks: Math.min(100, share - held.length),
+          });
+          held.push(...claims);
+          if (claims.length === 0 || held.length >= share) break;
+        }
+        return { stream, workerId, held };
+      }),
+    );
+    const holding = holders.reduce((n, h) => n + h.held.length, 0);
+    if (holding !== heldLeases) throw new Error(`held ${holding} leases, wanted ${heldLeases}`);
+    // Renewals: each stream every renewSeconds, staggered; the first at the drain's start.
+    const renewals: number[] = [];
+    let lost = 0;
+    let draining = true;
+    const renewing = holders.map(async (h, i) => {
+      await sleep((i * renewSeconds * 1000) / leaseStreams);
+      while (draining) {
+        const sent = performance.now();
+        const res = await h.stream.send({
+          workerId: h.workerId,
+          leases: h.held.map((l) => ({
+            taskId: l.taskId,
+            attempt: l.attempt,
+            leaseToken: l.leaseToken,
+          })),
+        });
+        renewals.push(performance.now() - sent);
+        lost += res.leases.filter((u) => u.status !== LeaseStatus.RENEWED).length;
+        const next = sent + renewSeconds * 1000;
+        while (draining && performance.now() < next) await sleep(50);
+      }
+    });
+    const during = await drain(co, { batch, tasks, workers });
+    draining = false;
+    await Promise.all(renewing);
+    for (const h of holders) h.stream.close();
+    // Finish the held tasks, so that the last drain runs as the first did.
+    for (const h of holders) {
+      for (let i = 0; i < h.held.length; i += 1000) {
+        await h.stream.c.leases.completeTasks({
+          completions: h.held.slice(i, i + 1000).map((l) => ({
+            taskId: l.taskId,
+            workerId: h.workerId,
+            attempt: l.attempt,
+            leaseToken: l.leaseToken,
+          })),
+        });
+      }
+    }
+    const after = await drain(co, { batch, tasks, workers });
+    const without = (before.tasksPerS + after.tasksPerS) / 2;
+    figures.leases = during.tasksPerS / without;
+    renewals.sort((a, b) => a - b);
+    print({
+      scenario: "4-drain-with-held-leases",
+      database: co.database,
+      transport: "grpc-h2c",
+      tasks,
+      workers,
+      batch,
+      held_leases: heldLeases,
+      lease_streams: leaseStreams,
+      renew_every_s: renewSeconds,
+      tasks_per_s_without_before: Math.round(before.tasksPerS),
+      tasks_per_s_with: Math.round(during.tasksPerS),
+      tasks_per_s_without_after: Math.round(after.tasksPerS),
+      renewal_messages: renewals.length,
+      leases_renewed: renewals.length * share,
+      leases_lost: lost,
+      renewal_p50_ms: quantile(renewals, 0.5),
+      renewal_p99_ms: quantile(renewals, 0.99),
+      ratio: round2(figures.leases),
+    });
+  } finally {
+    abort.abort();
+    await co.stop();
+  }
+}
+
+// ---------------------------------------------------------------- 6: memory
+
+async function idleRss(database: "postgres" | "pglite") {
+  const co = await startCoordinator(database);
+  try {
+    await sleep(2000);
+    const rss = rssOf(co.pid);
+    figures[`rss_${database}`] = mib(rss);
+    print({ scenario: "6-idle-rss", database, rss_mib: mib(rss) });
+  } finally {
+    await co.stop();
+  }
+}
+
+async function loadedRss() {
+  const co = await startCoordinator("postgres");
+  const abort = new AbortController();
+  // Every stream and long poll listens on it.
+  setMaxListeners(0, abort.signal);
+  try {
+    const connections = Array.from({ length: 8 }, () => clients(grpc(co)));
+    const workload = `idle-${Date.now()}`;
+    const ids: string[] = [];
+    for (let i = 0; i < memoryWorkers; i += 50) {
+      const n = Math.min(50, memoryWorkers - i);
+      const got = await Promise.all(
+        Array.from(
+          { length: n },
+          async (_, j) =>
+            (
+              await (connections[(i + j) % 8] as (typeof connections)[0]).fleet.registerWorker({
+                capabilities: [workload],
+              })
+            ).workerId,
+        ),
+      );
+      ids.push(...got);
+    }
+    const before = rssOf(co.pid);
+    let settled = 0;
+    const queues: ReturnType<typeof requestQueue<RequestInit>>[] = [];
+    for (let i = 0; i < ids.length; i += 100) {
+      await Promise.all(
+        ids.slice(i, i + 100).map(async (workerId, j) => {
+          const c = connections[(i + j) % 8] as (typeof connections)[0];
+          const queue = requestQueue<RequestInit>();
+          queues.push(queue);
+          const responses = c.leases
+            .streamLeases(queue, { signal: abort.signal })
+            [Symbol.asyncIterator]();
+          queue.push({ workerId });
+          const first = await responses.next();
+          if (first.done) throw new Error("StreamLeases ended");
+          // Keep reading so that the stream stays open; ends with the abort.
+          (async () => {
+            for (;;) if ((await responses.next()).done) return;
+          })().catch(() => {});
+          c.leases
+            .claimTasks({ workerId, maxTasks: 1, waitSeconds: 30 }, { signal: abort.signal })
+            .then(
+              () => settled++,
+              () => settled++,
+            );
+        }),
+      );
+    }
+    await sleep(2000);
+    const rss = rssOf(co.pid);
+    figures.rss_loaded = mib(rss);
+    print({
+      scenario: "6-rss-with-streams-and-long-polls",
+      database: co.database,
+      workers: ids.length,
+      open_streams: queues.length,
+      parked_claims: ids.length - settled,
+      http2_connections: connections.length,
+      rss_mib_before_streams: mib(before),
+      rss_mib: mib(rss),
+    });
+    for (const q of queues) q.close();
+  } finally {
+    abort.abort();
+    await co.stop();
+  }
+}
+
+// ---------------------------------------------------------------- 7: backlog
+
+async function backlogAt(pending: number) {
+  const co = await startCoordinator("postgres");
+  const sql = postgres(co.databaseUrl, { max: 1, onnotice: () => {} });
+  try {
+    const [av] = await sql`show autovacuum`;
+    const autovacuum = String(av?.autovacuum);
+    figures.autovacuumOn = autovacuum === "on" ? 1 : 0;
+    await warmUp(co);
+    const workload = `backlog-${Date.now()}`;
+    // What the measurement takes (a drain's last batches may overshoot), on top.
+    const taken = backlogClaims * 32 + backlogDrain + workers * batch;
+    const rows = pending + taken;
+    const insertStarted = performance.now();
+    // The columns the coordinator's CreateTasks sets (src/tasks/store.ts,
+    // its defaults of src/tasks/convert.ts), the table's defaults for the rest.
+    await sql`
+      insert into tasks (id, workload, state, max_attempts, lease_seconds,
+        backoff_initial_ms, backoff_max_ms, backoff_multiplier, created_at, updated_at)
+      select gen_random_uuid(), ${workload}, 'PENDING', 3, 60, 1000, 300000, 2,
+        now() - (${rows}::int - g) * interval '1 millisecond',
+        now() - (${rows}::int - g) * interval '1 millisecond'
+      from generate_series(1, ${rows}::int) g`;
+    const insertSeconds = (performance.now() - insertStarted) / 1000;
+    // Serial claims of 32 by one worker, each followed by its CompleteTasks.
+    const c = clients(grpc(co));
+    const { workerId } = await c.fleet.registerWorker({
+      capabilities: [workload],
+      maxConcurrency: 32,
+    });
+    const claimMs: number[] = [];
+    const completeMs: number[] = [];
+    for (let i = 0; i < backlogClaims; i++) {
+      const t0 = performance.now();
+      const { claims } = await c.leases.claimTasks({ workerId, maxTasks: 32 });
+      const t1 = performance.now();
+      if (claims.length !== 32) throw new Error(`a claim got ${claims.length} tasks, not 32`);
+      await c.leases.completeTasks({
+        completions: claims.map((l) => ({
+          taskId: l.taskId,
+          workerId,
+          attempt: l.attempt,
+          leaseToken: l.leaseToken,
+        })),
+      });
+      claimMs.push(t1 - t0);
+      completeMs.push(performance.now() - t1);
+    }
+    claimMs.sort((a, b) => a - b);
+    completeMs.sort((a, b) => a - b);
+    const d = await drainWorkload(co, workload, { batch, tasks: backlogDrain, workers });
+    const [left] = await sql`select count(*)::int as n from tasks where state = 'PENDING'`;
+    const key = pending === backlogBig ? "big" : "small";
+    figures[`backlog_${key}_p50`] = quantile(claimMs, 0.5);
+    figures[`backlog_${key}_p99`] = quantile(claimMs, 0.99);
+    figures[`backlog_${key}_1b`] = d.tasksPerS;
+    print({
+      scenario: "7-backlog",
+      database: co.database,
+      autovacuum,
+      analyzed: false,
+      backlog_pending: pending,
+      rows_inserted: rows,
+      insert_seconds: round2(insertSeconds),
+      claims: backlogClaims,
+      claim32_p50_ms: quantile(claimMs, 0.5),
+      claim32_p99_ms: quantile(claimMs, 0.99),
+      completeTasks32_p50_ms: quantile(completeMs, 0.5),
+      drain_tasks: d.completed,
+      drain_workers: workers,
+      drain_batch: batch,
+      drain_tasks_per_s: Math.round(d.tasksPerS),
+      pending_after: left?.n,
+    });
+  } finally {
+    await sql.end();
+    await co.stop();
+  }
+}
+
+// ---------------------------------------------------------------- 8: sweep
+
+async function sweep() {
+  const points: SweepPoint[] = [];
+  for (const w of [1, 4, 16, 64]) {
+    for (const b of [1, 8, 32, 100]) {
+      const co = await startCoordinator("postgres");
+      try {
+        await warmUp(co);
+        const r = await drain(co, { batch: b, tasks: sweepTasks, workers: w, completeMany: true });
+        const point = { workers: w, batch: b, tasks_per_s: Math.round(r.tasksPerS) };
+        points.push(point);
+        print({ scenario: "8-sweep-1b", database: "postgres", tasks: r.completed, ...point });
+      } finally {
+        await co.stop();
+      }
+    }
+  }
+  const date = new Date().toISOString().slice(0, 10);
+  const results: SweepResults = { date, database: "postgres", tasks: sweepTasks, points };
+  const file = `bench/results/sweep-${date}.json`;
+  mkdirSync("bench/results", { recursive: true });
+  writeFileSync(file, `${JSON.stringify(results, null, 2)}\n`);
+  writeFileSync("bench/sweep.svg", drawSweep(results));
+  print({ scenario: "8-sweep-written", json: file, svg: "bench/sweep.svg" });
+}
+
+// ---------------------------------------------------------------- the run
+
+if (parts.includes("graphile")) await graphile();
+if (parts.includes("postgres") || parts.includes("ceiling")) {
+  const co = await startCoordinator("postgres");
+  try {
+    if (parts.includes("postgres")) await drains(co, "pg");
+    if (parts.includes("ceiling")) await ceiling(co);
+  } finally {
+    await co.stop();
+  }
+}
+if (parts.includes("leases")) await leases();
+if (parts.includes("pglite")) {
+  const co = await startCoordinator("pglite");
+  try {
+    await drains(co, "lite");
+  } finally {
+    await co.stop();
+  }
+}
+if (parts.includes("memory")) {
+  await idleRss("postgres");
+  await idleRss("pglite");
+  await loadedRss();
+}
+if (parts.includes("backlog")) {
+  await backlogAt(backlogSmall);
+  await backlogAt(backlogBig);
+}
+if (parts.includes("sweep")) await sweep();
+
+// ---------------------------------------------------------------- the table
+
+interface Row {
+  what: string;
+  value: number | undefined;
+  target: string;
+  met: (v: number) => boolean;
+}
+const f = figures;
+const ratio = (a?: number, b?: number) =>
+  a === undefined || b === undefined || b === 0 ? undefined : a / b;
+const atLeast = (t: number) => (v: number) => v >= t;
+const atMost = (t: number) => (v: number) => v <= t;
+const rows: Row[] = [
+  {
+    what: "1b ÷ graphile-worker (drain)",
+    value: ratio(f.pg1b, f.graphile),
+    target: "≥ 3",
+    met: atLeast(3),
+  },
+  {
+    what: "2b CreateTasks ÷ graphile add_jobs",
+    value: ratio(f.pg2b, f.graphileAdd),
+    target: "≥ 1",
+    met: atLeast(1),
+  },
+  {
+    what: "1a ÷ (transport ceiling ÷ 2)",
+    value: ratio(f.pg1a, f.ceiling === undefined ? undefined : f.ceiling / 2),
+    target: "≥ 0.8",
+    met: atLeast(0.8),
+  },
+  {
+    what: "Health/Check through Meshwork ÷ ceiling",
+    value: ratio(f.health, f.ceiling),
+    target: "(info)",
+    met: () => true,
+  },
+  { what: "3 PostgreSQL p50 ms", value: f.pgp50, target: "≤ 2", met: atMost(2) },
+  { what: "3 PostgreSQL p99 ms", value: f.pgp99, target: "≤ 10", met: atMost(10) },
+  { what: "3 PGlite p50 ms", value: f.litep50, target: "≤ 5", met: atMost(5) },
+  { what: "3 PGlite p99 ms", value: f.litep99, target: "≤ 20", met: atMost(20) },
+  {
+    what: `4 1b with ${heldLeases} held leases ÷ without`,
+    value: f.leases,
+    target: "≥ 0.9",
+    met: atLeast(0.9),
+  },
+  {
+    what: "5 PGlite ÷ PostgreSQL, 1a",
+    value: ratio(f.lite1a, f.pg1a),
+    target: "≥ 0.3",
+    met: atLeast(0.3),
+  },
+  {
+    what: "5 PGlite ÷ PostgreSQL, 1b",
+    value: ratio(f.lite1b, f.pg1b),
+    target: "≥ 0.3",
+    met: atLeast(0.3),
+  },
+  {
+    what: "6 idle RSS, PostgreSQL (MiB)",
+    value: f.rss_postgres,
+    target: "≤ 150",
+    met: atMost(150),
+  },
+  { what: "6 idle RSS, PGlite (MiB)", value: f.rss_pglite, target: "≤ 300", met: atMost(300) },
+  {
+    what: `6 RSS, ${memoryWorkers} streams + long polls (MiB)`,
+    value: f.rss_loaded,
+    target: "≤ 300",
+    met: atMost(300),
+  },
+  {
+    what: `7 claim p50, ${backlogBig} ÷ ${backlogSmall} pending`,
+    value: ratio(f.backlog_big_p50, f.backlog_small_p50),
+    target: "≤ 1.5",
+    met: atMost(1.5),
+  },
+  {
+    what: `7 claim p99, ${backlogBig} ÷ ${backlogSmall} pending`,
+    value: ratio(f.backlog_big_p99, f.backlog_small_p99),
+    target: "≤ 1.5",
+    met: atMost(1.5),
+  },
+  {
+    what: `7 1b tasks/s, ${backlogSmall} ÷ ${backlogBig} pending`,
+    value: ratio(f.backlog_small_1b, f.backlog_big_1b),
+    target: "≤ 1.5",
+    met: atMost(1.5),
+  },
+];
+const table = rows.map((r) => [
+  r.what,
+  r.value === undefined ? "not measured" : String(round2(r.value)),
+  r.target,
+  r.value === undefined ? "—" : r.met(r.value) ? (r.target === "(info)" ? "—" : "yes") : "NO",
+]);
+const header = ["measure", "value", "target", "met"];
+const widths = header.map((h, i) => Math.max(h.length, ...table.map((r) => (r[i] ?? "").length)));
+const line = (cells: string[]) =>
+  `| ${cells.map((c, i) => c.padEnd(widths[i] ?? 0)).join(" | ")} |`;
+process.stdout.write(
+  `\n${[line(header), line(widths.map((w) => "-".repeat(w))), ...table.map(line)].join("\n")}\n`,
+);
+if (f.autovacuumOn !== undefined) {
+  process.stdout.write(`(autovacuum was ${f.autovacuumOn ? "on" : "off"} for scenario 7)\n`);
+}
