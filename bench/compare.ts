@@ -23,7 +23,8 @@
  * - postgres: scenarios 1a (claim 1 + CompleteTask), 1b (claim
  *   BENCH_BATCH + CompleteTasks), 2b (CreateTasks of 1,000) and 3
  *   (create→claim latency) on PostgreSQL.
- * - leases (scenario 4): 1b drains on one coordinator, without, with, and
+ * - leases (scenario 4): 1b drains of BENCH_LEASE_TASKS (60,000: longer
+ *   than a renewal period here) on one coordinator, without, with, and
  *   again without BENCH_HELD_LEASES held leases (another workload, claimed
  *   by BENCH_LEASE_STREAMS other workers with lease_seconds 3600) renewed
  *   over StreamLeases, one stream per holder, each message renewing all of
@@ -49,7 +50,9 @@
  *   BENCH_BACKLOG_DRAIN (10,000) tasks. Prints `show autovacuum`.
  * - sweep (scenario 8, only when named): 1b drains (claim N +
  *   CompleteTasks) for workers 1, 4, 16, 64 × batch 1, 8, 32, 100, each on a
- *   fresh PostgreSQL coordinator, BENCH_SWEEP_TASKS (5,000) tasks each;
+ *   fresh PostgreSQL coordinator, workers × batch × 10 tasks each (about 10
+ *   claims per worker) but at least BENCH_SWEEP_TASKS (2,000) and at most
+ *   BENCH_SWEEP_MAX (20,000);
  *   written to bench/results/sweep-<date>.json and drawn as bench/sweep.svg
  *   (bench/sweep-svg.ts redraws it from the JSON).
  *
@@ -104,13 +107,15 @@ const latencySamples = Number(env.BENCH_LATENCY_SAMPLES ?? 1000);
 const calls = Number(env.BENCH_CALLS ?? 20_000);
 const heldLeases = Number(env.BENCH_HELD_LEASES ?? 1000);
 const leaseStreams = Number(env.BENCH_LEASE_STREAMS ?? 4);
+const leaseTasks = Number(env.BENCH_LEASE_TASKS ?? 60_000);
 const renewSeconds = Number(env.BENCH_RENEW_SECONDS ?? 10);
 const memoryWorkers = Number(env.BENCH_MEMORY_WORKERS ?? 1000);
 const backlogSmall = Number(env.BENCH_BACKLOG_SMALL ?? 10_000);
 const backlogBig = Number(env.BENCH_BACKLOG ?? 1_000_000);
 const backlogClaims = Number(env.BENCH_BACKLOG_CLAIMS ?? 200);
 const backlogDrain = Number(env.BENCH_BACKLOG_DRAIN ?? 10_000);
-const sweepTasks = Number(env.BENCH_SWEEP_TASKS ?? 5000);
+const sweepTasks = Number(env.BENCH_SWEEP_TASKS ?? 2000);
+const sweepMax = Number(env.BENCH_SWEEP_MAX ?? 20_000);
 const warmupTasks = Number(env.BENCH_WARMUP ?? 1000);
 const parts = (env.BENCH_SCENARIOS ?? "graphile,ceiling,postgres,leases,pglite,memory,backlog")
   .split(",")
@@ -375,7 +380,7 @@ async function leases() {
   const abort = new AbortController();
   try {
     await warmUp(co);
-    const before = await drain(co, { batch, tasks, workers });
+    const before = await drain(co, { batch, tasks: leaseTasks, workers });
     // The held leases: another workload, claimed by other workers.
     const setup = clients(grpc(co));
     const workload = `held-${Date.now()}`;
@@ -405,6 +410,9 @@ async function leases() {
     // Renewals: each stream every renewSeconds, staggered; the first at the drain's start.
     const renewals: number[] = [];
     let lost = 0;
+    // The drain's tasks first, so that the renewals run beside the drain only.
+    const drained = `drain-leases-${Date.now()}`;
+    await enqueue(setup, drained, leaseTasks);
     let draining = true;
     const renewing = holders.map(async (h, i) => {
       await sleep((i * renewSeconds * 1000) / leaseStreams);
@@ -424,7 +432,7 @@ async function leases() {
         while (draining && performance.now() < next) await sleep(50);
       }
     });
-    const during = await drain(co, { batch, tasks, workers });
+    const during = await drainWorkload(co, drained, { batch, tasks: leaseTasks, workers });
     draining = false;
     await Promise.all(renewing);
     for (const h of holders) h.stream.close();
@@ -441,7 +449,7 @@ async function leases() {
         });
       }
     }
-    const after = await drain(co, { batch, tasks, workers });
+    const after = await drain(co, { batch, tasks: leaseTasks, workers });
     const without = (before.tasksPerS + after.tasksPerS) / 2;
     figures.leases = during.tasksPerS / without;
     renewals.sort((a, b) => a - b);
@@ -449,7 +457,7 @@ async function leases() {
       scenario: "4-drain-with-held-leases",
       database: co.database,
       transport: "grpc-h2c",
-      tasks,
+      tasks: leaseTasks,
       workers,
       batch,
       held_leases: heldLeases,
@@ -644,20 +652,27 @@ async function sweep() {
   const points: SweepPoint[] = [];
   for (const w of [1, 4, 16, 64]) {
     for (const b of [1, 8, 32, 100]) {
+      // Enough tasks for about 10 claims per worker, within the bounds.
+      const n = Math.min(sweepMax, Math.max(sweepTasks, w * b * 10));
       const co = await startCoordinator("postgres");
       try {
         await warmUp(co);
-        const r = await drain(co, { batch: b, tasks: sweepTasks, workers: w, completeMany: true });
-        const point = { workers: w, batch: b, tasks_per_s: Math.round(r.tasksPerS) };
+        const r = await drain(co, { batch: b, tasks: n, workers: w, completeMany: true });
+        const point = {
+          workers: w,
+          batch: b,
+          tasks: r.completed,
+          tasks_per_s: Math.round(r.tasksPerS),
+        };
         points.push(point);
-        print({ scenario: "8-sweep-1b", database: "postgres", tasks: r.completed, ...point });
+        print({ scenario: "8-sweep-1b", database: "postgres", ...point });
       } finally {
         await co.stop();
       }
     }
   }
   const date = new Date().toISOString().slice(0, 10);
-  const results: SweepResults = { date, database: "postgres", tasks: sweepTasks, points };
+  const results: SweepResults = { date, database: "postgres", points };
   const file = `bench/results/sweep-${date}.json`;
   mkdirSync("bench/results", { recursive: true });
   writeFileSync(file, `${JSON.stringify(results, null, 2)}\n`);
@@ -667,35 +682,52 @@ async function sweep() {
 
 // ---------------------------------------------------------------- the run
 
-if (parts.includes("graphile")) await graphile();
-if (parts.includes("postgres") || parts.includes("ceiling")) {
+/** Runs a part when selected, saying on stderr how long it took. */
+async function part(name: string, body: () => Promise<void>) {
+  if (!parts.includes(name)) return;
+  const started = performance.now();
+  await body();
+  process.stderr.write(
+    `bench:compare: ${name} took ${Math.round((performance.now() - started) / 1000)} s\n`,
+  );
+}
+
+await part("graphile", graphile);
+await part("postgres", async () => {
   const co = await startCoordinator("postgres");
   try {
-    if (parts.includes("postgres")) await drains(co, "pg");
-    if (parts.includes("ceiling")) await ceiling(co);
+    await drains(co, "pg");
   } finally {
     await co.stop();
   }
-}
-if (parts.includes("leases")) await leases();
-if (parts.includes("pglite")) {
+});
+await part("ceiling", async () => {
+  const co = await startCoordinator("postgres");
+  try {
+    await ceiling(co);
+  } finally {
+    await co.stop();
+  }
+});
+await part("leases", leases);
+await part("pglite", async () => {
   const co = await startCoordinator("pglite");
   try {
     await drains(co, "lite");
   } finally {
     await co.stop();
   }
-}
-if (parts.includes("memory")) {
+});
+await part("memory", async () => {
   await idleRss("postgres");
   await idleRss("pglite");
   await loadedRss();
-}
-if (parts.includes("backlog")) {
+});
+await part("backlog", async () => {
   await backlogAt(backlogSmall);
   await backlogAt(backlogBig);
-}
-if (parts.includes("sweep")) await sweep();
+});
+await part("sweep", sweep);
 
 // ---------------------------------------------------------------- the table
 
@@ -789,6 +821,7 @@ const rows: Row[] = [
     met: atMost(1.5),
   },
 ];
+const measured = rows.filter((r) => r.value !== undefined).length > 0;
 const table = rows.map((r) => [
   r.what,
   r.value === undefined ? "not measured" : String(round2(r.value)),
@@ -799,9 +832,11 @@ const header = ["measure", "value", "target", "met"];
 const widths = header.map((h, i) => Math.max(h.length, ...table.map((r) => (r[i] ?? "").length)));
 const line = (cells: string[]) =>
   `| ${cells.map((c, i) => c.padEnd(widths[i] ?? 0)).join(" | ")} |`;
-process.stdout.write(
-  `\n${[line(header), line(widths.map((w) => "-".repeat(w))), ...table.map(line)].join("\n")}\n`,
-);
+if (measured) {
+  process.stdout.write(
+    `\n${[line(header), line(widths.map((w) => "-".repeat(w))), ...table.map(line)].join("\n")}\n`,
+  );
+}
 if (f.autovacuumOn !== undefined) {
   process.stdout.write(`(autovacuum was ${f.autovacuumOn ? "on" : "off"} for scenario 7)\n`);
 }

@@ -15,13 +15,14 @@ import { fileURLToPath } from "node:url";
 export interface SweepPoint {
   workers: number;
   batch: number;
+  /** Tasks drained for this point. */
+  tasks: number;
   tasks_per_s: number;
 }
 
 export interface SweepResults {
   date: string;
   database: string;
-  tasks: number;
   points: SweepPoint[];
 }
 
@@ -58,7 +59,7 @@ export function drawSweep(r: SweepResults): string {
     `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="sans-serif" font-size="12">`,
     `<rect width="${width}" height="${height}" fill="white"/>`,
     `<text x="${left + plotW / 2}" y="22" text-anchor="middle" font-size="14">${esc(
-      `Meshwork 1b drain (claim N + CompleteTasks), ${r.database}, ${r.tasks} tasks, ${r.date}`,
+      `Meshwork drain, claims of N + CompleteTasks, ${r.database}, ${r.date}`,
     )}</text>`,
   );
   // Grid and y axis labels.
