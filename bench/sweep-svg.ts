@@ -55,12 +55,12 @@ export function drawSweep(r: SweepResults): string {
     left + (workers.length === 1 ? plotW / 2 : (workers.indexOf(w) / (workers.length - 1)) * plotW);
   const y = (v: number) => top + plotH - (v / yMax) * plotH;
   const out: string[] = [];
+  const title = esc(`Meshwork drain, claims of N + CompleteTasks, ${r.database}, ${r.date}`);
   out.push(
     `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="sans-serif" font-size="12">`,
+    `<title>${title}: tasks/s against workers, one line per batch size</title>`,
     `<rect width="${width}" height="${height}" fill="white"/>`,
-    `<text x="${left + plotW / 2}" y="22" text-anchor="middle" font-size="14">${esc(
-      `Meshwork drain, claims of N + CompleteTasks, ${r.database}, ${r.date}`,
-    )}</text>`,
+    `<text x="${left + plotW / 2}" y="22" text-anchor="middle" font-size="14">${title}</text>`,
   );
   // Grid and y axis labels.
   for (let v = 0; v <= yMax; v += step) {
