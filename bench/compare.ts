@@ -12,8 +12,8 @@
  * - graphile: graphile-worker 0.16.6 in this process (concurrency 16 =
  *   BENCH_WORKERS, a task that does nothing, default pollInterval), in its
  *   own database bench_graphile_<pid> (created, dropped). BENCH_TASKS jobs
- *   added by graphile_worker.add_jobs, 1,000 per call (the add rate, beside
- *   2b), then drained: jobs/s from run() until no job is left.
+ *   added by graphile_worker.add_jobs, 1,000 per call, their specs sent as
+ *   one JSON parameter (the add rate, beside 2b), then drained: jobs/s from run() until no job is left.
  * - ceiling: the transport ceiling (bench/ceiling-server.ts, its own
  *   process: connectNodeAdapter on http2.createServer, TCP_NODELAY, a no-op
  *   grpc.health.v1.Health/Check, no interceptors, no database), and
@@ -128,6 +128,8 @@ for (const p of parts) {
 
 /** The figures the ratio table is computed from, by name. */
 const figures: Record<string, number> = {};
+/** Coordinators log on our stderr: stdout carries the JSON lines and the table only. */
+const quiet = { logsToStderr: true };
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const mib = (bytes: number) => Math.round((bytes / 1048576) * 10) / 10;
 
@@ -149,9 +151,14 @@ async function graphile() {
     const addStarted = performance.now();
     for (let done = 0; done < tasks; done += 1000) {
       const count = Math.min(1000, tasks - done);
+      // The job specs built here and sent as one JSON parameter, as a client
+      // adding jobs does (graphile's own addJobs sends JSON the same way).
+      const specs = JSON.stringify(
+        Array.from({ length: count }, () => ({ identifier: "noop", payload: {} })),
+      );
       await sql`select graphile_worker.add_jobs(array(
-        select json_populate_record(null::graphile_worker.job_spec, '{"identifier":"noop"}')
-        from generate_series(1, ${count}::int)))`;
+        select json_populate_record(null::graphile_worker.job_spec, j)
+        from json_array_elements(${specs}::text::json) j))`;
     }
     const addRate = tasks / ((performance.now() - addStarted) / 1000);
     let ran = 0;
@@ -376,7 +383,7 @@ function leaseStream(co: Coordinator, signal: AbortSignal) {
 }
 
 async function leases() {
-  const co = await startCoordinator("postgres");
+  const co = await startCoordinator("postgres", quiet);
   const abort = new AbortController();
   try {
     await warmUp(co);
@@ -482,7 +489,7 @@ async function leases() {
 // ---------------------------------------------------------------- 6: memory
 
 async function idleRss(database: "postgres" | "pglite") {
-  const co = await startCoordinator(database);
+  const co = await startCoordinator(database, quiet);
   try {
     await sleep(2000);
     const rss = rssOf(co.pid);
@@ -494,7 +501,7 @@ async function idleRss(database: "postgres" | "pglite") {
 }
 
 async function loadedRss() {
-  const co = await startCoordinator("postgres");
+  const co = await startCoordinator("postgres", quiet);
   const abort = new AbortController();
   // Every stream and long poll listens on it.
   setMaxListeners(0, abort.signal);
@@ -568,7 +575,7 @@ async function loadedRss() {
 // ---------------------------------------------------------------- 7: backlog
 
 async function backlogAt(pending: number) {
-  const co = await startCoordinator("postgres");
+  const co = await startCoordinator("postgres", quiet);
   const sql = postgres(co.databaseUrl, { max: 1, onnotice: () => {} });
   try {
     const [av] = await sql`show autovacuum`;
@@ -654,7 +661,7 @@ async function sweep() {
     for (const b of [1, 8, 32, 100]) {
       // Enough tasks for about 10 claims per worker, within the bounds.
       const n = Math.min(sweepMax, Math.max(sweepTasks, w * b * 10));
-      const co = await startCoordinator("postgres");
+      const co = await startCoordinator("postgres", quiet);
       try {
         await warmUp(co);
         const r = await drain(co, { batch: b, tasks: n, workers: w, completeMany: true });
@@ -694,7 +701,7 @@ async function part(name: string, body: () => Promise<void>) {
 
 await part("graphile", graphile);
 await part("postgres", async () => {
-  const co = await startCoordinator("postgres");
+  const co = await startCoordinator("postgres", quiet);
   try {
     await drains(co, "pg");
   } finally {
@@ -702,7 +709,7 @@ await part("postgres", async () => {
   }
 });
 await part("ceiling", async () => {
-  const co = await startCoordinator("postgres");
+  const co = await startCoordinator("postgres", quiet);
   try {
     await ceiling(co);
   } finally {
@@ -711,7 +718,7 @@ await part("ceiling", async () => {
 });
 await part("leases", leases);
 await part("pglite", async () => {
-  const co = await startCoordinator("pglite");
+  const co = await startCoordinator("pglite", quiet);
   try {
     await drains(co, "lite");
   } finally {

@@ -48,9 +48,13 @@ export function databaseUrl(base: string, name: string): string {
 /**
  * Starts `meshwork serve` on a free port with a fresh data directory and,
  * on PostgreSQL, a fresh database (dropped by stop()); resolves once
- * /readyz answers 200.
+ * /readyz answers 200. Its log lines (level warn) go to this process's
+ * stdout, or to its stderr with `logsToStderr`.
  */
-export async function startCoordinator(database: "postgres" | "pglite"): Promise<Coordinator> {
+export async function startCoordinator(
+  database: "postgres" | "pglite",
+  options: { logsToStderr?: boolean } = {},
+): Promise<Coordinator> {
   const port = await freePort();
   const dataDir = mkdtempSync(join(tmpdir(), "meshwork-bench-"));
   let dbName = "";
@@ -68,7 +72,11 @@ export async function startCoordinator(database: "postgres" | "pglite"): Promise
   const child: ChildProcess = spawn(
     process.execPath,
     ["bin/meshwork.js", "serve", "--listen", `127.0.0.1:${port}`, "--data-dir", dataDir],
-    { env: childEnv, stdio: ["ignore", "inherit", "inherit"] },
+    {
+      env: childEnv,
+      // The coordinator logs on its stdout: on ours unless asked (bench:compare keeps its stdout to JSON lines).
+      stdio: ["ignore", options.logsToStderr ? process.stderr : "inherit", "inherit"],
+    },
   );
   const url = `http://127.0.0.1:${port}`;
   for (let i = 0; ; i++) {
