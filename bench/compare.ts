@@ -566,6 +566,9 @@ async function loadedRss() {
       rss_mib: mib(rss),
     });
     for (const q of queues) q.close();
+    abort.abort();
+    // Let the coordinator see the cancelled calls before it is stopped.
+    await sleep(1000);
   } finally {
     abort.abort();
     await co.stop();
