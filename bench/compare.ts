@@ -13,7 +13,8 @@
  *   BENCH_WORKERS, a task that does nothing, default pollInterval), in its
  *   own database bench_graphile_<pid> (created, dropped). BENCH_TASKS jobs
  *   added by graphile_worker.add_jobs, 1,000 per call, their specs sent as
- *   one JSON parameter (the add rate, beside 2b), then drained: jobs/s from run() until no job is left.
+ *   one JSON parameter (the add rate, beside 2b), then drained: jobs/s from
+ *   run() until no job is left.
  * - ceiling: the transport ceiling (bench/ceiling-server.ts, its own
  *   process: connectNodeAdapter on http2.createServer, TCP_NODELAY, a no-op
  *   grpc.health.v1.Health/Check, no interceptors, no database), and
@@ -30,7 +31,9 @@
  *   over StreamLeases, one stream per holder, each message renewing all of
  *   its holder's leases every BENCH_RENEW_SECONDS (the streams staggered
  *   over the period, the first message at the drain's start). Ratio: with ÷
- *   the mean of the two without.
+ *   the mean of the two without. `VACUUM tasks` (no ANALYZE) before each
+ *   drain, so that one drain's dead rows (autovacuum off) do not slow the
+ *   next.
  * - pglite (scenario 5): 1a, 1b and 3 on a coordinator without
  *   DATABASE_URL (embedded PGlite, fresh --data-dir). Ratios to the
  *   postgres part.
@@ -52,13 +55,15 @@
  *   CompleteTasks) for workers 1, 4, 16, 64 × batch 1, 8, 32, 100, each on a
  *   fresh PostgreSQL coordinator, workers × batch × 10 tasks each (about 10
  *   claims per worker) but at least BENCH_SWEEP_TASKS (2,000) and at most
- *   BENCH_SWEEP_MAX (20,000);
- *   written to bench/results/sweep-<date>.json and drawn as bench/sweep.svg
- *   (bench/sweep-svg.ts redraws it from the JSON).
+ *   BENCH_SWEEP_MAX (20,000); written to bench/results/sweep-<date>.json and
+ *   drawn as bench/sweep.svg (bench/sweep-svg.ts redraws it from the JSON).
  *
  * Every coordinator a drain or claim is measured on is warmed up first:
  * BENCH_WARMUP (1,000) tasks of another workload drained with claims of 32,
  * and a fifth as many with claims of 1, not measured.
+ *
+ * Coordinators log on stderr, where each part also says how long it took;
+ * stdout carries only the JSON lines and the table.
  *
  * Other environment: BENCH_TASKS (20000), BENCH_WORKERS (16), BENCH_BATCH
  * (32), BENCH_LATENCY_SAMPLES (1000), BENCH_CALLS (20000), BENCH_PG_URL
@@ -384,9 +389,14 @@ function leaseStream(co: Coordinator, signal: AbortSignal) {
 
 async function leases() {
   const co = await startCoordinator("postgres", quiet);
+  const sql = postgres(co.databaseUrl, { max: 1, onnotice: () => {} });
+  // Autovacuum is off on the benchmark machine: without this each drain
+  // would run over the dead rows of the one before and the last be slowest.
+  const vacuum = () => sql`vacuum tasks`;
   const abort = new AbortController();
   try {
     await warmUp(co);
+    await vacuum();
     const before = await drain(co, { batch, tasks: leaseTasks, workers });
     // The held leases: another workload, claimed by other workers.
     const setup = clients(grpc(co));
@@ -420,6 +430,7 @@ async function leases() {
     // The drain's tasks first, so that the renewals run beside the drain only.
     const drained = `drain-leases-${Date.now()}`;
     await enqueue(setup, drained, leaseTasks);
+    await vacuum();
     let draining = true;
     const renewing = holders.map(async (h, i) => {
       await sleep((i * renewSeconds * 1000) / leaseStreams);
@@ -456,6 +467,7 @@ async function leases() {
         });
       }
     }
+    await vacuum();
     const after = await drain(co, { batch, tasks: leaseTasks, workers });
     const without = (before.tasksPerS + after.tasksPerS) / 2;
     figures.leases = during.tasksPerS / without;
@@ -482,6 +494,7 @@ async function leases() {
     });
   } finally {
     abort.abort();
+    await sql.end();
     await co.stop();
   }
 }
@@ -834,7 +847,8 @@ const rows: Row[] = [
 const measured = rows.filter((r) => r.value !== undefined).length > 0;
 const table = rows.map((r) => [
   r.what,
-  r.value === undefined ? "not measured" : String(round2(r.value)),
+  // Three significant digits: a ratio of 0.298 must not read as 0.3 beside "NO".
+  r.value === undefined ? "not measured" : String(Number(r.value.toPrecision(3))),
   r.target,
   r.value === undefined ? "—" : r.met(r.value) ? (r.target === "(info)" ? "—" : "yes") : "NO",
 ]);
