@@ -58,3 +58,57 @@ describe.skipIf(!onPostgres)("the claim's plan on PostgreSQL", () => {
     });
   }
 });
+
+// The trap the first test cannot see: a connection that claimed while the
+// table was small keeps the plans it made then (plpgsql caches a generic plan
+// after a few runs). A claim must still reach its rows by index once the
+// table has grown, unanalyzed, to a large backlog on that same connection.
+describe.skipIf(!onPostgres)("the claim's plan on a connection that began on a small table", () => {
+  let tdb: TestDatabase;
+  let sql: postgres.Sql;
+  const plans: string[] = [];
+  const worker = "b0000000-0000-4000-8000-00000000000b";
+  const insert = (n: number) => sql`insert into tasks (id, workload, state, max_attempts,
+      lease_seconds, backoff_initial_ms, backoff_max_ms, backoff_multiplier)
+    select gen_random_uuid(), 'w', 'PENDING', 3, 60, 1000, 300000, 2
+    from generate_series(1, ${n}::int)`;
+
+  beforeAll(async () => {
+    tdb = await createTestDatabase();
+    sql = postgres(tdb.url ?? "", {
+      max: 1,
+      onnotice: (n) => {
+        if (typeof n.message === "string") plans.push(n.message);
+      },
+    });
+    await sql`insert into workers (id, capabilities, max_concurrency) values (${worker}, '{w}', 100000)`;
+  });
+  afterAll(async () => {
+    await sql?.end();
+    await tdb?.drop();
+  });
+
+  it("reads the picked rows by primary key after the table grew from a handful of rows to 60,000", async () => {
+    await insert(40);
+    // Enough claims for plpgsql to settle on a generic plan for a tiny table.
+    for (let i = 0; i < 8; i++) {
+      const rows = await sql`select id from meshwork_claim(${worker}, '{w}', '{}', 2, null)`;
+      expect(rows).toHaveLength(2);
+    }
+    await insert(60_000);
+    await sql`load 'auto_explain'`;
+    await sql`set auto_explain.log_min_duration = 0`;
+    await sql`set auto_explain.log_nested_statements = on`;
+    await sql`set auto_explain.log_analyze = on`;
+    await sql`set client_min_messages = log`;
+    plans.length = 0;
+    const rows = await sql`select id from meshwork_claim(${worker}, '{w}', '{}', 10, null)`;
+    expect(rows).toHaveLength(10);
+    const plan = plans.find((p) => p.includes("WITH pending AS MATERIALIZED")) ?? "";
+    expect(plan).toMatch(/Update on tasks[\s\S]*Index Scan using tasks_pkey/);
+    expect(plan).not.toMatch(/Seq Scan on tasks/);
+    // Rows read: the claim's own, not the table's.
+    const removed = [...plan.matchAll(/Rows Removed by Filter: (\d+)/g)].map((m) => Number(m[1]));
+    expect(Math.max(0, ...removed)).toBeLessThan(1000);
+  });
+});

@@ -47,3 +47,13 @@ BEGIN
   END LOOP;
 END;
 $$;
+--> statement-breakpoint
+
+-- The claim's plans are cached for the life of a connection (plpgsql keeps
+-- a generic plan after a few runs). Planned while the tasks table was small,
+-- the UPDATE's `t.id = ANY (…)` became a sequential scan, kept as the table
+-- grew to a million rows (179 ms per claim, every row read). Sequential
+-- scans are off inside the claim, as sorts and bitmap scans already are:
+-- every statement in it has its index, whatever the table's size and
+-- statistics were when it was planned.
+ALTER FUNCTION meshwork_claim(uuid, text[], jsonb, int, int) SET enable_seqscan = off;
