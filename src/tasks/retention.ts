@@ -80,24 +80,44 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
 
   /** Deletes one batch of tasks and their artifact rows; returns the bytes they named. */
   async function deleteBatch(): Promise<{ tasks: number; artifacts: number; shas: string[] }> {
-    const [row] = await rowsOf<{
-      tasks: number | string;
-      artifacts: number | string;
-      shas: string;
-    }>(
-      deps.db,
-      sql`with doomed as materialized (
+    // Nested loops on indexes only, whatever the statistics: with hash or
+    // merge joins allowed, the reference checks were planned over every task
+    // (a merge anti-join by primary key, 1.5 s a run at 1,000,000 finished
+    // tasks; a hash of all of them), and with the tables' early sizes as
+    // the planner's guess, over sequential scans.
+    const [row] = await deps.db.transaction(async (tx) => {
+      await tx.execute(sql`set local enable_seqscan = off`);
+      await tx.execute(sql`set local enable_hashjoin = off`);
+      await tx.execute(sql`set local enable_mergejoin = off`);
+      // An ordered index scan that stops at the batch, not a bitmap of every
+      // entry below the cutoff (dead ones included, until vacuum).
+      await tx.execute(sql`set local enable_bitmapscan = off`);
+      return rowsOf<{
+        tasks: number | string;
+        artifacts: number | string;
+        shas: string;
+      }>(
+        tx as unknown as Db,
+        // The candidates first, alone: an ordered scan of tasks_finished_idx
+        // that stops at the batch size. With the reference check in the same
+        // query, the planner chose a merge anti-join over every task by
+        // primary key (1.5 s a run at 1,000,000 finished tasks, none old).
+        // A candidate that is still referenced is left for a later run.
+        sql`with candidates as materialized (
             select t.id, t.input->>'artifactId' as input_id
             from tasks t
             where t.state in ('SUCCEEDED', 'FAILED', 'CANCELED')
               and t.finished_at < now() - make_interval(secs => ${secs}::float8)
-              and not exists (
-                select 1 from artifacts a join tasks u
-                  on u.input is not null and u.input->>'artifactId' = a.id::text
-                where a.task_id = t.id and u.id <> t.id)
             order by t.finished_at
             limit ${batchSize}::int
             for update of t skip locked
+          ),
+          doomed as materialized (
+            select c.id, c.input_id from candidates c
+            where not exists (
+              select 1 from artifacts a join tasks u
+                on u.input is not null and u.input->>'artifactId' = a.id::text
+              where a.task_id = c.id and u.id <> c.id)
           ),
           gone_tasks as (
             delete from tasks where id = any(array(select id from doomed)) returning id
@@ -123,7 +143,8 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
             ((select count(*) from gone_own) + (select count(*) from gone_inputs))::int as artifacts,
             coalesce((select string_agg(distinct sha256, ',')
               from (select sha256 from gone_own union all select sha256 from gone_inputs) s), '') as shas`,
-    );
+      );
+    });
     return {
       tasks: Number(row?.tasks ?? 0),
       artifacts: Number(row?.artifacts ?? 0),

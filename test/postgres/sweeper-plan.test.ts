@@ -151,6 +151,30 @@ describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
       await client`delete from tasks where state = 'SUCCEEDED'`;
       await client`delete from artifacts`;
     });
+
+    it(`reads no finished task it keeps: 100,000 finished recently, none old, ${when} ANALYZE`, async () => {
+      await client.unsafe(`insert into tasks (${columns}, finished_at)
+        select gen_random_uuid(), 'w', 'SUCCEEDED', 3, 60, 1000, 300000, 2,
+          now() - interval '1 hour' + i * interval '1 millisecond'
+        from generate_series(1, 100000) as i`);
+      if (analyzed) await client`analyze`;
+      const retention = createRetention(
+        { db, blobs: {}, log: { info() {}, debug() {}, warn() {}, error() {} } },
+        { retentionMs: 7 * 86_400_000, maxBatches: 1 },
+      );
+      await planOf(async () => {
+        expect(await retention.runOnce()).toMatchObject({ tasks: 0 });
+      });
+      const del = plans.find((p) => p.includes("doomed")) ?? "";
+      expect(del).toContain("tasks_finished_idx");
+      expect(del).not.toMatch(/Merge (Anti )?Join/);
+      // No node of the plan returned more than a handful of rows (a merge
+      // anti-join over tasks_pkey returned every finished task).
+      const counts = [...del.matchAll(/actual rows=(\d+)/g)].map((m) => Number(m[1]));
+      expect(counts.length).toBeGreaterThan(0);
+      expect(Math.max(...counts), del).toBeLessThan(1000);
+      await client`delete from tasks where state = 'SUCCEEDED'`;
+    });
   }
 });
 
