@@ -71,6 +71,24 @@ export async function serve(config: Config): Promise<void> {
   process.on("unhandledRejection", (reason) => {
     log.error({ err: reason }, "unhandled rejection (kept serving)");
   });
+  // postgres.js 3.4.9 can write to a connection that has just closed, from
+  // a setImmediate, and throw where nothing can catch it (porsager/postgres
+  // #1208). bin/postinstall.js guards that write at install; where it could
+  // not, that one error is logged and the coordinator keeps serving (the
+  // connection's queries fail and it reconnects). Any other uncaught
+  // exception still ends the process, as Node would.
+  process.on("uncaughtException", (error) => {
+    if (
+      error instanceof TypeError &&
+      error.message.includes("reading 'write'") &&
+      /postgres[\\/](cjs[\\/])?src[\\/]connection\.js/.test(error.stack ?? "")
+    ) {
+      log.error({ err: error }, "postgres.js wrote to a closed connection (kept serving)");
+      return;
+    }
+    log.fatal({ err: error }, "uncaught exception");
+    process.exit(1);
+  });
   // In this order: nothing in the data directory is touched before this
   // process holds its lock and has bound its port.
   const unlock = lockDataDir(config.dataDir);

@@ -9,10 +9,18 @@ import { invalid } from "./errors.js";
 /** Identifiers, names, keys: at most this many characters. */
 export const maxText = 256;
 
-/** Checks an identifier-like string: non-empty unless `optional`, at most 256 characters. */
+/** A UTF-16 surrogate without its pair: a string that has no UTF-8 form. */
+const loneSurrogate = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+/**
+ * Checks an identifier-like string: non-empty unless `optional`, at most
+ * 256 characters, text with a UTF-8 form (a lone surrogate, which Connect
+ * JSON's `\ud800` can carry, has none: PostgreSQL's jsonb refuses it).
+ */
 export function text(field: string, value: string, { optional = false } = {}): string {
   if (!optional && value.trim() === "") throw invalid(`${field} is required`);
   if (value.length > maxText) throw invalid(`${field} is longer than ${maxText} characters`);
+  if (loneSurrogate.test(value)) throw invalid(`${field} is not valid Unicode text`);
   return value;
 }
 

@@ -18,12 +18,15 @@ import { createTransitions, released } from "./transitions.js";
 
 export type { ClaimAnswer, ClaimingWorker, Slots } from "./claim.js";
 
-/** Whether the database rolled a statement back for a conflict: safe to run again. */
-function rolledBack(error: unknown): boolean {
+/**
+ * Whether the database answered a statement with an error (a SQLSTATE):
+ * the statement, alone in its transaction, then committed nothing.
+ */
+function answeredWithError(error: unknown): boolean {
   let e: unknown = error;
   for (let depth = 0; depth < 6 && e !== null && typeof e === "object"; depth++) {
     const code = (e as { code?: unknown }).code;
-    if (code === "40P01" || code === "40001") return true;
+    if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) return true;
     e = (e as { cause?: unknown }).cause;
   }
   return false;
@@ -57,15 +60,37 @@ export function completionHash(c: Completion): string {
  */
 export function createLeaseStore(db: Db) {
   // Claims made while one is in flight go together in the next statement
-  // (group commit, as completions do). Run again only when the database
-  // says it rolled the statement back (a deadlock with a statement that
-  // locks workers in another order, a serialization failure): a claim whose
-  // answer was lost may have leased tasks, which would sit leased to nobody
+  // (group commit, as completions do). When the database refuses that
+  // statement (it answered with an error, so nothing was leased: a
+  // deadlock, a timeout, one claim's data it could not take), each claim
+  // goes again alone and gets its own answer: one claim never fails the
+  // others. A failure with no answer (the connection lost) is not run
+  // again: leases may have been granted, and would sit leased to nobody
   // while more were taken; for that, the callers retry.
-  const claim = createBatcher(createClaimStatement(db), {
-    maxBatch: 64,
-    retryable: (error) => rolledBack(error),
-  });
+  const claimStatement = createClaimStatement(db);
+  const claim = createBatcher(
+    async (items: { worker: ClaimingWorker; max: number }[]): Promise<(ClaimAnswer | Error)[]> => {
+      try {
+        return await claimStatement(items);
+      } catch (error) {
+        if (items.length === 1 || !answeredWithError(error)) throw error;
+        return Promise.all(
+          items.map((item) =>
+            claimStatement([item]).then(
+              ([answer]) => answer ?? new Error("the claim statement answered nothing"),
+              (alone: unknown) => (alone instanceof Error ? alone : new Error(String(alone))),
+            ),
+          ),
+        );
+      }
+    },
+    { maxBatch: 64 },
+  );
+  async function claimCounted(worker: ClaimingWorker, max: number): Promise<ClaimAnswer> {
+    const answer = await claim({ worker, max });
+    if (answer instanceof Error) throw answer;
+    return answer;
+  }
   const slots = createSlotsStatement(db);
   const q = createTransitions(db);
 
@@ -88,13 +113,11 @@ export function createLeaseStore(db: Db) {
      * same time. Concurrent claimers take disjoint tasks; a drained or
      * unknown worker gets none.
      */
-    claimCounted(worker: ClaimingWorker, max: number): Promise<ClaimAnswer> {
-      return claim({ worker, max });
-    },
+    claimCounted,
 
     /** The tasks of claimCounted, without the count. */
     async claim(worker: ClaimingWorker, max: number): Promise<TaskRow[]> {
-      return (await claim({ worker, max })).rows;
+      return (await claimCounted(worker, max)).rows;
     },
 
     /**

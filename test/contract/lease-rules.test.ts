@@ -73,6 +73,23 @@ describeEachEngine("lease rules", (db) => {
       expect(again).toMatchObject({ id: first.id, attempt: 2, leaseWorkerId: workerA });
     });
 
+    it("gives each claim of a batch its own answer when the database refuses one of them", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload }), newTask({ workload })]);
+      // The first call runs alone; the two made while it is in flight go
+      // together in the next statement, where the second's capability (a lone
+      // surrogate, which jsonb cannot hold) makes the database refuse it all.
+      const first = leases.claimCounted(worker(workerA, ["nothing-to-claim"]), 1);
+      const good = leases.claimCounted(worker(workerB, [workload]), 1);
+      const bad = leases.claimCounted(worker(workerA, ["\ud800"]), 1);
+      expect((await first).rows).toEqual([]);
+      const claimed = await good;
+      expect(claimed.rows).toHaveLength(1);
+      expect(claimed.rows[0]?.leaseWorkerId).toBe(workerB);
+      expect(claimed.slots).toBeDefined();
+      await expect(bad).rejects.toThrow();
+    });
+
     it("is not handed out once the task's deadline has passed; the sweeper fails it", async () => {
       const workload = uniqueWorkload();
       await taskStore.create([newTask({ workload, deadline: new Date(Date.now() + 3_600_000) })]);

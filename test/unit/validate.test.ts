@@ -1,0 +1,21 @@
+import { describe, expect, it } from "vitest";
+import { stringList, text } from "../../src/core/validate.js";
+
+// Connect JSON can carry a lone UTF-16 surrogate ("\ud800"), which has no
+// UTF-8 form: PostgreSQL's jsonb refuses it (a claim's capabilities travel
+// as jsonb, several claims in one statement). It is refused at the door,
+// with the field's name, as invalid_argument.
+describe("text fields", () => {
+  it("refuses a lone surrogate, high or low, and names the field", () => {
+    expect(() => text("name", "a\ud800")).toThrow(/name is not valid Unicode text/);
+    expect(() => text("name", "\udc00b")).toThrow(/not valid Unicode text/);
+    expect(() => stringList("capabilities", ["ok", "x\ud800"])).toThrow(
+      /capabilities entry is not valid Unicode text/,
+    );
+  });
+
+  it("takes any well-formed text, pairs of surrogates included", () => {
+    expect(text("name", "gpu-😀")).toBe("gpu-😀");
+    expect(stringList("capabilities", ["a", "a", "ü"])).toEqual(["a", "ü"]);
+  });
+});
