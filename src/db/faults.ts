@@ -40,11 +40,12 @@ const transientCodes = new Set([
  * SQLSTATEs: class 08 (connection exception), 57P01–57P03 (admin or crash
  * shutdown, cannot connect now), 57014 (statement timeout or cancel),
  * 53300 (too many connections), 40001 and 40P01 (serialization failure,
- * deadlock: the transaction may simply be retried).
+ * deadlock: the transaction may simply be retried), 55P03 (a lock not
+ * granted within lock_timeout: a claim waits at most 2 s for a worker).
  */
 function transientSqlState(code: string): boolean {
   return (
     (code.length === 5 && code.startsWith("08")) ||
-    ["57P01", "57P02", "57P03", "57014", "53300", "40001", "40P01"].includes(code)
+    ["57P01", "57P02", "57P03", "57014", "53300", "40001", "40P01", "55P03"].includes(code)
   );
 }

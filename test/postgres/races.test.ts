@@ -226,4 +226,43 @@ describe.skipIf(!onPostgres)("PostgreSQL races", () => {
     );
     expect(claimed.flat()).toHaveLength(2);
   });
+
+  it("a worker's lock held long holds up only that worker's claim, not the others made with it", async () => {
+    const workload = uniqueWorkload();
+    const held = `d0000000-0000-4000-8000-0000000000${randomUUID().slice(0, 2)}`;
+    const free = `e0000000-0000-4000-8000-0000000000${randomUUID().slice(0, 2)}`;
+    await insertWorker(tdb.database.db, held);
+    await insertWorker(tdb.database.db, free);
+    await createTaskStore(tdb.database.db).create([newTask({ workload }), newTask({ workload })]);
+    const leases = createLeaseStore(tdb.database.db);
+    // Another transaction (a placement, say) holds `held`'s row until told.
+    let release: () => void = () => {};
+    const released = new Promise<void>((r) => {
+      release = r;
+    });
+    let locked: () => void = () => {};
+    const isLocked = new Promise<void>((r) => {
+      locked = r;
+    });
+    const holder = replica.db.transaction(async (tx) => {
+      await tx.execute(sql`select 1 from workers where id = ${held} for update`);
+      locked();
+      await released;
+    });
+    await isLocked;
+    try {
+      // The first claim runs alone; the two made meanwhile share a statement.
+      const first = leases.claimCounted({ id: free, capabilities: ["none"], labels: {} }, 1);
+      const blocked = leases.claimCounted({ id: held, capabilities: [workload], labels: {} }, 1);
+      const other = leases.claimCounted({ id: free, capabilities: [workload], labels: {} }, 1);
+      await first;
+      // Answered while the lock is still held (without lock_timeout, the
+      // batch waited for it, and this test with it, until released).
+      expect((await other).rows).toHaveLength(1);
+      await expect(blocked).rejects.toMatchObject({ cause: { code: "55P03" } });
+    } finally {
+      release();
+      await holder;
+    }
+  }, 30_000);
 });

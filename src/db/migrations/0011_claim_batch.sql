@@ -57,3 +57,11 @@ $$;
 -- every statement in it has its index, whatever the table's size and
 -- statistics were when it was planned.
 ALTER FUNCTION meshwork_claim(uuid, text[], jsonb, int, int) SET enable_seqscan = off;
+--> statement-breakpoint
+
+-- A batch waits at most 2 s for a worker's lock (held by a placement, a
+-- deregistration, another replica's batch): past that, the database refuses
+-- the batch (55P03), its claims are made again one by one (leases/store.ts)
+-- and only the claim for the locked worker waits and fails (`unavailable`).
+-- Without it, one lock held long would hold every claim of the replica.
+ALTER FUNCTION meshwork_claim_batch(jsonb) SET lock_timeout = '2s';
