@@ -1,7 +1,7 @@
 import { execFile } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, readdirSync, renameSync, rmdirSync, rmSync, statSync } from "node:fs";
 import { createRequire } from "node:module";
-import { join } from "node:path";
+import { basename, dirname, join } from "node:path";
 
 /**
  * PostgreSQL's `shared_buffers` in PGlite. Its buffer pool lives in the
@@ -48,11 +48,26 @@ PGlite.create(location, { startParams })
  */
 export async function initPgliteDataDir(location: string): Promise<void> {
   if (existsSync(join(location, "PG_VERSION"))) return;
+  // Made beside it and renamed into place once whole: a child killed midway
+  // (initdb writes PG_VERSION early) leaves only a `.init-` directory, which
+  // the next start removes, never a half-made database it would open.
+  if (existsSync(location)) {
+    const isEmptyDir = statSync(location).isDirectory() && readdirSync(location).length === 0;
+    if (!isEmptyDir) {
+      throw new Error(`initdb failed: ${location} is not an empty directory and holds no database`);
+    }
+  }
+  const parent = dirname(location);
+  const prefix = `${basename(location)}.init-`;
+  for (const name of readdirSync(parent)) {
+    if (name.startsWith(prefix)) rmSync(join(parent, name), { recursive: true, force: true });
+  }
+  const staging = join(parent, `${prefix}${process.pid}`);
   const pglite = createRequire(import.meta.url).resolve("@electric-sql/pglite");
   await new Promise<void>((resolve, reject) => {
     execFile(
       process.execPath,
-      ["-e", childScript, pglite, location, pgliteSharedBuffers],
+      ["-e", childScript, pglite, staging, pgliteSharedBuffers],
       { maxBuffer: 1024 * 1024 },
       (error, _stdout, stderr) => {
         if (!error) return resolve();
@@ -60,5 +75,12 @@ export async function initPgliteDataDir(location: string): Promise<void> {
         reject(new Error(`initdb failed: ${why}`));
       },
     );
+  }).catch((error: unknown) => {
+    rmSync(staging, { recursive: true, force: true });
+    throw error;
   });
+  // An empty directory made by the caller gives way; one with anything in
+  // it makes the rename fail rather than be replaced.
+  if (existsSync(location)) rmdirSync(location);
+  renameSync(staging, location);
 }

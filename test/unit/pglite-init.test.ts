@@ -1,4 +1,4 @@
-import { existsSync, mkdtempSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { sql } from "drizzle-orm";
@@ -31,6 +31,22 @@ describe.skipIf(onPostgres)("PGlite data directory", () => {
       expect(JSON.stringify(rows)).toContain("7");
     } finally {
       await again.close();
+    }
+  });
+
+  it("makes it whole or not at all: a half-made one left by a killed child is removed, never opened", async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), "meshwork-pglite-init-"));
+    // What a child killed midway leaves: initdb writes PG_VERSION early.
+    mkdirSync(join(dataDir, "db.init-99999"));
+    writeFileSync(join(dataDir, "db.init-99999", "PG_VERSION"), "17\n");
+    const db = await openDatabase({ dataDir });
+    try {
+      expect(existsSync(join(dataDir, "db.init-99999"))).toBe(false);
+      expect(readdirSync(dataDir).filter((n) => n.startsWith("db.init-"))).toEqual([]);
+      const rows = await db.db.execute(sql`select count(*) as n from tasks`);
+      expect(JSON.stringify(rows)).toContain("0");
+    } finally {
+      await db.close();
     }
   });
 
