@@ -3,15 +3,11 @@ import { mkdirSync, mkdtempSync, readFileSync, symlinkSync, writeFileSync } from
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
-import { createClient } from "@connectrpc/connect";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
-import { transportFor } from "../../src/cli/connect.js";
-import { listen, type RunningServer } from "../../src/server.js";
+import { afterAll, describe, expect, it } from "vitest";
+import { TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { until, within } from "../support/bounded.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { appOn } from "../support/harness.js";
 import { missingForPythonGrpc } from "../support/python.js";
+import { adminTasks, bytesAt, finishedTask, useListeningServer } from "../support/server.js";
 
 // The README's worker examples, run as written against a coordinator with
 // auth on: the TypeScript SDK example, `meshwork work` and the Python gRPC
@@ -62,29 +58,14 @@ function start(command: string, args: string[], env: NodeJS.ProcessEnv, cwd: str
 }
 
 describe("README worker examples", () => {
-  let tdb: TestDatabase;
-  let server: RunningServer | undefined;
-  let adminToken = "";
-  let workerToken = "";
+  const server = useListeningServer({
+    auth: "on",
+    blobDir: mkdtempSync(join(tmpdir(), "meshwork-readme-blobs-")),
+  });
   const children: ChildProcess[] = [];
-  const blobDir = mkdtempSync(join(tmpdir(), "meshwork-readme-blobs-"));
-  const tasks = () =>
-    createClient(TaskService, transportFor({ url: server?.url ?? "", token: adminToken }));
-  const finished = async (taskId: string) => {
-    await until(async () => {
-      const { task } = await tasks().getTask({ taskId });
-      return task?.state === TaskState.SUCCEEDED || task?.state === TaskState.FAILED;
-    }, 20_000);
-    return (await tasks().getTask({ taskId })).task;
-  };
-  const bytesOf = async (uri: string) => {
-    // The URI names the coordinator's public URL; fetch the same path from the test server.
-    const res = await fetch(`${server?.url}${new URL(uri).pathname}`, {
-      headers: { authorization: `Bearer ${adminToken}` },
-    });
-    expect(res.status).toBe(200);
-    return res.text();
-  };
+  const tasks = () => adminTasks(server);
+  const finished = (taskId: string) => finishedTask(server, taskId);
+  const bytesOf = (uri: string) => bytesAt(server, uri);
   const wc = (text: string) =>
     tasks().createTask({
       workload: "wc",
@@ -92,17 +73,8 @@ describe("README worker examples", () => {
       maxAttempts: 1,
     });
 
-  beforeAll(async () => {
-    tdb = await createTestDatabase();
-    const app = appOn(tdb.database, { auth: "on", blobDir });
-    server = await listen(app, "127.0.0.1:0");
-    adminToken = (await app.tokens.create("readme-admin", "admin")).secret;
-    workerToken = (await app.tokens.create("readme-worker", "worker")).secret;
-  });
-  afterAll(async () => {
+  afterAll(() => {
     for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
-    await server?.close();
-    await tdb.drop();
   });
 
   it("runs the TypeScript SDK example as written: counts lines, fails empty input, exits 0 on SIGTERM", async () => {
@@ -117,9 +89,9 @@ describe("README worker examples", () => {
       file,
       source
         .replace('from "meshwork/worker"', `from ${JSON.stringify(sdk)}`)
-        .replace(README_URL, server?.url ?? ""),
+        .replace(README_URL, server.url),
     );
-    const w = start("node", [file], { ...process.env, MESHWORK_TOKEN: workerToken }, dir);
+    const w = start("node", [file], { ...process.env, MESHWORK_TOKEN: server.workerToken }, dir);
     children.push(w.child);
     await until(() => w.out.stdout.includes("registered as"), 20_000);
 
@@ -136,7 +108,7 @@ describe("README worker examples", () => {
 
     w.child.kill("SIGTERM");
     expect(await within(15_000, w.exited)).toBe(0);
-    expect(w.out.stdout + w.out.stderr).not.toContain(workerToken);
+    expect(w.out.stdout + w.out.stderr).not.toContain(server.workerToken);
   });
 
   it("runs the `meshwork work` example as written: counts lines, exits 0 on SIGTERM", async () => {
@@ -149,8 +121,8 @@ describe("README worker examples", () => {
     expect(source).toContain("MESHWORK_TOKEN=…");
     expect(source).toContain(README_URL);
     const script = source
-      .replace("MESHWORK_TOKEN=…", `MESHWORK_TOKEN=${workerToken}`)
-      .replace(README_URL, server?.url ?? "");
+      .replace("MESHWORK_TOKEN=…", `MESHWORK_TOKEN=${server.workerToken}`)
+      .replace(README_URL, server.url);
     const shell = start(
       "bash",
       ["-euo", "pipefail", "-c", script],
@@ -181,8 +153,8 @@ describe("README worker examples", () => {
       expect(source).toContain("MESHWORK_TOKEN=mw_...");
       expect(source).toContain("--url 127.0.0.1:8080 ");
       const script = source
-        .replace("MESHWORK_TOKEN=mw_...", `MESHWORK_TOKEN=${workerToken}`)
-        .replace("127.0.0.1:8080", new URL(server?.url ?? "").host);
+        .replace("MESHWORK_TOKEN=mw_...", `MESHWORK_TOKEN=${server.workerToken}`)
+        .replace("127.0.0.1:8080", new URL(server.url).host);
       // From the repository root, as written: generate.sh writes the stubs
       // into examples/python-grpc-worker/gen/, which git ignores.
       const shell = start("bash", ["-euo", "pipefail", "-c", script], process.env, root);
@@ -200,7 +172,7 @@ describe("README worker examples", () => {
       expect(readFileSync(`/proc/${worker}/comm`, "utf8").trim()).toMatch(/^python3/);
       process.kill(worker, "SIGTERM");
       expect(await within(15_000, shell.exited), shell.out.stderr).toBe(0);
-      expect(shell.out.stdout + shell.out.stderr).not.toContain(workerToken);
+      expect(shell.out.stdout + shell.out.stderr).not.toContain(server.workerToken);
     },
     60_000,
   );

@@ -2,15 +2,11 @@ import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createClient } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
-import type { App } from "../../src/app.js";
-import { transportFor } from "../../src/cli/connect.js";
-import { listen, type RunningServer } from "../../src/server.js";
+import { TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { until, within } from "../support/bounded.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { appOn, uniqueWorkload } from "../support/harness.js";
+import { uniqueWorkload } from "../support/harness.js";
+import { adminTasks, bytesAt, finishedTask, useListeningServer } from "../support/server.js";
 
 // `meshwork work … -- sh -c '…'` as a child process against a coordinator
 // with auth on: parameters on stdin and in the environment, the input as a
@@ -32,42 +28,21 @@ sleep 4
 `;
 
 describe("meshwork work", () => {
-  let tdb: TestDatabase;
-  let app: App;
-  let server: RunningServer | undefined;
-  let adminToken = "";
-  let workerToken = "";
+  const server = useListeningServer({
+    auth: "on",
+    blobDir: mkdtempSync(join(tmpdir(), "meshwork-work-blobs-")),
+  });
   let child: ChildProcess | undefined;
   let stdout = "";
   let stderr = "";
   let exited: Promise<number | null> = Promise.resolve(null);
   const workload = uniqueWorkload("cli-work");
-  const blobDir = mkdtempSync(join(tmpdir(), "meshwork-work-blobs-"));
-  const tasks = () =>
-    createClient(TaskService, transportFor({ url: server?.url ?? "", token: adminToken }));
-  const finished = async (taskId: string) => {
-    await until(async () => {
-      const { task } = await tasks().getTask({ taskId });
-      return task?.state === TaskState.SUCCEEDED || task?.state === TaskState.FAILED;
-    }, 20_000);
-    return (await tasks().getTask({ taskId })).task;
-  };
-  const bytesOf = async (uri: string) => {
-    // The URI names the coordinator's public URL; fetch the same path from the test server.
-    const res = await fetch(`${server?.url}${new URL(uri).pathname}`, {
-      headers: { authorization: `Bearer ${adminToken}` },
-    });
-    expect(res.status).toBe(200);
-    return res.text();
-  };
+  const tasks = () => adminTasks(server);
+  const finished = (taskId: string) => finishedTask(server, taskId);
+  const bytesOf = (uri: string) => bytesAt(server, uri);
 
   beforeAll(async () => {
-    tdb = await createTestDatabase();
-    app = appOn(tdb.database, { auth: "on", blobDir });
-    server = await listen(app, "127.0.0.1:0");
-    adminToken = (await app.tokens.create("work-admin", "admin")).secret;
-    workerToken = (await app.tokens.create("work-worker", "worker")).secret;
-    const url = server.url;
+    const { url, workerToken } = server;
     child = spawn(
       "node",
       [
@@ -100,10 +75,8 @@ describe("meshwork work", () => {
     exited = new Promise((resolve) => c.once("exit", (code) => resolve(code)));
     await until(() => stderr.includes("registered as worker"), 20_000);
   });
-  afterAll(async () => {
+  afterAll(() => {
     if (child?.exitCode === null) child.kill("SIGKILL");
-    await server?.close();
-    await tdb.drop();
   });
 
   it("runs the command: parameters on stdin and in the environment, the input as a file, the first output file as the result, progress recorded", async () => {
@@ -180,16 +153,16 @@ describe("meshwork work", () => {
     const env = await bytesOf(task?.result?.uri ?? "");
     expect(env).toContain(`MESHWORK_TASK_ID=${taskId}`);
     expect(env).toContain("MESHWORK_INPUT=\n");
-    expect(env).not.toContain(workerToken);
+    expect(env).not.toContain(server.workerToken);
     expect(env).not.toContain("MESHWORK_TOKEN");
   });
 
   it("refuses to run without a worker token, even with an admin token file in the data dir", () => {
     const dataDir = mkdtempSync(join(tmpdir(), "meshwork-work-data-"));
-    writeFileSync(join(dataDir, "admin.token"), `${adminToken}\n`);
+    writeFileSync(join(dataDir, "admin.token"), `${server.adminToken}\n`);
     const r = spawnSync(
       "node",
-      ["bin/meshwork.js", "work", "--url", server?.url ?? "", "--workload", workload, "--", "true"],
+      ["bin/meshwork.js", "work", "--url", server.url, "--workload", workload, "--", "true"],
       {
         env: { PATH: process.env.PATH ?? "", MESHWORK_DATA_DIR: dataDir },
         cwd: process.cwd(),
@@ -200,12 +173,12 @@ describe("meshwork work", () => {
     expect(r.status).toBe(2);
     expect(r.stderr.trim().split("\n")).toHaveLength(1);
     expect(r.stderr).toContain("needs a worker token");
-    expect(r.stderr).not.toContain(adminToken);
+    expect(r.stderr).not.toContain(server.adminToken);
   });
 
   it("exits 0 on SIGTERM", async () => {
     child?.kill("SIGTERM");
     expect(await within(15_000, exited)).toBe(0);
-    expect(stderr).not.toContain(workerToken);
+    expect(stderr).not.toContain(server.workerToken);
   });
 });
