@@ -38,6 +38,19 @@ import { appOn, uniqueWorkload } from "../support/harness.js";
 
 const sha = (b: Uint8Array | string) => createHash("sha256").update(b).digest("hex");
 
+/** A meeting point: each call waits until `n` calls have been made, then all go on. */
+function barrier(n: number): () => Promise<void> {
+  let arrived = 0;
+  let release: () => void = () => {};
+  const all = new Promise<void>((r) => {
+    release = r;
+  });
+  return () => {
+    if (++arrived === n) release();
+    return all;
+  };
+}
+
 function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const s = createServer();
@@ -153,11 +166,7 @@ describe("the worker SDK against a coordinator with auth on", () => {
       }),
     );
     const calls = recorder();
-    let arrived = 0;
-    let release: () => void = () => {};
-    const all = new Promise<void>((r) => {
-      release = r;
-    });
+    const together = barrier(3);
     const logs: string[] = [];
     const w = worker(
       {
@@ -169,8 +178,7 @@ describe("the worker SDK against a coordinator with auth on", () => {
           const out = `${input.toUpperCase()}${String(ctx.parameters.suffix)}`;
           const artifact = await ctx.upload("out.txt", out, { contentType: "text/plain" });
           ctx.progress(1, "uploaded");
-          if (++arrived === 3) release();
-          await all; // all three finish together
+          await together(); // all three finish together
           return { result: artifact, summary: `did ${task.id}`, metrics: { n: 1 } };
         },
       },
@@ -394,11 +402,7 @@ describe("the worker SDK against a coordinator with auth on", () => {
     const good = (await tasks().createTask({ workload, name: "good" })).task?.taskId ?? "";
     const bad = (await tasks().createTask({ workload, name: "bad", maxAttempts: 1 })).task?.taskId;
     const calls = recorder();
-    let arrived = 0;
-    let release: () => void = () => {};
-    const both = new Promise<void>((r) => {
-      release = r;
-    });
+    const together = barrier(2);
     const logs: string[] = [];
     worker(
       {
@@ -406,8 +410,7 @@ describe("the worker SDK against a coordinator with auth on", () => {
         concurrency: 2,
         interceptors: [calls.interceptor],
         handler: async (task) => {
-          if (++arrived === 2) release();
-          await both; // finish together: one CompleteTasks
+          await together(); // finish together: one CompleteTasks
           // A result naming an artifact the coordinator does not have: refused.
           return task.name === "bad"
             ? {
@@ -439,11 +442,7 @@ describe("the worker SDK against a coordinator with auth on", () => {
     };
     const run = async (interceptor: Interceptor, ids: string[]) => {
       const calls = recorder();
-      let arrived = 0;
-      let release: () => void = () => {};
-      const both = new Promise<void>((r) => {
-        release = r;
-      });
+      const together = barrier(2);
       const logs: string[] = [];
       const w = worker(
         {
@@ -451,8 +450,7 @@ describe("the worker SDK against a coordinator with auth on", () => {
           concurrency: 2,
           interceptors: [calls.interceptor, interceptor],
           handler: async (task) => {
-            if (++arrived === 2) release();
-            await both;
+            await together();
             return { summary: `did ${task.name}` };
           },
         },
