@@ -1,6 +1,7 @@
-import postgres from "postgres";
+import type postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
+import { explainEverything, noticeClient } from "../support/plans.js";
 
 // The claim's plan decisions (migration 0006) are what keep a claim
 // O(claimed) whatever the backlog: the PENDING scan walks tasks_claim_idx in
@@ -17,22 +18,14 @@ describe.skipIf(!onPostgres)("the claim's plan on PostgreSQL", () => {
 
   beforeAll(async () => {
     tdb = await createTestDatabase();
-    sql = postgres(tdb.url ?? "", {
-      max: 1,
-      onnotice: (n) => {
-        if (typeof n.message === "string") plans.push(n.message);
-      },
-    });
+    sql = noticeClient(tdb.url ?? "", plans);
     await sql`insert into workers (id, capabilities, max_concurrency) values (${worker}, '{w}', 1000)`;
     await sql`insert into tasks (id, workload, state, max_attempts, lease_seconds,
         backoff_initial_ms, backoff_max_ms, backoff_multiplier)
       select gen_random_uuid(), case when i % 10 = 0 then 'w' else 'other' end, 'PENDING',
         3, 60, 1000, 300000, 2
       from generate_series(1, 20000) as i`;
-    await sql`load 'auto_explain'`;
-    await sql`set auto_explain.log_min_duration = 0`;
-    await sql`set auto_explain.log_nested_statements = on`;
-    await sql`set client_min_messages = log`;
+    await explainEverything(sql, { nested: true });
   });
   afterAll(async () => {
     await sql?.end();
@@ -75,12 +68,7 @@ describe.skipIf(!onPostgres)("the claim's plan on a connection that began on a s
 
   beforeAll(async () => {
     tdb = await createTestDatabase();
-    sql = postgres(tdb.url ?? "", {
-      max: 1,
-      onnotice: (n) => {
-        if (typeof n.message === "string") plans.push(n.message);
-      },
-    });
+    sql = noticeClient(tdb.url ?? "", plans);
     await sql`insert into workers (id, capabilities, max_concurrency) values (${worker}, '{w}', 100000)`;
   });
   afterAll(async () => {
@@ -96,11 +84,7 @@ describe.skipIf(!onPostgres)("the claim's plan on a connection that began on a s
       expect(rows).toHaveLength(2);
     }
     await insert(60_000);
-    await sql`load 'auto_explain'`;
-    await sql`set auto_explain.log_min_duration = 0`;
-    await sql`set auto_explain.log_nested_statements = on`;
-    await sql`set auto_explain.log_analyze = on`;
-    await sql`set client_min_messages = log`;
+    await explainEverything(sql, { nested: true, analyze: true });
     plans.length = 0;
     const rows = await sql`select id from meshwork_claim(${worker}, '{w}', '{}', 10, null)`;
     expect(rows).toHaveLength(10);

@@ -1,11 +1,12 @@
 import { drizzle } from "drizzle-orm/postgres-js";
-import postgres from "postgres";
+import type postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Db } from "../../src/db/database.js";
 import * as schema from "../../src/db/schema/index.js";
 import { createTransitions } from "../../src/leases/transitions.js";
 import { createRetention } from "../../src/tasks/retention.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
+import { explainEverything, noticeClient } from "../support/plans.js";
 
 // The sweeper runs every second on every replica, and retention every
 // minute, so their statements must cost what they change, not the backlog:
@@ -24,12 +25,7 @@ describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
 
   beforeAll(async () => {
     tdb = await createTestDatabase();
-    client = postgres(tdb.url ?? "", {
-      max: 1,
-      onnotice: (n) => {
-        if (typeof n.message === "string") plans.push(n.message);
-      },
-    });
+    client = noticeClient(tdb.url ?? "", plans);
     // 100,000 PENDING tasks, none due: 100 in backoff until later, 100 with
     // a deadline far ahead.
     await client.unsafe(`insert into tasks (${columns}, not_before, deadline)
@@ -37,11 +33,7 @@ describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
         case when i % 1000 = 0 then now() + interval '1 hour' end,
         case when i % 1000 = 1 then now() + interval '1 day' end
       from generate_series(1, 100000) as i`);
-    await client`load 'auto_explain'`;
-    await client`set auto_explain.log_min_duration = 0`;
-    await client`set auto_explain.log_analyze = on`;
-    await client`set auto_explain.log_timing = off`;
-    await client`set client_min_messages = log`;
+    await explainEverything(client, { analyze: true, timing: false });
     db = drizzle({ client, schema }) as unknown as Db;
     transitions = createTransitions(db);
   });
