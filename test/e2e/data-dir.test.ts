@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { onPostgres } from "../support/database.js";
+import { freePort, spawnServe } from "../support/serve.js";
 
 /**
  * One data directory, one coordinator: a second `serve` on the same
@@ -18,33 +19,12 @@ afterAll(() => {
   for (const c of children) c.kill("SIGKILL");
 });
 
-async function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const s = createServer().listen(0, "127.0.0.1", () => {
-      const { port } = s.address() as { port: number };
-      s.close(() => resolve(port));
-    });
-  });
-}
-
 function start(dataDir: string, port: number) {
   const env = { ...process.env };
   delete env.DATABASE_URL;
-  const child = spawn(
-    "node",
-    ["bin/meshwork.js", "serve", "--listen", `127.0.0.1:${port}`, "--data-dir", dataDir],
-    { env, stdio: ["ignore", "pipe", "pipe"] },
-  );
-  children.push(child);
-  let output = "";
-  child.stdout?.on("data", (d: Buffer) => {
-    output += d.toString();
-  });
-  child.stderr?.on("data", (d: Buffer) => {
-    output += d.toString();
-  });
-  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
-  return { child, exited, output: () => output, url: `http://127.0.0.1:${port}` };
+  const served = spawnServe(["--listen", `127.0.0.1:${port}`, "--data-dir", dataDir], env);
+  children.push(served.child);
+  return { ...served, url: `http://127.0.0.1:${port}` };
 }
 
 async function ready(url: string): Promise<void> {

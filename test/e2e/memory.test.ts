@@ -1,9 +1,10 @@
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { onPostgres, postgresUrl } from "../support/database.js";
+import { spawnServe } from "../support/serve.js";
 
 /**
  * The resident memory of an idle coordinator just started on an empty data
@@ -30,26 +31,15 @@ describe.skipIf(process.platform !== "linux")("idle memory", () => {
     delete env.DATABASE_URL;
     if (onPostgres && postgresUrl) env.DATABASE_URL = postgresUrl;
     const dataDir = join(mkdtempSync(join(tmpdir(), "meshwork-memory-")), "d");
-    const child = spawn(
-      "node",
-      ["bin/meshwork.js", "serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir],
-      { env, stdio: ["ignore", "pipe", "pipe"] },
-    );
+    const { child, output } = spawnServe(["--listen", "127.0.0.1:0", "--data-dir", dataDir], env);
     children.push(child);
-    let output = "";
-    child.stdout?.on("data", (d: Buffer) => {
-      output += d.toString();
-    });
-    child.stderr?.on("data", (d: Buffer) => {
-      output += d.toString();
-    });
     const deadline = Date.now() + 90_000;
     let url: string | undefined;
     while (Date.now() < deadline && url === undefined) {
-      url = /"url":"([^"]+)"/.exec(output)?.[1];
+      url = /"url":"([^"]+)"/.exec(output())?.[1];
       if (url === undefined) await new Promise((r) => setTimeout(r, 100));
     }
-    expect(url, output).toBeDefined();
+    expect(url, output()).toBeDefined();
     let status = 0;
     while (Date.now() < deadline && status !== 200) {
       status = await fetch(`${url}/readyz`).then(

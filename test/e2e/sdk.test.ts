@@ -1,7 +1,6 @@
 import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -31,6 +30,7 @@ import { listen, type RunningServer } from "../../src/server.js";
 import { until } from "../support/bounded.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { appOn, uniqueWorkload } from "../support/harness.js";
+import { freePort } from "../support/serve.js";
 
 // The worker SDK (src/sdk, `meshwork/worker`) against a real coordinator with
 // auth on, over gRPC on h2c. The coordinator listens on a fixed port so that
@@ -49,17 +49,6 @@ function barrier(n: number): () => Promise<void> {
     if (++arrived === n) release();
     return all;
   };
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once("error", reject);
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address() as { port: number };
-      s.close(() => resolve(port));
-    });
-  });
 }
 
 describe("the worker SDK against a coordinator with auth on", () => {

@@ -1,12 +1,11 @@
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { mkdtempSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { until } from "../support/bounded.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
+import { freePort, spawnServe, untilReady } from "../support/serve.js";
 
 /**
  * A coordinator whose database connections are killed again and again
@@ -20,22 +19,14 @@ describe.skipIf(!onPostgres)("PostgreSQL connections terminated again and again"
   let tdb: TestDatabase;
   let child: ChildProcess;
   let url: string;
-  let output = "";
+  let output: () => string = () => "";
 
   beforeAll(async () => {
     tdb = await createTestDatabase();
-    const port = await new Promise<number>((resolve) => {
-      const s = createServer().listen(0, "127.0.0.1", () => {
-        const { port } = s.address() as { port: number };
-        s.close(() => resolve(port));
-      });
-    });
+    const port = await freePort();
     url = `http://127.0.0.1:${port}`;
-    child = spawn(
-      "node",
+    const served = spawnServe(
       [
-        "bin/meshwork.js",
-        "serve",
         "--listen",
         `127.0.0.1:${port}`,
         "--auth",
@@ -43,22 +34,11 @@ describe.skipIf(!onPostgres)("PostgreSQL connections terminated again and again"
         "--data-dir",
         mkdtempSync(join(tmpdir(), "meshwork-storm-")),
       ],
-      { env: { ...process.env, DATABASE_URL: tdb.url }, stdio: ["ignore", "pipe", "pipe"] },
+      { ...process.env, DATABASE_URL: tdb.url },
     );
-    child.stdout?.on("data", (d: Buffer) => {
-      output += d.toString();
-    });
-    child.stderr?.on("data", (d: Buffer) => {
-      output += d.toString();
-    });
-    await until(
-      () =>
-        fetch(`${url}/readyz`).then(
-          (r) => r.status === 200,
-          () => false,
-        ),
-      60_000,
-    );
+    child = served.child;
+    output = served.output;
+    await untilReady(url, 60_000);
   });
 
   afterAll(async () => {
@@ -112,20 +92,13 @@ describe.skipIf(!onPostgres)("PostgreSQL connections terminated again and again"
     await admin.end();
     expect(
       child.exitCode,
-      `the coordinator exited after ${rounds} rounds:\n${output.slice(-3000)}`,
+      `the coordinator exited after ${rounds} rounds:\n${output().slice(-3000)}`,
     ).toBe(null);
     // Handled where it starts (the driver's own queries on reconnect are
     // off), not only by the last-resort handler.
-    expect(output).not.toContain("unhandled rejection");
+    expect(output()).not.toContain("unhandled rejection");
     // Recovered: ready again, and a call that needs the database succeeds.
-    await until(
-      () =>
-        fetch(`${url}/readyz`).then(
-          (r) => r.status === 200,
-          () => false,
-        ),
-      10_000,
-    );
+    await untilReady(url, 10_000);
     const created = await rpc("TaskService/CreateTask", { workload: "after-the-storm" });
     expect(created.status).toBe(200);
   });

@@ -1,12 +1,11 @@
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { mkdtempSync, readFileSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { until } from "../support/bounded.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
+import { freePort, spawnServe, untilReady } from "../support/serve.js";
 
 /**
  * A real coordinator whose statements fail (a trigger that raises on every
@@ -21,37 +20,20 @@ describe.skipIf(!onPostgres)("logs of a run with failing statements", () => {
   let child: ChildProcess;
   let url: string;
   let adminToken: string;
-  let output = "";
+  let output: () => string = () => "";
 
   beforeAll(async () => {
     tdb = await createTestDatabase();
-    const port = await new Promise<number>((resolve) => {
-      const s = createServer().listen(0, "127.0.0.1", () => {
-        const { port } = s.address() as { port: number };
-        s.close(() => resolve(port));
-      });
-    });
+    const port = await freePort();
     url = `http://127.0.0.1:${port}`;
     const dataDir = mkdtempSync(join(tmpdir(), "meshwork-logs-"));
-    child = spawn(
-      "node",
-      ["bin/meshwork.js", "serve", "--listen", `127.0.0.1:${port}`, "--data-dir", dataDir],
-      { env: { ...process.env, DATABASE_URL: tdb.url }, stdio: ["ignore", "pipe", "pipe"] },
-    );
-    child.stdout?.on("data", (d: Buffer) => {
-      output += d.toString();
+    const served = spawnServe(["--listen", `127.0.0.1:${port}`, "--data-dir", dataDir], {
+      ...process.env,
+      DATABASE_URL: tdb.url,
     });
-    child.stderr?.on("data", (d: Buffer) => {
-      output += d.toString();
-    });
-    await until(
-      () =>
-        fetch(`${url}/readyz`).then(
-          (r) => r.status === 200,
-          () => false,
-        ),
-      60_000,
-    );
+    child = served.child;
+    output = served.output;
+    await untilReady(url, 60_000);
     adminToken = readFileSync(join(dataDir, "admin.token"), "utf8").trim();
   });
 
@@ -154,7 +136,9 @@ describe.skipIf(!onPostgres)("logs of a run with failing statements", () => {
     await admin.end();
     await new Promise((r) => setTimeout(r, 300));
 
-    const lines = output.split("\n").filter((l) => l !== "");
+    const lines = output()
+      .split("\n")
+      .filter((l) => l !== "");
     const failures = lines.filter((l) => l.includes('"rpc failed'));
     expect(failures.length).toBeGreaterThanOrEqual(4);
     // What failed is said: the error class, the SQLSTATE, the statement.
