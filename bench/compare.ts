@@ -20,10 +20,15 @@
  *   grpc.health.v1.Health/Check, no interceptors, no database), and
  *   Meshwork's own Health/Check through its whole stack, both called with
  *   the drain's client code: BENCH_WORKERS callers, one HTTP/2 connection
- *   each, BENCH_CALLS calls in all (after 20 per caller to warm up): calls/s.
+ *   each, BENCH_CALLS calls in all (after 20 per caller to warm up): calls/s
+ *   and CPU per call (server, callers); then one caller's serial calls:
+ *   latency p50/p99, the floor under scenario 3.
  * - postgres: scenarios 1a (claim 1 + CompleteTask), 1b (claim
  *   BENCH_BATCH + CompleteTasks), 2b (CreateTasks of 1,000) and 3
- *   (create→claim latency) on PostgreSQL.
+ *   (create→claim latency) on PostgreSQL, each drain with its CPU per task
+ *   (workers, coordinator, every postgres process); then the floor under
+ *   2b and 3: the same rows inserted by one SQL statement in process (1,000
+ *   per statement: rows/s; one, serially: latency).
  * - leases (scenario 4): 1b drains of BENCH_LEASE_TASKS (60,000: longer
  *   than a renewal period here) on one coordinator, without, with, and
  *   again without BENCH_HELD_LEASES held leases (another workload, claimed
@@ -74,8 +79,10 @@
  * and dropped inside that server).
  */
 import { type ChildProcess, spawn } from "node:child_process";
+import { randomUUID } from "node:crypto";
 import { setMaxListeners } from "node:events";
 import { mkdirSync, writeFileSync } from "node:fs";
+import { availableParallelism } from "node:os";
 import { createInterface } from "node:readline";
 import { createClient } from "@connectrpc/connect";
 import { Logger, run, runMigrations } from "graphile-worker";
@@ -90,6 +97,7 @@ import {
 import {
   type Coordinator,
   clients,
+  cpuMeter,
   databaseUrl,
   drain,
   drainScenario,
@@ -152,6 +160,7 @@ const figures: Record<string, number> = {};
 /** Coordinators log on our stderr: stdout carries the JSON lines and the table only. */
 const quiet = { logsToStderr: true };
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const round3 = (x: number) => Math.round(x * 1000) / 1000;
 const mib = (bytes: number) => Math.round((bytes / 1048576) * 10) / 10;
 
 // ---------------------------------------------------------------- graphile
@@ -184,6 +193,7 @@ async function graphile() {
     const addRate = tasks / ((performance.now() - addStarted) / 1000);
     let ran = 0;
     const started = performance.now();
+    const cpu = cpuMeter();
     const runner = await run({
       connectionString,
       concurrency: workers,
@@ -204,10 +214,12 @@ async function graphile() {
       await sleep(5);
     }
     const seconds = (performance.now() - started) / 1000;
+    const cpuMs = cpu(tasks);
     await runner.stop();
     await runner.promise.catch(() => {});
     figures.graphile = tasks / seconds;
     figures.graphileAdd = addRate;
+    figures.graphileCpu = cpuMs.client + (cpuMs.postgres ?? 0);
     print({
       scenario: "graphile-worker-drain",
       version: "0.16.6",
@@ -216,6 +228,8 @@ async function graphile() {
       concurrency: workers,
       jobs_per_s: Math.round(figures.graphile),
       seconds: round2(seconds),
+      // graphile-worker runs in this process: "client" is graphile-worker itself.
+      cpu_ms_per_job: { graphile_worker: cpuMs.client, postgres: cpuMs.postgres },
     });
     print({
       scenario: "graphile-worker-add_jobs-1000",
@@ -240,8 +254,13 @@ async function graphile() {
 
 // ---------------------------------------------------------------- ceiling
 
-/** `calls` Health/Check calls from `workers` callers, one HTTP/2 connection each: calls/s. */
-async function healthRate(baseUrl: string, token: string) {
+/**
+ * `calls` Health/Check calls from `workers` callers, one HTTP/2 connection
+ * each: calls/s, and CPU per call of the server (`pid`) and the callers.
+ * Then one caller's serial calls (BENCH_LATENCY_SAMPLES): the latency of a
+ * call when nothing else runs, the floor under scenario 3.
+ */
+async function healthRate(baseUrl: string, token: string, pid: number) {
   const callers = Array.from({ length: workers }, () =>
     createClient(Health, grpcTo(baseUrl, token)),
   );
@@ -252,6 +271,7 @@ async function healthRate(baseUrl: string, token: string) {
   );
   let issued = 0;
   const started = performance.now();
+  const cpu = cpuMeter(pid, false);
   await Promise.all(
     callers.map(async (c) => {
       while (issued < calls) {
@@ -260,10 +280,26 @@ async function healthRate(baseUrl: string, token: string) {
       }
     }),
   );
-  return calls / ((performance.now() - started) / 1000);
+  const rate = calls / ((performance.now() - started) / 1000);
+  const cpuMs = cpu(calls);
+  const serial: number[] = [];
+  const [one] = callers;
+  for (let i = 0; one && i < latencySamples; i++) {
+    const sent = performance.now();
+    await one.check({});
+    serial.push(performance.now() - sent);
+  }
+  serial.sort((a, b) => a - b);
+  return {
+    rate,
+    cpuMsPerCall: (cpuMs.coordinator ?? 0) + cpuMs.client,
+    serverCpuMsPerCall: cpuMs.coordinator ?? 0,
+    serialP50: quantile(serial, 0.5),
+    serialP99: quantile(serial, 0.99),
+  };
 }
 
-async function startCeilingServer(): Promise<{ url: string; child: ChildProcess }> {
+async function startCeilingServer(): Promise<{ url: string; child: ChildProcess; pid: number }> {
   const child = spawn(process.execPath, ["--import", "tsx", "bench/ceiling-server.ts"], {
     stdio: ["ignore", "pipe", "inherit"],
   });
@@ -271,26 +307,37 @@ async function startCeilingServer(): Promise<{ url: string; child: ChildProcess 
   for await (const line of lines) {
     const { port } = JSON.parse(line) as { port: number };
     lines.close();
-    return { url: `http://127.0.0.1:${port}`, child };
+    return { url: `http://127.0.0.1:${port}`, child, pid: child.pid ?? 0 };
   }
   throw new Error("the ceiling server did not start");
 }
 
 async function ceiling(co: Coordinator) {
   const bare = await startCeilingServer();
+  let b: Awaited<ReturnType<typeof healthRate>>;
   try {
-    figures.ceiling = await healthRate(bare.url, co.token);
+    b = await healthRate(bare.url, co.token, bare.pid);
   } finally {
     bare.child.kill("SIGTERM");
   }
-  figures.health = await healthRate(co.url, co.token);
+  const m = await healthRate(co.url, co.token, co.pid);
+  figures.ceiling = b.rate;
+  figures.ceilingCpu = b.cpuMsPerCall;
+  figures.ceilingServerCpu = b.serverCpuMsPerCall;
+  figures.ceilingSerialP50 = b.serialP50;
+  figures.health = m.rate;
+  figures.healthSerialP50 = m.serialP50;
   print({
     scenario: "transport-ceiling-bare-connect-node",
     transport: "grpc-h2c",
     method: "grpc.health.v1.Health/Check (no-op)",
     calls,
     callers: workers,
-    calls_per_s: Math.round(figures.ceiling),
+    calls_per_s: Math.round(b.rate),
+    cpu_ms_per_call: round3(b.cpuMsPerCall),
+    server_cpu_ms_per_call: round3(b.serverCpuMsPerCall),
+    serial_p50_ms: b.serialP50,
+    serial_p99_ms: b.serialP99,
   });
   print({
     scenario: "meshwork-health-check",
@@ -298,7 +345,11 @@ async function ceiling(co: Coordinator) {
     transport: "grpc-h2c",
     calls,
     callers: workers,
-    calls_per_s: Math.round(figures.health),
+    calls_per_s: Math.round(m.rate),
+    cpu_ms_per_call: round3(m.cpuMsPerCall),
+    server_cpu_ms_per_call: round3(m.serverCpuMsPerCall),
+    serial_p50_ms: m.serialP50,
+    serial_p99_ms: m.serialP99,
   });
 }
 
@@ -319,7 +370,11 @@ async function drains(co: Coordinator, prefix: string) {
   await warmUp(co);
   for (const b of [1, batch]) {
     const r = await drain(co, { batch: b, tasks, workers });
-    figures[`${prefix}${b === 1 ? "1a" : "1b"}`] = r.tasksPerS;
+    const name = `${prefix}${b === 1 ? "1a" : "1b"}`;
+    figures[name] = r.tasksPerS;
+    figures[`${name}CoordinatorCpu`] = r.cpuMsPerTask.coordinator ?? 0;
+    figures[`${name}OthersCpu`] = r.cpuMsPerTask.client + (r.cpuMsPerTask.postgres ?? 0);
+    figures[`${name}PostgresCpu`] = r.cpuMsPerTask.postgres ?? 0;
     print({
       scenario: drainScenario(b),
       database: co.database,
@@ -328,6 +383,7 @@ async function drains(co: Coordinator, prefix: string) {
       workers,
       tasks_per_s: Math.round(r.tasksPerS),
       seconds: round2(r.seconds),
+      cpu_ms_per_task: r.cpuMsPerTask,
     });
     if (b !== 1) {
       figures[`${prefix}2b`] = r.enqueueRate;
@@ -347,6 +403,56 @@ async function drains(co: Coordinator, prefix: string) {
     transport: "grpc-h2c",
     ...l,
   });
+  if (co.database === "postgres") await insertFloor(co);
+}
+
+/**
+ * The floor under 2b: the rows CreateTasks of 1,000 writes, inserted by one
+ * SQL statement made in this process, as graphile's add_jobs is (the specs
+ * sent as one JSON parameter, every row returned, since CreateTasks answers
+ * each task). No RPC, no validation: what the database alone allows. Then
+ * the same statement for one task, serially: the floor under scenario 3's
+ * create (an insert and its commit, the NOTIFY trigger included).
+ */
+async function insertFloor(co: Coordinator) {
+  const sql = postgres(co.databaseUrl, { max: 1, onnotice: () => {} });
+  try {
+    const workload = `floor-${Date.now()}`;
+    const insert = (specs: string) => sql`
+      insert into tasks (id, workload, required_capabilities, state, max_attempts,
+        lease_seconds, backoff_initial_ms, backoff_max_ms, backoff_multiplier, correlation_id)
+      select gen_random_uuid(), s.workload, '{}', 'PENDING', 3, 60, 1000, 60000, 2, s.correlation_id
+      from jsonb_to_recordset(${specs}::text::jsonb) as s(workload text, correlation_id text)
+      returning *`;
+    const specs = () =>
+      JSON.stringify(
+        Array.from({ length: 1000 }, () => ({ workload, correlation_id: randomUUID() })),
+      );
+    await insert(specs());
+    const rounds = Math.max(1, Math.floor(tasks / 1000));
+    const started = performance.now();
+    for (let i = 0; i < rounds; i++) await insert(specs());
+    figures.insertFloor = (rounds * 1000) / ((performance.now() - started) / 1000);
+    // The floor under scenario 3's create: one task inserted and committed, serially.
+    const one: number[] = [];
+    for (let i = 0; i < latencySamples; i++) {
+      const sent = performance.now();
+      await insert(JSON.stringify([{ workload, correlation_id: randomUUID() }]));
+      one.push(performance.now() - sent);
+    }
+    one.sort((a, b) => a - b);
+    figures.insertOneP50 = quantile(one, 0.5);
+    print({
+      scenario: "2b-floor-sql-insert-1000",
+      database: "postgres",
+      tasks_per_s: Math.round(figures.insertFloor),
+      one_task_serial_p50_ms: figures.insertOneP50,
+      one_task_serial_p99_ms: quantile(one, 0.99),
+    });
+    await sql`delete from tasks where workload = ${workload}`;
+  } finally {
+    await sql.end();
+  }
 }
 
 // ---------------------------------------------------------------- 4: held leases
@@ -847,6 +953,14 @@ const ratio = (a?: number, b?: number) =>
   a === undefined || b === undefined || b === 0 ? undefined : a / b;
 const atLeast = (t: number) => (v: number) => v >= t;
 const atMost = (t: number) => (v: number) => v <= t;
+const info = (what: string, value: number | undefined): Row => ({
+  what,
+  value,
+  target: "(info)",
+  met: () => true,
+});
+/** Tasks/s the two cores allow when each task costs `ms` of CPU in all. */
+const cpuBound = (ms?: number) => (ms ? (availableParallelism() * 1000) / ms : undefined);
 const rows: Row[] = [
   {
     what: "1b ÷ graphile-worker (drain)",
@@ -866,6 +980,33 @@ const rows: Row[] = [
     target: "≥ 0.8",
     met: atLeast(0.8),
   },
+  info("1b CPU ms per task, coordinator", f.pg1bCoordinatorCpu),
+  info("1b CPU ms per task, PostgreSQL + workers", f.pg1bOthersCpu),
+  info("graphile CPU ms per job, all", f.graphileCpu),
+  info(
+    "1b ÷ graphile if the coordinator cost only the bare transport",
+    ratio(
+      cpuBound(
+        f.pg1bOthersCpu === undefined || f.ceilingServerCpu === undefined
+          ? undefined
+          : f.pg1bOthersCpu + (2 * f.ceilingServerCpu) / batch,
+      ),
+      f.graphile,
+    ),
+  ),
+  info("2b floor: the same insert in SQL ÷ add_jobs", ratio(f.insertFloor, f.graphileAdd)),
+  info("bare transport CPU ms per call", f.ceilingCpu),
+  info(
+    "1a ÷ (ceiling ÷ 2) if the coordinator cost only the bare transport",
+    ratio(
+      cpuBound(
+        f.ceilingCpu === undefined || f.pg1aPostgresCpu === undefined
+          ? undefined
+          : 2 * f.ceilingCpu + f.pg1aPostgresCpu,
+      ),
+      f.ceiling === undefined ? undefined : f.ceiling / 2,
+    ),
+  ),
   {
     what: "Health/Check through Meshwork ÷ ceiling",
     value: ratio(f.health, f.ceiling),
@@ -873,6 +1014,15 @@ const rows: Row[] = [
     met: () => true,
   },
   { what: "3 PostgreSQL p50 ms", value: f.pgp50, target: "≤ 2", met: atMost(2) },
+  info("3 bare transport, one serial call p50 ms", f.ceilingSerialP50),
+  info("3 one task inserted in SQL, serial p50 ms", f.insertOneP50),
+  info("3 Meshwork's own stack, one serial Health/Check p50 ms", f.healthSerialP50),
+  info(
+    "3 floor: 1.5 serial Health/Checks + the insert (ms)",
+    f.healthSerialP50 === undefined || f.insertOneP50 === undefined
+      ? undefined
+      : 1.5 * f.healthSerialP50 + f.insertOneP50,
+  ),
   { what: "3 PostgreSQL p99 ms", value: f.pgp99, target: "≤ 10", met: atMost(10) },
   { what: "3 PGlite p50 ms", value: f.litep50, target: "≤ 5", met: atMost(5) },
   { what: "3 PGlite p99 ms", value: f.litep99, target: "≤ 20", met: atMost(20) },

@@ -5,7 +5,7 @@
  * token, the drain (scenario 1) and the create→claim latency (scenario 3).
  */
 import { type ChildProcess, spawn } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -71,7 +71,16 @@ export async function startCoordinator(
   }
   const child: ChildProcess = spawn(
     process.execPath,
-    ["bin/meshwork.js", "serve", "--listen", `127.0.0.1:${port}`, "--data-dir", dataDir],
+    [
+      // BENCH_NODE_ARGS: extra node flags for the coordinator, e.g. "--cpu-prof --cpu-prof-dir=/tmp/prof".
+      ...(process.env.BENCH_NODE_ARGS ? process.env.BENCH_NODE_ARGS.split(" ") : []),
+      "bin/meshwork.js",
+      "serve",
+      "--listen",
+      `127.0.0.1:${port}`,
+      "--data-dir",
+      dataDir,
+    ],
     {
       env: childEnv,
       // The coordinator logs on its stdout: on ours unless asked (bench:compare keeps its stdout to JSON lines).
@@ -188,6 +197,7 @@ export async function drainWorkload(co: Coordinator, workload: string, o: DrainO
   const completeMany = o.completeMany ?? o.batch > 1;
   let completed = 0;
   const started = performance.now();
+  const cpu = cpuMeter(co.pid, co.database === "postgres");
   await Promise.all(
     Array.from({ length: o.workers }, async () => {
       const c = clients(grpc(co));
@@ -227,7 +237,7 @@ export async function drainWorkload(co: Coordinator, workload: string, o: DrainO
     }),
   );
   const seconds = (performance.now() - started) / 1000;
-  return { completed, seconds, tasksPerS: completed / seconds };
+  return { completed, seconds, tasksPerS: completed / seconds, cpuMsPerTask: cpu(completed) };
 }
 
 /** Scenario 1: enqueue `tasks` tasks (CreateTasks of 1,000), then drain them all. */
@@ -271,6 +281,65 @@ export async function latency(co: Coordinator, samplesWanted: number) {
     p50_ms: quantile(samples, 0.5),
     p99_ms: quantile(samples, 0.99),
     max_ms: quantile(samples, 1),
+  };
+}
+
+/** CPU seconds (user + system) a process has used so far (Linux; 0 once it is gone). */
+export function cpuSecondsOf(pid: number): number {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    // Fields after the command name (which may hold spaces): utime and stime are 14 and 15.
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return (Number(fields[11]) + Number(fields[12])) / clockTicks;
+  } catch {
+    return 0;
+  }
+}
+
+/** Linux counts /proc CPU times in USER_HZ ticks: 100 per second on every common build. */
+const clockTicks = 100;
+
+/**
+ * CPU seconds used so far by every PostgreSQL process on this machine
+ * (server, backends, background workers); a backend that has exited no
+ * longer counts, so measure while the connections stay open.
+ */
+export function postgresCpuSeconds(): number {
+  let total = 0;
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      if (readFileSync(`/proc/${entry}/comm`, "utf8").trim() === "postgres") {
+        total += cpuSecondsOf(Number(entry));
+      }
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return total;
+}
+
+/**
+ * Where the CPU of a measured stretch went: starts counting at once; the
+ * function it returns gives milliseconds of CPU per unit of work (a task,
+ * a call) for this process (the clients), the coordinator (when its pid is
+ * given) and PostgreSQL (every postgres process, or none on PGlite, whose
+ * database runs inside the coordinator).
+ */
+export function cpuMeter(coordinatorPid?: number, onPostgres = true) {
+  const client = process.cpuUsage();
+  const coordinator = coordinatorPid ? cpuSecondsOf(coordinatorPid) : 0;
+  const pg = onPostgres ? postgresCpuSeconds() : 0;
+  return (units: number) => {
+    const used = process.cpuUsage(client);
+    const perUnit = (seconds: number) => Math.round(((seconds * 1000) / units) * 1000) / 1000;
+    return {
+      client: perUnit((used.user + used.system) / 1e6),
+      ...(coordinatorPid && {
+        coordinator: perUnit(cpuSecondsOf(coordinatorPid) - coordinator),
+      }),
+      ...(onPostgres && { postgres: perUnit(postgresCpuSeconds() - pg) }),
+    };
   };
 }
 
