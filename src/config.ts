@@ -22,6 +22,12 @@ export interface Config {
   /** Where artifact bytes live: files under `blobDir`, the database, or an S3 bucket. */
   blobStore: BlobStoreConfig;
   logLevel: string;
+  /** `auto` (the default): readable lines when stdout is a terminal, JSON lines otherwise. */
+  logFormat: "auto" | "json" | "pretty";
+  /** GET /metrics without a token (for a Prometheus on a trusted network); default off. */
+  metricsPublic: boolean;
+  /** OTLP/HTTP endpoint that spans are exported to (e.g. http://127.0.0.1:4318); "" = no tracing SDK loaded. */
+  otelEndpoint: string;
   /** Seconds between worker heartbeats; a worker is LOST after 3 missed intervals. */
   heartbeatIntervalSeconds: number;
   /** Terminal tasks finished longer ago than this are deleted (README: Retention), in ms; 0 = kept forever. */
@@ -88,6 +94,9 @@ const flags = {
   "blob-dir": { type: "string", env: "MESHWORK_BLOB_DIR" },
   "blob-store": { type: "string", env: "MESHWORK_BLOB_STORE" },
   "log-level": { type: "string", env: "MESHWORK_LOG_LEVEL" },
+  "log-format": { type: "string", env: "MESHWORK_LOG_FORMAT" },
+  "metrics-public": { type: "string", env: "MESHWORK_METRICS_PUBLIC" },
+  "otel-endpoint": { type: "string", env: "OTEL_EXPORTER_OTLP_ENDPOINT" },
   "heartbeat-interval": { type: "string", env: "MESHWORK_HEARTBEAT_INTERVAL" },
   retention: { type: "string", env: "MESHWORK_RETENTION" },
   "read-max-bytes": { type: "string", env: "MESHWORK_READ_MAX_BYTES" },
@@ -120,6 +129,10 @@ export const serveUsage = `Usage: meshwork serve [flags]
   --blob-store fs|postgres|s3://BUCKET/PREFIX
                             MESHWORK_BLOB_STORE   where artifact bytes live; default fs (--blob-dir)
   --log-level LEVEL         MESHWORK_LOG_LEVEL    trace|debug|info|warn|error|silent; default info
+  --log-format auto|json|pretty
+                            MESHWORK_LOG_FORMAT   default auto: pretty on a terminal, JSON lines otherwise
+  --metrics-public on|off   MESHWORK_METRICS_PUBLIC  GET /metrics without a token; default off
+  --otel-endpoint URL       OTEL_EXPORTER_OTLP_ENDPOINT  export spans over OTLP/HTTP; default none
   --heartbeat-interval S    MESHWORK_HEARTBEAT_INTERVAL  seconds, default 15
   --retention DURATION      MESHWORK_RETENTION    delete finished tasks this old (30m, 12h, 7d); default 7d, 0 = never
   --read-max-bytes N        MESHWORK_READ_MAX_BYTES      default 4194304
@@ -175,6 +188,25 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
       `--log-level ${logLevel} is not one of trace|debug|info|warn|error|silent`,
     );
   }
+  const logFormat = get("log-format") ?? "auto";
+  if (logFormat !== "auto" && logFormat !== "json" && logFormat !== "pretty") {
+    throw new ConfigError(`--log-format ${logFormat} is not one of auto|json|pretty`);
+  }
+  const metricsPublic = get("metrics-public") ?? "off";
+  if (metricsPublic !== "on" && metricsPublic !== "off") {
+    throw new ConfigError("--metrics-public must be on or off");
+  }
+  const otelEndpoint = (get("otel-endpoint") ?? "").replace(/\/+$/, "");
+  if (otelEndpoint !== "") {
+    try {
+      const u = new URL(otelEndpoint);
+      if (u.protocol !== "http:" && u.protocol !== "https:") throw new Error();
+    } catch {
+      throw new ConfigError(
+        "--otel-endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) must be an http(s) URL such as http://127.0.0.1:4318",
+      );
+    }
+  }
   const tlsCert = get("tls-cert") ?? "";
   const tlsKey = get("tls-key") ?? "";
   if ((tlsCert === "") !== (tlsKey === "")) {
@@ -220,6 +252,9 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     blobDir: get("blob-dir") ?? `${dataDir}/blobs`,
     blobStore,
     logLevel,
+    logFormat,
+    metricsPublic: metricsPublic === "on",
+    otelEndpoint,
     heartbeatIntervalSeconds: intFlag(
       "--heartbeat-interval",
       get("heartbeat-interval"),

@@ -28,3 +28,36 @@ describe("--retention", () => {
     }
   });
 });
+
+describe("observability flags", () => {
+  it("--log-format defaults to auto and takes json or pretty, from the flag or MESHWORK_LOG_FORMAT", () => {
+    expect(loadConfig([], {}).logFormat).toBe("auto");
+    expect(loadConfig(["--log-format", "json"], {}).logFormat).toBe("json");
+    expect(loadConfig([], { MESHWORK_LOG_FORMAT: "pretty" }).logFormat).toBe("pretty");
+    expect(() => loadConfig(["--log-format", "yaml"], {})).toThrow(
+      "--log-format yaml is not one of auto|json|pretty",
+    );
+  });
+
+  it("--metrics-public is off unless on", () => {
+    expect(loadConfig([], {}).metricsPublic).toBe(false);
+    expect(loadConfig(["--metrics-public", "on"], {}).metricsPublic).toBe(true);
+    expect(loadConfig([], { MESHWORK_METRICS_PUBLIC: "on" }).metricsPublic).toBe(true);
+    expect(() => loadConfig(["--metrics-public", "yes"], {})).toThrow(ConfigError);
+  });
+
+  it("--otel-endpoint is empty unless set, from the flag or OTEL_EXPORTER_OTLP_ENDPOINT; only http(s)", () => {
+    expect(loadConfig([], {}).otelEndpoint).toBe("");
+    expect(loadConfig(["--otel-endpoint", "http://127.0.0.1:4318/"], {}).otelEndpoint).toBe(
+      "http://127.0.0.1:4318",
+    );
+    expect(
+      loadConfig([], { OTEL_EXPORTER_OTLP_ENDPOINT: "https://otel.example:4318" }).otelEndpoint,
+    ).toBe("https://otel.example:4318");
+    for (const bad of ["127.0.0.1:4318", "grpc://x:4317", "not a url"]) {
+      expect(() => loadConfig(["--otel-endpoint", bad], {})).toThrow(
+        "--otel-endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) must be an http(s) URL",
+      );
+    }
+  });
+});
