@@ -3,6 +3,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { sql } from "drizzle-orm";
 import type { PgDatabase, PgQueryResultHKT } from "drizzle-orm/pg-core";
+import { createStatementEvents, type StatementEvents } from "./observe.js";
 import { initPgliteDataDir, pgliteOptions } from "./pglite-init.js";
 import { createPoolGate, gatedClient, poolDefaults } from "./pool-gate.js";
 import * as schema from "./schema/index.js";
@@ -31,6 +32,8 @@ export interface Database {
   listen(channel: string, onNotify: () => void): Promise<() => Promise<void>>;
   /** Throws when the database cannot answer. */
   ping(): Promise<void>;
+  /** Each statement sent, for metrics and traces (observe.ts). */
+  readonly statements: StatementEvents;
   close(): Promise<void>;
 }
 
@@ -85,6 +88,8 @@ async function openPglite(dataDir: string): Promise<Database> {
   await migratePglite(db, { migrationsFolder });
   return {
     kind: "pglite",
+    // Not emitted yet: the statements of both drivers are to be reported here.
+    statements: createStatementEvents(),
     db: db as unknown as Db,
     // One connection, serialized by PGlite itself: there is no pool to
     // exhaust, so no gate and nothing to reserve.
@@ -160,6 +165,8 @@ async function openPostgres(url: string, o: typeof poolDefaults): Promise<Databa
   }
   return {
     kind: "postgres",
+    // Not emitted yet: the statements of both drivers are to be reported here.
+    statements: createStatementEvents(),
     db: db as unknown as Db,
     housekeeping: housekeeping as unknown as Db,
     async listen(channel, onNotify) {
