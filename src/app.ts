@@ -15,14 +15,24 @@ import type { Logger } from "./log.js";
 import { createStores, createWithTx } from "./stores.js";
 import { createTaskEvents } from "./tasks/events.js";
 import { createRetention } from "./tasks/retention.js";
+import type { Tracing } from "./tracing/tracing.js";
 
 /**
  * Everything the handlers share, built from an open database. No globals:
  * tests build as many as they like. Each service takes only the parts it
  * uses (its own `…Deps` type); the app satisfies all of them. `s3` is
- * blob-s3.ts, needed with `--blob-store s3://…` only (loadS3Module).
+ * blob-s3.ts, needed with `--blob-store s3://…` only (loadS3Module);
+ * `tracing` is the span export of `--otel-endpoint` (tracing/load.ts).
  */
-export function createApp(database: Database, config: Config, log: Logger, s3?: S3Module) {
+export function createApp(
+  database: Database,
+  config: Config,
+  log: Logger,
+  s3?: S3Module,
+  tracing?: Tracing,
+) {
+  // A span per statement, under the RPC that made it.
+  if (tracing) database.statements.observe(tracing.statements);
   const stores = createStores(database.db, config);
   const { fleet, leases } = stores;
   const blobs = createBlobStore(config, database, s3);
@@ -94,6 +104,8 @@ export function createApp(database: Database, config: Config, log: Logger, s3?: 
     workerCache,
     /** Authentication, roles, worker ownership and rate limits (src/auth/). */
     guard,
+    /** Span export (OpenTelemetry), with `--otel-endpoint` only. */
+    tracing,
     completeOne,
     sweeper,
     retention,

@@ -7,6 +7,8 @@ import { lockDataDir, StartupError } from "./data-dir-lock.js";
 import { type Database, openDatabase } from "./db/database.js";
 import { createLogger, type Logger } from "./log.js";
 import { type BoundListener, bind, type RunningServer } from "./server.js";
+import { loadTracing } from "./tracing/load.js";
+import type { Tracing } from "./tracing/tracing.js";
 
 /**
  * On first start, with no token at all, makes an admin token and writes it
@@ -94,9 +96,12 @@ export async function serve(config: Config): Promise<void> {
   const unlock = lockDataDir(config.dataDir);
   let bound: BoundListener | undefined;
   let database: Database | undefined;
+  let tracing: Tracing | undefined;
   let server: RunningServer;
   try {
     bound = await bind(config, config.listen);
+    // OpenTelemetry is loaded only with an endpoint (tracing/load.ts).
+    tracing = await loadTracing(config.otelEndpoint);
     // An S3 bucket that cannot be used is said now, not at the first upload.
     const s3 = await loadS3Module(config);
     if (s3 && config.blobStore.kind === "s3") await s3.checkS3Bucket(config.blobStore.bucket);
@@ -110,10 +115,11 @@ export async function serve(config: Config): Promise<void> {
       throw new StartupError(whyNoDatabase(error, config));
     });
     if (config.auth === "on") await firstAdminToken(database, config, log);
-    server = await bound.serve(createApp(database, config, log, s3));
+    server = await bound.serve(createApp(database, config, log, s3, tracing));
   } catch (error) {
     await bound?.close().catch(() => {});
     await database?.close().catch(() => {});
+    await tracing?.shutdown().catch(() => {});
     unlock();
     throw error;
   }
@@ -126,6 +132,10 @@ export async function serve(config: Config): Promise<void> {
     try {
       await server.close();
       await db.close();
+      // The spans of the last requests and statements are sent before exit.
+      await tracing?.shutdown().catch((error: unknown) => {
+        log.warn({ err: error }, "exporting the last spans failed");
+      });
       unlock();
       log.info("stopped");
       process.exit(0);
@@ -142,6 +152,7 @@ export async function serve(config: Config): Promise<void> {
       url: server.url,
       database: db.kind === "pglite" ? `pglite:${config.dataDir}/db` : "postgres",
       auth: config.auth,
+      ...(tracing && { otel_endpoint: config.otelEndpoint }),
     },
     "meshwork listening",
   );

@@ -26,7 +26,7 @@ import { createFleetService } from "./fleet/service.js";
 import { byteRoutes } from "./http/bytes.js";
 import { sendJson } from "./http/json.js";
 import { createListener } from "./http/listener.js";
-import { createPlainRouter, type PlainRoute } from "./http/routes.js";
+import { createPlainRouter, header, type PlainRoute } from "./http/routes.js";
 import { createKnowledgeService } from "./knowledge/service.js";
 import { createLeaseService } from "./leases/service.js";
 import { directorRestRoutes } from "./rest/director.js";
@@ -39,6 +39,7 @@ import { createNulInterceptor, createRpcInterceptor } from "./rpc/interceptors.j
 import { registerReflection } from "./rpc/reflection.js";
 import { toTask } from "./tasks/convert.js";
 import { createTaskService } from "./tasks/service.js";
+import { traceFromHeaders } from "./tracing/context.js";
 
 type Request = http.IncomingMessage | http2.Http2ServerRequest;
 type Response = http.ServerResponse | http2.Http2ServerResponse;
@@ -52,7 +53,7 @@ const meshworkServices = [
   TokenService,
 ];
 
-/** The request's correlation id, set by the listener before any handler runs. */
+/** The request's correlation id and trace context, set by the listener before any handler runs. */
 const correlations = new WeakMap<Request, Correlation>();
 
 /**
@@ -87,11 +88,12 @@ const toClientError: ToClientError = createErrorMapper(toTask);
  * The interceptors every RPC goes through (also for in-memory test
  * transports): logging and error mapping outermost, so that refusals of
  * authentication are logged and mapped like any other; then auth; then the
- * refusal of strings PostgreSQL cannot hold (U+0000).
+ * refusal of strings PostgreSQL cannot hold (U+0000). The first also
+ * gives each call its span (exported with `app.tracing`).
  */
-export function rpcInterceptors(app: Pick<App, "log" | "guard">) {
+export function rpcInterceptors(app: Pick<App, "log" | "guard"> & Partial<Pick<App, "tracing">>) {
   return [
-    createRpcInterceptor(app.log, toClientError),
+    createRpcInterceptor(app.log, toClientError, app.tracing),
     createAuthInterceptor(app.guard),
     createNulInterceptor(),
   ];
@@ -273,7 +275,12 @@ export function createHandler(app: App) {
   );
   return (req: Request, res: Response) => {
     const sent = sentCorrelationId(req);
-    const correlation = { id: sent || randomUUID(), sent };
+    const correlation = {
+      id: sent || randomUUID(),
+      sent,
+      // W3C trace context: the caller's when valid, else a new trace (never refused).
+      trace: traceFromHeaders(header(req, "traceparent"), header(req, "tracestate")),
+    };
     correlations.set(req, correlation);
     res.setHeader("x-correlation-id", correlation.id);
     if (req.url?.startsWith("/api/mesh")) res.setHeader("x-ashlar-correlation-id", correlation.id);

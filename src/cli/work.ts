@@ -23,6 +23,8 @@ Runs a worker that runs COMMAND once per task it claims, in a fresh temp dir:
   MESHWORK_INPUT        the path of the downloaded input file ("" when the task has none)
   MESHWORK_OUTPUT       an empty folder for the command's output files
   MESHWORK_TASK_ID      the task id
+  TRACEPARENT           the task's W3C trace context (continue its trace: docs/tracing.md)
+  TRACESTATE            the task's W3C tracestate (unset when it has none)
 The worker's token is not passed on (MESHWORK_TOKEN is removed from the environment).
 
 Exit 0: every regular file in MESHWORK_OUTPUT is uploaded (OUTPUT kind) and
@@ -130,10 +132,21 @@ export function createStatus(io: Io, tty: boolean): Status {
   };
 }
 
-/** The environment a command gets: the worker's, without its token, plus the task's. */
-function commandEnv(extra: Record<string, string>): NodeJS.ProcessEnv {
+/**
+ * The environment a command gets: the worker's, without its token and its
+ * own trace context, plus the task's (TRACEPARENT and TRACESTATE only when
+ * the task has them).
+ */
+export function commandEnv(
+  extra: Record<string, string>,
+  task: Pick<WorkerTask, "traceparent" | "tracestate">,
+): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = { ...process.env };
   delete env.MESHWORK_TOKEN;
+  delete env.TRACEPARENT;
+  delete env.TRACESTATE;
+  if (task.traceparent) env.TRACEPARENT = task.traceparent;
+  if (task.traceparent && task.tracestate) env.TRACESTATE = task.tracestate;
   return { ...env, ...extra };
 }
 
@@ -154,12 +167,15 @@ async function runTask(argv: string[], task: WorkerTask, ctx: TaskContext): Prom
       cwd: dir,
       detached: true, // its own process group, killed as one
       stdio: ["pipe", "pipe", "pipe"],
-      env: commandEnv({
-        MESHWORK_PARAMETERS: parameters,
-        MESHWORK_INPUT: inputPath,
-        MESHWORK_OUTPUT: output,
-        MESHWORK_TASK_ID: task.id,
-      }),
+      env: commandEnv(
+        {
+          MESHWORK_PARAMETERS: parameters,
+          MESHWORK_INPUT: inputPath,
+          MESHWORK_OUTPUT: output,
+          MESHWORK_TASK_ID: task.id,
+        },
+        task,
+      ),
     });
     const killGroup = (signal: NodeJS.Signals) => {
       if (child.pid === undefined) return;

@@ -54,9 +54,19 @@ export function createPlainRouter(
   toClientError: ToClientError,
   log: Logger,
 ) {
-  function sendError(res: Response, error: unknown): void {
+  function sendError(res: Response, error: unknown, correlation: Correlation): void {
     const { error: e, unexpected } = toClientError(error);
-    if (unexpected) log.error({ err: error }, "plain route failed");
+    if (unexpected) {
+      log.error(
+        {
+          err: error,
+          correlation_id: correlation.id,
+          trace_id: correlation.trace?.traceId,
+          span_id: correlation.trace?.spanId,
+        },
+        "plain route failed",
+      );
+    }
     if (res.headersSent) {
       res.destroy();
       return;
@@ -94,7 +104,7 @@ export function createPlainRouter(
       }
       await route.handle({ req, res, match: found, principal, correlation });
     })().catch((error: unknown) => {
-      sendError(res, error);
+      sendError(res, error, correlation);
       // Stop reading a refused upload.
       if (!req.readableEnded) req.resume();
     });

@@ -19,5 +19,7 @@ export function toClaim(row: TaskRow): Claim {
     steps: row.steps ?? undefined,
     name: row.name,
     leaseSeconds: row.leaseSeconds,
+    traceparent: row.traceParent,
+    tracestate: row.traceState,
   });
 }

@@ -199,6 +199,8 @@ function claimJson(c: Claim) {
     checkpoint_handle: c.checkpointHandle,
     correlation_id: c.correlationId,
     steps: c.steps ?? null,
+    traceparent: c.traceparent,
+    tracestate: c.tracestate,
   };
 }
 

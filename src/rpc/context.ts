@@ -1,4 +1,5 @@
 import { type ContextValues, createContextKey, createContextValues } from "@connectrpc/connect";
+import type { TraceContext } from "../tracing/context.js";
 
 /** The request's correlation id: read from `x-correlation-id` or generated. */
 export const kCorrelationId = createContextKey<string>("", { description: "correlation id" });
@@ -12,15 +13,28 @@ export const kCorrelationSent = createContextKey<string>("", {
   description: "correlation id sent by the caller",
 });
 
-/** A request's correlation id, and the one its caller sent ("" when generated). */
+/**
+ * The request's W3C trace context (tracing/context.ts): read from
+ * `traceparent`/`tracestate` or made for the request, then given the RPC's
+ * span by the logging interceptor. Undefined only before that interceptor
+ * (in-memory transports that set no context values).
+ */
+export const kTrace = createContextKey<TraceContext | undefined>(undefined, {
+  description: "trace context",
+});
+
+/** A request's correlation id, the one its caller sent ("" when generated), and its trace context. */
 export interface Correlation {
   id: string;
   sent: string;
+  /** From the request's `traceparent`/`tracestate` headers (server.ts). */
+  trace?: TraceContext | undefined;
 }
 
 /** The context values every RPC starts with. */
 export function correlationValues(correlation: Correlation): ContextValues {
   return createContextValues()
     .set(kCorrelationId, correlation.id)
-    .set(kCorrelationSent, correlation.sent);
+    .set(kCorrelationSent, correlation.sent)
+    .set(kTrace, correlation.trace);
 }

@@ -2,31 +2,65 @@ import { Code, type Interceptor, type StreamRequest, type UnaryRequest } from "@
 import { invalid } from "../core/errors.js";
 import { nulPath } from "../core/validate.js";
 import type { Logger } from "../log.js";
-import { kCorrelationId } from "./context.js";
-import type { ToClientError } from "./errors.js";
+import { type TraceContext, traceFromHeaders } from "../tracing/context.js";
+import type { Tracing } from "../tracing/tracing.js";
+import { kCorrelationId, kTrace } from "./context.js";
+import { codeName, type ToClientError } from "./errors.js";
 
 /**
- * Logs every RPC with its correlation id, method, code and duration, and
+ * Logs every RPC with its correlation id, trace and span ids, method, code
+ * and duration, and
  * turns whatever a handler throws into what a client may see (`toClientError`,
  * from rpc/errors.ts):
  * store refusals keep their code and reason, anything unexpected becomes
  * `internal error` and is logged in full, never sent. Streaming responses
  * are wrapped too, since their errors surface while the stream is read.
+ *
+ * The call's trace context (context.ts kTrace, set from `traceparent` by
+ * server.ts, or read here from the call's headers on in-memory transports)
+ * gets the call's span: with `tracing` (spans exported), the OpenTelemetry
+ * server span, run around the handler so that statement spans are its
+ * children, and ended with the call's code.
  */
-export function createRpcInterceptor(log: Logger, toClientError: ToClientError): Interceptor {
+export function createRpcInterceptor(
+  log: Logger,
+  toClientError: ToClientError,
+  tracing?: Tracing,
+): Interceptor {
   return (next) => async (req) => {
     const started = performance.now();
+    const incoming =
+      req.contextValues.get(kTrace) ??
+      traceFromHeaders(
+        req.header.get("traceparent") ?? undefined,
+        req.header.get("tracestate") ?? undefined,
+      );
+    const span = tracing?.startRpc(req.service.typeName, req.method.name, incoming);
+    const trace: TraceContext = span
+      ? {
+          ...incoming,
+          traceId: span.traceId,
+          spanId: span.spanId,
+          // A trace begun here is sampled when its span is recorded.
+          flags: incoming.parentSpanId ? incoming.flags : span.sampled ? "01" : "00",
+        }
+      : incoming;
+    req.contextValues.set(kTrace, trace);
     const rpcLog = log.child({
       correlation_id: req.contextValues.get(kCorrelationId),
+      trace_id: trace.traceId,
+      span_id: trace.spanId,
       rpc: `${req.service.typeName}/${req.method.name}`,
     });
     const finish = (error: unknown) => {
       const ms = Math.round((performance.now() - started) * 10) / 10;
       if (error === undefined) {
+        span?.end("ok");
         rpcLog.debug({ code: "ok", ms }, "rpc");
         return undefined;
       }
       const mapped = toClientError(error);
+      span?.end(codeName(mapped.error.code));
       if (mapped.unexpected) rpcLog.error({ err: error, code: "internal", ms }, "rpc failed");
       else if (mapped.error.code === Code.Unavailable)
         rpcLog.warn({ err: error, code: "unavailable", ms }, "rpc failed: unavailable");
@@ -36,7 +70,7 @@ export function createRpcInterceptor(log: Logger, toClientError: ToClientError):
     };
     let res: Awaited<ReturnType<typeof next>>;
     try {
-      res = await next(req);
+      res = await (span ? span.run(() => next(req)) : next(req));
     } catch (error) {
       throw finish(error);
     }

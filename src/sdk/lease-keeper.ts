@@ -26,6 +26,8 @@ export interface HeldLease {
   expiresAt: number;
   /** When the next renewal is due (local clock, ms). */
   renewAt: number;
+  /** Headers of a RenewLease for this lease: the task's W3C trace context (worker.ts traceHeaders). */
+  headers?: Record<string, string> | undefined;
   /** Progress not yet sent. */
   progress?: { completedSteps: number; message: string } | undefined;
   /** Called once when the coordinator says the lease is gone, or it ran out unrenewed. */
@@ -157,7 +159,7 @@ export function createLeaseKeeper(options: {
               leaseToken: lease.leaseToken,
               progress,
             },
-            { timeoutMs: answerTimeoutMs },
+            { timeoutMs: answerTimeoutMs, headers: lease.headers },
           );
           if (lease.progress === progress) lease.progress = undefined;
           lease.expiresAt = sentAt + lease.ttlSeconds * 1000;

@@ -25,6 +25,7 @@ import {
   type CompleteTaskRequest,
   LeaseService,
 } from "../../gen/meshwork/v1/lease_pb.js";
+import { traceIdOf } from "../tracing/context.js";
 import {
   createLeaseKeeper,
   type HeldLease,
@@ -43,6 +44,20 @@ import {
 
 export type { Artifact, ArtifactRef, Claim };
 
+/**
+ * The W3C trace headers of a call made for a claimed task: the claim's
+ * `traceparent` and `tracestate`, so that the coordinator logs (and traces)
+ * the call in the task's trace. None for a claim without one.
+ */
+export function traceHeaders(
+  claim: Pick<Claim, "traceparent" | "tracestate">,
+): Record<string, string> {
+  const headers: Record<string, string> = {};
+  if (claim.traceparent) headers.traceparent = claim.traceparent;
+  if (claim.traceparent && claim.tracestate) headers.tracestate = claim.tracestate;
+  return headers;
+}
+
 /** A claimed task as the handler sees it. */
 export interface WorkerTask {
   /** The task id. */
@@ -58,6 +73,18 @@ export interface WorkerTask {
   /** What a previous attempt recorded when it was released ("" for none). */
   checkpoint: string;
   correlationId: string;
+  /**
+   * The task's W3C trace context (`traceparent`, "" for a task created
+   * before Meshwork stored one): the trace of the request that created it.
+   * The SDK sends it on its calls for the task (complete, fail, release,
+   * renewals by RenewLease, uploads, downloads); a handler that makes spans
+   * or calls other services parents them on it.
+   */
+  traceparent: string;
+  /** The trace id of `traceparent` (32 hex digits), "" without one. */
+  traceId: string;
+  /** The task's W3C `tracestate`, "" for none. */
+  tracestate: string;
   /** The task's number of steps, when known. */
   steps: number | undefined;
   /** The lease TTL in seconds; the SDK renews it. */
@@ -79,6 +106,10 @@ export interface UploadOptions {
 export interface TaskContext {
   /** Same as `task.parameters`. */
   parameters: JsonObject;
+  /** Same as `task.traceparent`: the task's W3C trace context. */
+  traceparent: string;
+  /** Same as `task.traceId`. */
+  traceId: string;
   /**
    * Aborts when the task is no longer this worker's: the lease was lost, the
    * task was cancelled, or the worker stopped and released it after its grace
@@ -392,9 +423,15 @@ export function createWorker(options: WorkerOptions): Worker {
   const completeAlone = async (p: PendingCompletion) => {
     try {
       await underLease(p.entry, () =>
-        retrying(() => leases.completeTask(p.request, { timeoutMs, signal: hurry.signal }), {
-          signal: hurry.signal,
-        }),
+        retrying(
+          () =>
+            leases.completeTask(p.request, {
+              timeoutMs,
+              signal: hurry.signal,
+              headers: traceHeaders(p.entry.claim),
+            }),
+          { signal: hurry.signal },
+        ),
       );
       log(`task ${p.request.taskId} completed`);
     } catch (error) {
@@ -469,7 +506,7 @@ export function createWorker(options: WorkerOptions): Worker {
                 errorMessage: message,
                 retryable,
               },
-              { timeoutMs, signal: hurry.signal },
+              { timeoutMs, signal: hurry.signal, headers: traceHeaders(entry.claim) },
             ),
           { signal: hurry.signal },
         ),
@@ -495,7 +532,7 @@ export function createWorker(options: WorkerOptions): Worker {
               leaseToken: entry.claim.leaseToken,
               checkpointHandle: entry.checkpoint,
             },
-            { timeoutMs },
+            { timeoutMs, headers: traceHeaders(entry.claim) },
           ),
         { tries: 3 },
       );
@@ -507,6 +544,8 @@ export function createWorker(options: WorkerOptions): Worker {
 
   const contextFor = (entry: Running, task: WorkerTask): TaskContext => ({
     parameters: task.parameters,
+    traceparent: task.traceparent,
+    traceId: task.traceId,
     signal: entry.abort.signal,
     input: () => inputBytes(entry),
     saveInput: (path) => saveInput(entry, path),
@@ -538,7 +577,7 @@ export function createWorker(options: WorkerOptions): Worker {
         let size = 0;
         for await (const m of artifacts.downloadArtifact(
           { artifactId: ref.artifactId },
-          { signal: entry.abort.signal },
+          { signal: entry.abort.signal, headers: traceHeaders(entry.claim) },
         )) {
           hash.update(m.chunk);
           size += m.chunk.byteLength;
@@ -635,7 +674,10 @@ export function createWorker(options: WorkerOptions): Worker {
       }
     }
     const once = async () => {
-      const res = await artifacts.uploadArtifact(messages(), { signal: entry.abort.signal });
+      const res = await artifacts.uploadArtifact(messages(), {
+        signal: entry.abort.signal,
+        headers: traceHeaders(claim),
+      });
       if (!res.artifact) throw new Error("the coordinator answered no artifact");
       return res.artifact;
     };
@@ -657,6 +699,9 @@ export function createWorker(options: WorkerOptions): Worker {
       input: claim.input?.artifactId ? claim.input : undefined,
       checkpoint: claim.checkpointHandle,
       correlationId: claim.correlationId,
+      traceparent: claim.traceparent,
+      traceId: traceIdOf(claim.traceparent),
+      tracestate: claim.tracestate,
       steps: claim.steps,
       leaseSeconds: ttlSeconds,
     };
@@ -672,6 +717,7 @@ export function createWorker(options: WorkerOptions): Worker {
       attempt: claim.attempt,
       leaseToken: claim.leaseToken,
       ttlSeconds,
+      headers: traceHeaders(claim),
       expiresAt: now + ttlSeconds * 1000,
       renewAt: now + (ttlSeconds * 1000) / 3,
       onEnd: (end: LeaseEnd) => {

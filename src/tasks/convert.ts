@@ -70,6 +70,8 @@ export function toTask(row: TaskRow, withToken = false): Task {
     },
     idempotencyKey: row.idempotencyKey ?? "",
     correlationId: row.correlationId,
+    traceparent: row.traceParent,
+    tracestate: row.traceState,
     assignedWorkerId: row.assignedWorkerId ?? "",
     assignedApiBaseUrl: row.assignedApiBaseUrl,
     lease: row.leaseWorkerId
@@ -103,10 +105,18 @@ function validTimestamp(field: string, t: Timestamp): Date {
   return d;
 }
 
+/** What a create request brings besides its body: its correlation id and W3C trace context. */
+export interface CreateOrigin {
+  correlationId: string;
+  /** The `traceparent` to store (tracing/context.ts traceparentOf), "" for none. */
+  traceparent: string;
+  tracestate: string;
+}
+
 /** Validates and defaults a CreateTaskRequest. `field` prefixes messages (e.g. "tasks[3].") in batches. */
 export function fromCreateRequest(
   req: CreateTaskRequest,
-  correlationId: string,
+  origin: CreateOrigin,
   field = "",
 ): NewTask {
   const b = req.retryBackoff;
@@ -151,8 +161,10 @@ export function fromCreateRequest(
     idempotencyKey:
       req.idempotencyKey === "" ? null : text(`${field}idempotency_key`, req.idempotencyKey),
     input: null,
-    correlationId: text(`${field}correlation_id`, req.correlationId || correlationId, {
+    correlationId: text(`${field}correlation_id`, req.correlationId || origin.correlationId, {
       optional: true,
     }),
+    traceParent: origin.traceparent,
+    traceState: origin.tracestate,
   };
 }

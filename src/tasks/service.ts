@@ -1,4 +1,4 @@
-import type { ServiceImpl } from "@connectrpc/connect";
+import type { ContextValues, ServiceImpl } from "@connectrpc/connect";
 import type {
   CreateTaskRequest,
   RetryTaskRequest,
@@ -15,8 +15,9 @@ import { decodeCursor, pageSize } from "../core/paging.js";
 import { terminalStates } from "../core/task-sql.js";
 import { intInRange, text, uuidField } from "../core/validate.js";
 import type { ArtifactRefJson, TaskRow } from "../db/schema/index.js";
-import { kCorrelationId, kCorrelationSent } from "../rpc/context.js";
-import { fromCreateRequest, fromTaskState, toTask } from "./convert.js";
+import { kCorrelationId, kCorrelationSent, kTrace } from "../rpc/context.js";
+import { traceparentOf } from "../tracing/context.js";
+import { type CreateOrigin, fromCreateRequest, fromTaskState, toTask } from "./convert.js";
 import type { TaskEvents } from "./events.js";
 import type { PlacementRequest, PlacementStore } from "./placement.js";
 import type { NewTask, TaskStore } from "./store.js";
@@ -144,11 +145,25 @@ async function resolveInput(
   }
 }
 
+/**
+ * The correlation id and trace context a created task records: the
+ * request's trace with the CreateTask span as parent, so that a worker's
+ * calls for the task continue the creator's trace (docs/tracing.md).
+ */
+function originOf(values: ContextValues): CreateOrigin {
+  const trace = values.get(kTrace);
+  return {
+    correlationId: values.get(kCorrelationId),
+    traceparent: trace ? traceparentOf(trace) : "",
+    tracestate: trace?.state ?? "",
+  };
+}
+
 /** TaskService: create, read, watch, cancel, and push placement (ScheduleTask, RetryTask). */
 export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typeof TaskService>> {
   return {
     async createTask(req, ctx) {
-      const task = fromCreateRequest(req, ctx.values.get(kCorrelationId));
+      const task = fromCreateRequest(req, originOf(ctx.values));
       const [row] = await createWithInputs(app, [{ req, task, field: "" }]);
       if (!row) throw new Error("create returned no task");
       // Wake this replica's long polls now; the insert's NOTIFY wakes the others.
@@ -160,10 +175,10 @@ export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typ
       if (req.tasks.length === 0 || req.tasks.length > 1000) {
         throw invalid(`tasks must hold 1 to 1000 tasks, not ${req.tasks.length}`);
       }
-      const correlationId = ctx.values.get(kCorrelationId);
+      const origin = originOf(ctx.values);
       const entries = req.tasks.map((t, i) => ({
         req: t,
-        task: fromCreateRequest(t, correlationId, `tasks[${i}].`),
+        task: fromCreateRequest(t, origin, `tasks[${i}].`),
         field: `tasks[${i}].`,
       }));
       const rows = await createWithInputs(app, entries);

@@ -28,6 +28,9 @@ export interface NewTask {
   backoff: { initialMs: number; maxMs: number; multiplier: number };
   idempotencyKey: string | null;
   correlationId: string;
+  /** The create request's W3C trace context (tracing/context.ts): `traceparent`, `tracestate`. */
+  traceParent: string;
+  traceState: string;
   /** The input artifact, resolved and checked by the caller. */
   input: ArtifactRefJson | null;
 }
@@ -41,12 +44,13 @@ export interface TaskFilter {
 
 /**
  * What identifies a create request for idempotency: everything but the
- * correlation id (tracing metadata that differs between retries).
+ * correlation id and trace context (tracing metadata that differs between
+ * retries).
  */
 export function requestHash(t: NewTask): string {
   // The input counts by its bytes: inline input_data stored twice is two
   // artifacts with the same content, and the same request.
-  const { correlationId: _, input, ...rest } = t;
+  const { correlationId: _, traceParent: _p, traceState: _s, input, ...rest } = t;
   const bytes = input ? { sha256: input.sha256, sizeBytes: input.sizeBytes } : null;
   return createHash("sha256")
     .update(canonicalJson({ ...rest, input: bytes }))
@@ -88,6 +92,8 @@ export function createTaskStore(db: Db) {
         idempotencyKey: t.idempotencyKey,
         requestHash: t.idempotencyKey === null ? null : requestHash(t),
         correlationId: t.correlationId,
+        traceParent: t.traceParent,
+        traceState: t.traceState,
         input: t.input,
       }));
       if (values.every((v) => v.idempotencyKey === null)) {

@@ -19,6 +19,8 @@ export function newTask(overrides: Partial<NewTask> = {}): NewTask {
     backoff: { initialMs: 1000, maxMs: 300_000, multiplier: 2 },
     idempotencyKey: null,
     correlationId: "",
+    traceParent: "",
+    traceState: "",
     input: null,
     ...overrides,
   };

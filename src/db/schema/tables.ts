@@ -89,6 +89,9 @@ export const tasks = pgTable(
     // SHA-256 of the normalised create request, to tell a retry from a conflict.
     requestHash: text("request_hash"),
     correlationId: text("correlation_id").notNull().default(""),
+    // W3C trace context of the create request (docs/tracing.md), returned in claims.
+    traceParent: text("trace_parent").notNull().default(""),
+    traceState: text("trace_state").notNull().default(""),
     assignedWorkerId: uuid("assigned_worker_id"),
     assignedApiBaseUrl: text("assigned_api_base_url").notNull().default(""),
     scheduleIdempotencyKey: text("schedule_idempotency_key"),
