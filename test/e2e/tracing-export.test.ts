@@ -1,0 +1,230 @@
+import { appendFileSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { createServer, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
+import { pino } from "pino";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createApp } from "../../src/app.js";
+import { traceFromHeaders } from "../../src/tracing/context.js";
+import { createOtelTracing } from "../../src/tracing/otel.js";
+import { createTestDatabase } from "../support/database.js";
+import { testConfig } from "../support/harness.js";
+import { freePort, spawnServe, untilReady } from "../support/serve.js";
+
+// Span export (docs/tracing.md): with --otel-endpoint, the coordinator sends
+// a server span per RPC, a child of the caller's traceparent, and a client
+// span per database statement, over OTLP/HTTP (JSON) to <endpoint>/v1/traces;
+// without it, no OpenTelemetry module is loaded at all.
+
+const traceId = "0af7651916cd43dd8448eb211c80319c";
+const clientSpan = "b7ad6b7169203331";
+const traceparent = `00-${traceId}-${clientSpan}-01`;
+
+interface OtlpSpan {
+  traceId: string;
+  spanId: string;
+  parentSpanId?: string;
+  name: string;
+  kind: number;
+  attributes: { key: string; value: { stringValue?: string; intValue?: number | string } }[];
+  status?: { code?: number };
+  resource: Record<string, string>;
+}
+
+/** A fake OpenTelemetry collector: POST /v1/traces, OTLP JSON, its spans gathered. */
+async function fakeCollector(): Promise<{ url: string; spans: OtlpSpan[]; server: Server }> {
+  const spans: OtlpSpan[] = [];
+  const server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      if (req.method === "POST" && req.url === "/v1/traces") {
+        expect(req.headers["content-type"]).toContain("application/json");
+        const body = JSON.parse(Buffer.concat(chunks).toString()) as {
+          resourceSpans: {
+            resource: { attributes: { key: string; value: { stringValue?: string } }[] };
+            scopeSpans: { spans: Omit<OtlpSpan, "resource">[] }[];
+          }[];
+        };
+        for (const rs of body.resourceSpans) {
+          const resource = Object.fromEntries(
+            rs.resource.attributes.map((a) => [a.key, a.value.stringValue ?? ""]),
+          );
+          for (const ss of rs.scopeSpans) for (const s of ss.spans) spans.push({ ...s, resource });
+        }
+      }
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end("{}");
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  const { port } = server.address() as AddressInfo;
+  return { url: `http://127.0.0.1:${port}`, spans, server };
+}
+
+const attr = (s: OtlpSpan, key: string) => {
+  const v = s.attributes.find((a) => a.key === key)?.value;
+  return v?.stringValue ?? (v?.intValue === undefined ? undefined : Number(v.intValue));
+};
+
+/**
+ * A module loaded before the coordinator (node --import) that appends to
+ * `file` the URL of every module resolved under @opentelemetry/.
+ */
+function moduleProbe(dir: string, file: string): string {
+  const hooks = join(dir, "hooks.mjs");
+  writeFileSync(
+    hooks,
+    `import { appendFileSync } from "node:fs";
+export async function resolve(specifier, context, next) {
+  const r = await next(specifier, context);
+  if (r.url.includes("/@opentelemetry/")) appendFileSync(${JSON.stringify(file)}, r.url + "\\n");
+  return r;
+}
+`,
+  );
+  const probe = join(dir, "probe.mjs");
+  writeFileSync(
+    probe,
+    `import { register } from "node:module";
+register(${JSON.stringify(pathToFileURL(hooks).href)});
+`,
+  );
+  appendFileSync(file, "");
+  return probe;
+}
+
+/** Runs a coordinator (PGlite, auth off), makes one traced CreateTask, stops it with SIGTERM. */
+async function runCoordinator(extraArgs: string[]) {
+  const dir = mkdtempSync(join(tmpdir(), "meshwork-otel-"));
+  const loaded = join(dir, "loaded.txt");
+  const probe = moduleProbe(dir, loaded);
+  const env: NodeJS.ProcessEnv = { ...process.env, NODE_OPTIONS: `--import ${probe}` };
+  delete env.DATABASE_URL;
+  delete env.OTEL_EXPORTER_OTLP_ENDPOINT;
+  const port = await freePort();
+  const url = `http://127.0.0.1:${port}`;
+  const served = spawnServe(
+    [
+      "--listen",
+      `127.0.0.1:${port}`,
+      "--data-dir",
+      join(dir, "data"),
+      "--auth",
+      "off",
+      ...extraArgs,
+    ],
+    env,
+  );
+  try {
+    await untilReady(url, 90_000);
+    const res = await fetch(`${url}/meshwork.v1.TaskService/CreateTask`, {
+      method: "POST",
+      headers: { "content-type": "application/json", traceparent },
+      body: JSON.stringify({ workload: "otel" }),
+    });
+    expect(res.status).toBe(200);
+    const { task } = (await res.json()) as { task: { traceparent: string } };
+    // A refused call: its span says which code.
+    const refused = await fetch(`${url}/meshwork.v1.TaskService/GetTask`, {
+      method: "POST",
+      headers: { "content-type": "application/json", traceparent },
+      body: JSON.stringify({ taskId: "not-a-uuid" }),
+    });
+    expect(refused.status).toBe(400);
+    served.child.kill("SIGTERM");
+    expect(await served.exited).toBe(0);
+    return { task, loaded: readFileSync(loaded, "utf8"), output: served.output() };
+  } finally {
+    served.child.kill("SIGKILL");
+  }
+}
+
+describe("span export", () => {
+  let collector: Awaited<ReturnType<typeof fakeCollector>>;
+  beforeAll(async () => {
+    collector = await fakeCollector();
+  });
+  afterAll(async () => {
+    await new Promise((r) => collector?.server.close(r));
+  });
+
+  it("with --otel-endpoint: a server span per RPC, the child of the caller's span, sent on shutdown", async () => {
+    const { task, loaded } = await runCoordinator(["--otel-endpoint", collector.url]);
+    expect(loaded).toContain("@opentelemetry/sdk-trace-node");
+    const create = collector.spans.find(
+      (s) => s.traceId === traceId && s.name === "meshwork.v1.TaskService/CreateTask",
+    );
+    expect(create).toBeDefined();
+    if (!create) return;
+    expect(create.parentSpanId).toBe(clientSpan);
+    expect(create.kind).toBe(2); // SERVER
+    expect(create.resource["service.name"]).toBe("meshwork");
+    expect(attr(create, "rpc.system")).toBe("connect_rpc");
+    expect(attr(create, "rpc.service")).toBe("meshwork.v1.TaskService");
+    expect(attr(create, "rpc.method")).toBe("CreateTask");
+    expect(attr(create, "rpc.grpc.status_code")).toBe(0);
+    // The task stores the CreateTask span as its trace parent: a worker's calls are its children.
+    expect(task.traceparent).toBe(`00-${traceId}-${create.spanId}-01`);
+    const get = collector.spans.find(
+      (s) => s.traceId === traceId && s.name === "meshwork.v1.TaskService/GetTask",
+    );
+    expect(get && attr(get, "rpc.grpc.status_code")).toBe(3);
+    expect(get && attr(get, "rpc.connect_rpc.error_code")).toBe("invalid_argument");
+  });
+
+  it("without an endpoint: no OpenTelemetry module is loaded, nothing is sent", async () => {
+    const before = collector.spans.length;
+    const { loaded, task } = await runCoordinator([]);
+    expect(task.traceparent).toMatch(new RegExp(`^00-${traceId}-[0-9a-f]{16}-01$`));
+    expect(loaded).toBe("");
+    expect(collector.spans.length).toBe(before);
+  });
+
+  it("makes a span per database statement, a child of the RPC's span, named without SQL", async () => {
+    const ownTrace = "5b8aa5a2d2c872e8321cf37308d69df2";
+    const tdb = await createTestDatabase();
+    const tracing = createOtelTracing(collector.url);
+    try {
+      const app = createApp(
+        tdb.database,
+        testConfig(),
+        pino({ level: "silent" }),
+        undefined,
+        tracing,
+      );
+      const rpc = tracing.startRpc(
+        "meshwork.v1.TaskService",
+        "CreateTask",
+        traceFromHeaders(`00-${ownTrace}-${clientSpan}-01`, ""),
+      );
+      rpc.run(() => {
+        // What the database layer emits (db/observe.ts): started, then settled.
+        app.database.statements.started("insert into tasks")();
+        const failed = Object.assign(new Error("duplicate key"), { code: "23505" });
+        app.database.statements.started("update tasks")(failed);
+      });
+      // Outside any RPC (the sweeper): no span.
+      app.database.statements.started("select meshwork_sweep")();
+      rpc.end("ok");
+    } finally {
+      await tracing.shutdown();
+      await tdb.drop();
+    }
+    const statements = collector.spans.filter(
+      (s) => s.traceId === ownTrace && s.kind === 3, // CLIENT
+    );
+    const rpc = collector.spans.find((s) => s.traceId === ownTrace && s.kind === 2);
+    expect(statements.map((s) => s.name).sort()).toEqual(["insert into tasks", "update tasks"]);
+    for (const s of statements) {
+      expect(s.parentSpanId).toBe(rpc?.spanId);
+      expect(attr(s, "db.system")).toBe("postgresql");
+    }
+    const failed = statements.find((s) => s.name === "update tasks");
+    expect(failed?.status?.code).toBe(2); // ERROR
+    expect(failed && attr(failed, "db.response.status_code")).toBe("23505");
+    expect(collector.spans.some((s) => s.name === "select meshwork_sweep")).toBe(false);
+  });
+});
