@@ -2,7 +2,7 @@ import { Code, type Interceptor, type StreamRequest, type UnaryRequest } from "@
 import { invalid } from "../core/errors.js";
 import { nulPath } from "../core/validate.js";
 import type { Logger } from "../log.js";
-import { type TraceContext, traceFromHeaders } from "../tracing/context.js";
+import { newSpanId, type TraceContext, traceFromHeaders } from "../tracing/context.js";
 import type { Tracing } from "../tracing/tracing.js";
 import { kCorrelationId, kTrace } from "./context.js";
 import { codeName, type ToClientError } from "./errors.js";
@@ -44,7 +44,8 @@ export function createRpcInterceptor(
           // A trace begun here is sampled when its span is recorded.
           flags: incoming.parentSpanId ? incoming.flags : span.sampled ? "01" : "00",
         }
-      : incoming;
+      : // A span id of the call's own: the REST routes make several calls per request.
+        { ...incoming, spanId: newSpanId() };
     req.contextValues.set(kTrace, trace);
     const rpcLog = log.child({
       correlation_id: req.contextValues.get(kCorrelationId),
