@@ -140,7 +140,12 @@ export function createOtelTracing(endpoint: string, exporter?: SpanExporter): Tr
     },
     statements,
     async shutdown() {
-      await provider.shutdown();
+      // A collector that does not answer holds the exit back 5 s at most.
+      let timer: NodeJS.Timeout | undefined;
+      const late = new Promise<void>((resolve) => {
+        timer = setTimeout(resolve, 5000);
+      });
+      await Promise.race([provider.shutdown(), late]).finally(() => clearTimeout(timer));
     },
   };
 }

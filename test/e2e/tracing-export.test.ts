@@ -134,9 +134,11 @@ async function runCoordinator(extraArgs: string[]) {
       body: JSON.stringify({ taskId: "not-a-uuid" }),
     });
     expect(refused.status).toBe(400);
+    const stopping = performance.now();
     served.child.kill("SIGTERM");
     expect(await served.exited).toBe(0);
-    return { task, loaded: readFileSync(loaded, "utf8"), output: served.output() };
+    const stopMs = performance.now() - stopping;
+    return { task, loaded: readFileSync(loaded, "utf8"), output: served.output(), stopMs };
   } finally {
     served.child.kill("SIGKILL");
   }
@@ -181,6 +183,28 @@ describe("span export", () => {
     expect(task.traceparent).toMatch(new RegExp(`^00-${traceId}-[0-9a-f]{16}-01$`));
     expect(loaded).toBe("");
     expect(collector.spans.length).toBe(before);
+  });
+
+  it("with a collector that never answers: calls still succeed, and the exit waits 5 s at most", async () => {
+    const hanging = createServer(() => {
+      // Reads nothing, answers nothing.
+    });
+    await new Promise<void>((r) => hanging.listen(0, "127.0.0.1", r));
+    const { port } = hanging.address() as AddressInfo;
+    try {
+      const { task, output, stopMs } = await runCoordinator([
+        "--otel-endpoint",
+        `http://127.0.0.1:${port}`,
+      ]);
+      expect(task.traceparent).toMatch(new RegExp(`^00-${traceId}-[0-9a-f]{16}-01$`));
+      expect(output).toContain('"msg":"stopped"');
+      // The exporter's own timeout is 10 s: the coordinator waits 5 s, then exits.
+      expect(stopMs).toBeGreaterThan(4_500);
+      expect(stopMs).toBeLessThan(9_000);
+    } finally {
+      hanging.closeAllConnections();
+      await new Promise((r) => hanging.close(r));
+    }
   });
 
   it("makes a span per database statement, a child of the RPC's span, named without SQL", async () => {
