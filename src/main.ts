@@ -7,8 +7,24 @@ import { lockDataDir, StartupError } from "./data-dir-lock.js";
 import { type Database, openDatabase } from "./db/database.js";
 import { createLogger, type Logger } from "./log.js";
 import { type BoundListener, bind, type RunningServer } from "./server.js";
+import { readySummary, wantsPrettyLogs } from "./startup.js";
 import { loadTracing } from "./tracing/load.js";
 import type { Tracing } from "./tracing/tracing.js";
+
+/**
+ * Log lines for a person (pino-pretty, loaded only then): time, level and
+ * message first, the fields after; colours only on a terminal.
+ */
+async function prettyDestination(colorize: boolean) {
+  const { build: pretty } = await import("pino-pretty");
+  return pretty({
+    colorize,
+    sync: true,
+    translateTime: "SYS:HH:MM:ss",
+    ignore: "pid,hostname,service",
+    singleLine: true,
+  });
+}
 
 /**
  * On first start, with no token at all, makes an admin token and writes it
@@ -64,7 +80,10 @@ function whyNoDatabase(error: unknown, config: Config): string {
  * within the grace period, end streams, close the database, exit 0).
  */
 export async function serve(config: Config): Promise<void> {
-  const log = createLogger(config.logLevel);
+  const pretty = wantsPrettyLogs(config, process.stdout.isTTY === true);
+  const log = pretty
+    ? createLogger(config.logLevel, await prettyDestination(process.stdout.isTTY === true))
+    : createLogger(config.logLevel);
   // The last resort: a promise a library rejected with nothing listening
   // (postgres.js has done so while reconnecting) is logged, and the
   // coordinator keeps serving. Ending the process would drop every call in
@@ -106,6 +125,7 @@ export async function serve(config: Config): Promise<void> {
     const s3 = await loadS3Module(config);
     if (s3 && config.blobStore.kind === "s3") await s3.checkS3Bucket(config.blobStore.bucket);
     database = await openDatabase({
+      progress: (step) => log.info(step),
       url: config.databaseUrl,
       dataDir: config.dataDir,
       poolSize: config.dbPoolSize,
@@ -147,15 +167,19 @@ export async function serve(config: Config): Promise<void> {
   // Handled before the "listening" line: a supervisor may signal as soon as it sees it.
   process.on("SIGTERM", () => void stop("SIGTERM"));
   process.on("SIGINT", () => void stop("SIGINT"));
-  log.info(
-    {
-      url: server.url,
-      database: db.kind === "pglite" ? `pglite:${config.dataDir}/db` : "postgres",
-      auth: config.auth,
-      ...(tracing && { otel_endpoint: config.otelEndpoint }),
-    },
-    "meshwork listening",
-  );
+  if (pretty && log.isLevelEnabled("info")) {
+    process.stdout.write(readySummary(config, server.url));
+  } else {
+    log.info(
+      {
+        url: server.url,
+        database: db.kind === "pglite" ? `pglite:${config.dataDir}/db` : "postgres",
+        auth: config.auth,
+        ...(tracing && { otel_endpoint: config.otelEndpoint }),
+      },
+      "meshwork listening",
+    );
+  }
   const publicHost = new URL(config.publicUrl).hostname;
   if (["0.0.0.0", "[::]", "::"].includes(publicHost) || new URL(config.publicUrl).port === "0") {
     log.warn(

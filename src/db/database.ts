@@ -1,4 +1,4 @@
-import { mkdirSync } from "node:fs";
+import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { sql } from "drizzle-orm";
@@ -51,15 +51,28 @@ export interface OpenDatabaseOptions {
   acquireTimeoutMs?: number;
   /** PostgreSQL `statement_timeout` of every connection, in ms; 0 = none (default 30000). */
   statementTimeoutMs?: number;
+  /** Told each step of opening as it begins ("creating the embedded database…"), for the start-up output. */
+  progress?: (step: string) => void;
 }
 
 const migrationsFolder = fileURLToPath(new URL("./migrations", import.meta.url));
 
 /** Opens the database and applies the committed migrations. */
 export async function openDatabase(options: OpenDatabaseOptions): Promise<Database> {
+  const progress = options.progress ?? (() => {});
   return options.url
-    ? openPostgres(options.url, { ...poolDefaults, ...withoutUndefined(options) })
-    : openPglite(options.dataDir);
+    ? openPostgres(options.url, { ...poolDefaults, ...withoutUndefined(options) }, progress)
+    : openPglite(options.dataDir, progress);
+}
+
+/** host:port/database of a PostgreSQL URL, without the user or password. */
+export function postgresPlace(url: string): string {
+  try {
+    const u = new URL(url);
+    return `${u.hostname}:${u.port || 5432}${u.pathname.length > 1 ? u.pathname : ""}`;
+  } catch {
+    return "the server in DATABASE_URL";
+  }
 }
 
 function withoutUndefined<T extends object>(o: T): Partial<T> {
@@ -68,7 +81,8 @@ function withoutUndefined<T extends object>(o: T): Partial<T> {
 
 // Each driver is loaded only when it is the one in use: PGlite (WebAssembly)
 // is not loaded on PostgreSQL, postgres.js not on PGlite (bench/RESULTS.md, Memory).
-async function openPglite(dataDir: string): Promise<Database> {
+async function openPglite(dataDir: string, progress: (step: string) => void): Promise<Database> {
+  progress("loading the embedded database (PGlite)");
   const [{ PGlite }, { drizzle: drizzlePglite }, { migrate: migratePglite }] = await Promise.all([
     import("@electric-sql/pglite"),
     import("drizzle-orm/pglite"),
@@ -77,14 +91,21 @@ async function openPglite(dataDir: string): Promise<Database> {
   let location = "memory://";
   if (dataDir !== "memory://") {
     location = join(dataDir, "db");
+    const fresh = !existsSync(join(location, "PG_VERSION"));
     mkdirSync(location, { recursive: true });
+    if (fresh)
+      progress(`creating the embedded database in ${location} (first start only, about 10 s)`);
     // A new data directory is made (initdb) in a child process: in this
     // one it would leave hundreds of MiB resident for the life of the
     // coordinator (pglite-init.ts).
     await initPgliteDataDir(location);
   }
+  progress(
+    `opening the embedded database${location === "memory://" ? " (in memory)" : ` in ${location}`}`,
+  );
   const client = await PGlite.create(location, pgliteOptions(PGlite.defaultStartParams));
   const db = drizzlePglite({ client, schema });
+  progress("applying database migrations");
   await migratePglite(db, { migrationsFolder });
   return {
     kind: "pglite",
@@ -107,7 +128,11 @@ async function openPglite(dataDir: string): Promise<Database> {
   };
 }
 
-async function openPostgres(url: string, o: typeof poolDefaults): Promise<Database> {
+async function openPostgres(
+  url: string,
+  o: typeof poolDefaults,
+  progress: (step: string) => void,
+): Promise<Database> {
   const [postgresModule, { drizzle: drizzlePostgres }, { migrate: migratePostgres }] =
     await Promise.all([
       import("postgres"),
@@ -120,8 +145,10 @@ async function openPostgres(url: string, o: typeof poolDefaults): Promise<Databa
   // Migrate on one dedicated connection under an advisory lock, so that
   // replicas starting together apply each migration once.
   const admin = postgres(url, { max: 1, ...quiet });
+  progress(`connecting to PostgreSQL at ${postgresPlace(url)}`);
   try {
     await admin`select pg_advisory_lock(7263550101)`;
+    progress("applying database migrations");
     await migratePostgres(drizzlePostgres({ client: admin }), { migrationsFolder });
     await admin`select pg_advisory_unlock(7263550101)`;
   } finally {

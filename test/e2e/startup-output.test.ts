@@ -1,0 +1,172 @@
+import { execFile, spawn } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { until } from "../support/bounded.js";
+import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
+import { freePort, spawnServe } from "../support/serve.js";
+
+/**
+ * What `meshwork serve` prints while it starts: a line per step and, for a
+ * person, a summary that says where everything is and what to try next;
+ * JSON lines for a machine.
+ */
+
+/** until(), and on a timeout the output so far, to see why. */
+async function waitFor(check: () => boolean, ms: number, output: () => string): Promise<void> {
+  await until(check, ms).catch((error: unknown) => {
+    throw new Error(`${String(error)}; output:\n${output()}`);
+  });
+}
+
+function serveEnv(databaseUrl?: string): NodeJS.ProcessEnv {
+  const env = { ...process.env };
+  delete env.DATABASE_URL;
+  delete env.MESHWORK_LOG_FORMAT;
+  if (databaseUrl) env.DATABASE_URL = databaseUrl;
+  return env;
+}
+
+/** Starts `meshwork serve` on a fresh data dir, waits for the summary (or the listening line), stops it. */
+async function startAndStop(
+  args: string[],
+  databaseUrl?: string,
+): Promise<{ output: string; dataDir: string; url: string }> {
+  const port = await freePort();
+  const dataDir = join(mkdtempSync(join(tmpdir(), "meshwork-startup-out-")), "data");
+  const url = `http://127.0.0.1:${port}`;
+  const server = spawnServe(
+    ["--listen", `127.0.0.1:${port}`, "--data-dir", dataDir, ...args],
+    serveEnv(databaseUrl),
+  );
+  try {
+    await waitFor(
+      () => /Stop with Ctrl-C|meshwork listening/.test(server.output()),
+      60_000,
+      server.output,
+    );
+    return { output: server.output(), dataDir, url };
+  } finally {
+    server.child.kill("SIGTERM");
+    await server.exited;
+  }
+}
+
+describe("start-up output", () => {
+  let database: TestDatabase | undefined;
+
+  beforeAll(async () => {
+    if (onPostgres) database = await createTestDatabase();
+  });
+  afterAll(async () => {
+    await database?.drop();
+  });
+
+  it("--log-format pretty: a line per step, then where everything is and what to try, no JSON", async () => {
+    const { output, dataDir, url } = await startAndStop(["--log-format", "pretty"]);
+    const token = readFileSync(join(dataDir, "admin.token"), "utf8").trim();
+    // Each step said as it begins, in order.
+    const steps = [
+      "creating the embedded database",
+      "opening the embedded database",
+      "applying database migrations",
+    ].map((s) => output.indexOf(s));
+    expect(steps.every((i) => i >= 0)).toBe(true);
+    expect([...steps].sort((a, b) => a - b)).toEqual(steps);
+    expect(output).toContain(`Meshwork is ready at ${url}`);
+    expect(output).toContain(`Dashboard     ${url}/`);
+    expect(output).toContain(`Database      embedded (PGlite) in ${dataDir}/db`);
+    expect(output).toContain(`Admin token   ${join(dataDir, "admin.token")}`);
+    expect(output).toContain(`--data-dir ${dataDir} --role worker`);
+    // People read it: no JSON object lines, and never the token itself.
+    expect(output).not.toMatch(/^\{"level"/m);
+    expect(output).not.toContain(token);
+  });
+
+  it("the curl command the summary suggests works as printed", async () => {
+    const port = await freePort();
+    const dataDir = join(mkdtempSync(join(tmpdir(), "meshwork-startup-out-")), "data");
+    const server = spawnServe(
+      ["--listen", `127.0.0.1:${port}`, "--data-dir", dataDir, "--log-format", "pretty"],
+      serveEnv(),
+    );
+    try {
+      await waitFor(() => server.output().includes("Stop with Ctrl-C"), 60_000, server.output);
+      const lines = server.output().split("\n");
+      const first = lines.findIndex((l) => l.trim().startsWith("curl "));
+      expect(first).toBeGreaterThan(0);
+      const command = lines
+        .slice(first, first + 3)
+        .map((l) => l.trim())
+        .join("\n");
+      const answer = await new Promise<string>((resolve, reject) => {
+        execFile("bash", ["-c", `${command} -s --fail-with-body`], (error, stdout) =>
+          error ? reject(new Error(`${command}\n→ ${stdout}`)) : resolve(stdout),
+        );
+      });
+      const { task } = JSON.parse(answer) as { task: { workload: string; state: string } };
+      expect(task).toMatchObject({ workload: "hello", state: "TASK_STATE_PENDING" });
+    } finally {
+      server.child.kill("SIGTERM");
+      await server.exited;
+    }
+  });
+
+  it("by default, when stdout is not a terminal, every line is JSON, the steps included", async () => {
+    const { output, url } = await startAndStop([]);
+    const lines = output.trim().split("\n");
+    const parsed = lines.map((l) => JSON.parse(l) as { msg: string; url?: string });
+    expect(parsed.map((l) => l.msg)).toEqual(
+      expect.arrayContaining([
+        expect.stringContaining("creating the embedded database"),
+        "applying database migrations",
+        "meshwork listening",
+      ]),
+    );
+    expect(parsed.find((l) => l.msg === "meshwork listening")?.url).toBe(url);
+    expect(output).not.toContain("Meshwork is ready");
+  });
+
+  it.skipIf(!existsSync("/usr/bin/script"))(
+    "on a terminal, by default, the summary (script(1) gives the process a tty)",
+    async () => {
+      const port = await freePort();
+      const dataDir = join(mkdtempSync(join(tmpdir(), "meshwork-startup-out-")), "data");
+      const command = `node bin/meshwork.js serve --listen 127.0.0.1:${port} --data-dir ${dataDir}`;
+      const child = spawn("script", ["-qfec", command, "/dev/null"], {
+        env: serveEnv(),
+        stdio: ["pipe", "pipe", "pipe"],
+        detached: true,
+      });
+      let output = "";
+      child.stdout.on("data", (d: Buffer) => {
+        output += d.toString();
+      });
+      const exited = new Promise((resolve) => child.on("exit", resolve));
+      try {
+        await waitFor(
+          () => output.includes("Stop with Ctrl-C"),
+          60_000,
+          () => output,
+        );
+        expect(output).toContain(`Meshwork is ready at http://127.0.0.1:${port}`);
+        expect(output).not.toMatch(/\{"level"/);
+      } finally {
+        if (child.pid) process.kill(-child.pid, "SIGTERM");
+        await exited;
+      }
+    },
+  );
+
+  it.skipIf(!onPostgres)("on PostgreSQL: says where, without the user's password", async () => {
+    const url = new URL(database?.url ?? "");
+    url.password = "secretpw"; // trust authentication ignores it
+    const { output } = await startAndStop(["--log-format", "pretty"], url.toString());
+    expect(output).toContain(`connecting to PostgreSQL at ${url.hostname}:${url.port || 5432}`);
+    expect(output).toContain(
+      `Database      PostgreSQL at ${url.hostname}:${url.port || 5432}${url.pathname}`,
+    );
+    expect(output).not.toContain("secretpw");
+  });
+});
