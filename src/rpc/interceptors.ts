@@ -35,7 +35,12 @@ export function createRpcInterceptor(
         req.header.get("traceparent") ?? undefined,
         req.header.get("tracestate") ?? undefined,
       );
-    const span = tracing?.startRpc(req.service.typeName, req.method.name, incoming);
+    const span = tracing?.startRpc(
+      req.service.typeName,
+      req.method.name,
+      incoming,
+      req.header.get("content-type")?.startsWith("application/grpc") ? "grpc" : "connect_rpc",
+    );
     const trace: TraceContext = span
       ? {
           ...incoming,

@@ -114,12 +114,12 @@ export function createOtelTracing(endpoint: string, exporter?: SpanExporter): Tr
   };
 
   return {
-    startRpc(service, method, t): RpcSpan {
+    startRpc(service, method, t, system): RpcSpan {
       const span: Span = tracer.startSpan(
         `${service}/${method}`,
         {
           kind: SpanKind.SERVER,
-          attributes: { "rpc.system": "connect_rpc", "rpc.service": service, "rpc.method": method },
+          attributes: { "rpc.system": system, "rpc.service": service, "rpc.method": method },
         },
         parentOf(t),
       );

@@ -1,6 +1,9 @@
 import type { StatementObserver } from "../db/observe.js";
 import type { TraceContext } from "./context.js";
 
+/** `rpc.system` as OpenTelemetry's conventions name it. */
+export type RpcSystem = "grpc" | "connect_rpc";
+
 /**
  * The server span of one RPC, as the interceptor sees it. Made by
  * tracing/otel.ts when spans are exported; nothing makes one otherwise.
@@ -24,8 +27,12 @@ export interface RpcSpan {
  * type: the modules that use it import nothing of OpenTelemetry.
  */
 export interface Tracing {
-  /** Starts the server span of an RPC, the child of the caller's span when it sent one. */
-  startRpc(service: string, method: string, trace: TraceContext): RpcSpan;
+  /**
+   * Starts the server span of an RPC, the child of the caller's span when it
+   * sent one. `system` is how it was called: "grpc" (gRPC, gRPC-Web) or
+   * "connect_rpc" (Connect, and the REST routes' in-process calls).
+   */
+  startRpc(service: string, method: string, trace: TraceContext, system: RpcSystem): RpcSpan;
   /** Makes a client span per database statement, a child of the current RPC span. */
   statements: StatementObserver;
   /** Exports what is buffered and stops. */

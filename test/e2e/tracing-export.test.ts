@@ -4,8 +4,11 @@ import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
 import { createApp } from "../../src/app.js";
 import { traceFromHeaders } from "../../src/tracing/context.js";
 import { createOtelTracing } from "../../src/tracing/otel.js";
@@ -134,6 +137,9 @@ async function runCoordinator(extraArgs: string[]) {
       body: JSON.stringify({ taskId: "not-a-uuid" }),
     });
     expect(refused.status).toBe(400);
+    // A gRPC call: rpc.system says so.
+    const grpc = createClient(TaskService, createGrpcTransport({ baseUrl: url }));
+    await grpc.listTasks({ pageSize: 1 }, { headers: { traceparent } });
     const stopping = performance.now();
     served.child.kill("SIGTERM");
     expect(await served.exited).toBe(0);
@@ -175,6 +181,11 @@ describe("span export", () => {
     );
     expect(get && attr(get, "rpc.grpc.status_code")).toBe(3);
     expect(get && attr(get, "rpc.connect_rpc.error_code")).toBe("invalid_argument");
+    const list = collector.spans.find(
+      (s) => s.traceId === traceId && s.name === "meshwork.v1.TaskService/ListTasks",
+    );
+    expect(list && attr(list, "rpc.system")).toBe("grpc");
+    expect(list?.parentSpanId).toBe(clientSpan);
   });
 
   it("without an endpoint: no OpenTelemetry module is loaded, nothing is sent", async () => {
@@ -223,6 +234,7 @@ describe("span export", () => {
         "meshwork.v1.TaskService",
         "CreateTask",
         traceFromHeaders(`00-${ownTrace}-${clientSpan}-01`, ""),
+        "connect_rpc",
       );
       rpc.run(() => {
         // What the database layer emits (db/observe.ts): started, then settled.
