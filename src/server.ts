@@ -24,6 +24,7 @@ import { splitHostPort } from "./config.js";
 import { StartupError } from "./data-dir-lock.js";
 import { createFleetService } from "./fleet/service.js";
 import { byteRoutes } from "./http/bytes.js";
+import { dashboardRoutes } from "./http/dashboard.js";
 import { sendJson } from "./http/json.js";
 import { createListener } from "./http/listener.js";
 import { createPlainRouter, type PlainRoute } from "./http/routes.js";
@@ -266,6 +267,8 @@ export function createHandler(app: App) {
           return toTask(await app.tasks.get(taskId));
         },
       }),
+      // Last: GET / and /assets/* (the web dashboard) shadow nothing above.
+      ...dashboardRoutes(),
     ],
     app.guard,
     toClientError,
