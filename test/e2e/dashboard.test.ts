@@ -249,6 +249,7 @@ describe.skipIf(!existsSync(chromiumPath))(
       const saved = join(shots, "download.txt");
       await download.saveAs(saved);
       expect(readFileSync(saved, "utf8")).toBe("rendered frame 1\n");
+      await page.evaluate("window.scrollTo(0, 0)");
       await page.screenshot({ path: join(shots, "task.png") });
 
       // Cancel another task from its page; the coordinator agrees.
@@ -259,6 +260,25 @@ describe.skipIf(!existsSync(chromiumPath))(
       await page.locator("#cancel").click();
       await state.getByText("CANCELED").waitFor(seen);
       expect((await rpc.tasks.getTask({ taskId: otherId })).task?.state).toBe(TaskState.CANCELED);
+
+      // One that fails for good: its error shows on its page.
+      const doomed = (
+        await rpc.tasks.createTask({ name: "frame-0099", workload: "render", maxAttempts: 1 })
+      ).task;
+      const doomedClaim = (await rpc.leases.claimTasks({ workerId, maxTasks: 1 })).claims[0];
+      expect(doomedClaim?.taskId).toBe(doomed?.taskId);
+      await rpc.leases.failTask({
+        taskId: doomedClaim?.taskId ?? "",
+        workerId,
+        attempt: doomedClaim?.attempt ?? 0,
+        leaseToken: doomedClaim?.leaseToken ?? "",
+        errorCode: "SCENE_MISSING",
+        errorMessage: "lobby.blend not found",
+        retryable: false,
+      });
+      await page.goto(`${url}/#/tasks/${doomed?.taskId}`);
+      await state.getByText("FAILED").waitFor(seen);
+      await page.getByText("lobby.blend not found").waitFor(seen);
 
       // More tasks, for a list worth looking at.
       for (let i = 3; i <= 8; i++) {
@@ -300,6 +320,27 @@ describe.skipIf(!existsSync(chromiumPath))(
         .getByRole("button", { name: "Undrain" })
         .waitFor(seen);
       expect((await rpc.fleet.getWorker({ workerId })).worker?.drained).toBe(true);
+      // A second worker works through thumbnails for ~25 s while the fleet
+      // page samples: the chart draws what it saw finish.
+      const second = (await rpc.fleet.listWorkers({})).workers.find((w) => w.name === "render-2");
+      for (let round = 0; round < 12 && second; round++) {
+        await rpc.tasks.createTasks({
+          tasks: [0, 1, 2].map((i) => ({ name: `thumb-${round}-${i}`, workload: "thumbnail" })),
+        });
+        const got = await rpc.leases.claimTasks({ workerId: second.workerId, maxTasks: 2 });
+        for (const c of got.claims) {
+          const l = {
+            taskId: c.taskId,
+            workerId: second.workerId,
+            attempt: c.attempt,
+            leaseToken: c.leaseToken,
+          };
+          await rpc.leases.startTask(l);
+          await rpc.leases.completeTask({ ...l, resultSummary: "ok" });
+        }
+        await new Promise((r) => setTimeout(r, 2000));
+      }
+      await page.locator(".chart rect.bar").first().waitFor(seen);
       await page.getByText("finished per 5 s").waitFor(seen);
       await page.locator("table").getByRole("link", { name: "thumbnail" }).waitFor(seen);
       await page.screenshot({ path: join(shots, "fleet.png") });

@@ -1,6 +1,7 @@
 import { TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { fleet } from "./api.js";
 import { h, s } from "./dom.js";
+import { span } from "./format.js";
 
 /** One look at the fleet: cumulative finished tasks, and pending and running now. */
 export interface Sample {
@@ -74,14 +75,18 @@ export function onSample(fn: () => void, signal: AbortSignal): void {
 
 /**
  * Throughput (tasks finished per 5 s interval, bars) and backlog (pending
- * tasks, line; running, dashed) over the last 10 minutes, hand-drawn SVG.
+ * tasks, line; running, dashed) over the last 10 minutes (less while this
+ * tab has seen less), hand-drawn SVG.
  */
 export function chart(): HTMLElement {
   const W = 1000;
   const H = 150;
   const pad = { l: 34, r: 34, t: 10, b: 20 };
   const now = Date.now();
-  const x = (t: number) => pad.l + ((t - (now - keepMs)) / keepMs) * (W - pad.l - pad.r);
+  // The window grows with the history this tab has, from 1 to 10 minutes.
+  const windowMs = Math.min(keepMs, Math.max(60_000, now - (samples[0]?.t ?? now)));
+  const plotW = W - pad.l - pad.r;
+  const x = (t: number) => pad.l + ((t - (now - windowMs)) / windowMs) * plotW;
   const points = samples.slice(1).map((cur, i) => {
     const prev = samples[i] as Sample;
     return { t: cur.t, done: Math.max(0, cur.finished - prev.finished), gap: cur.t - prev.t };
@@ -97,15 +102,15 @@ export function chart(): HTMLElement {
     "aria-label": "Throughput and backlog over the last 10 minutes",
     preserveAspectRatio: "none",
   });
-  for (let m = 0; m <= 10; m += 2) {
-    const gx = x(now - m * 60_000);
+  for (let i = 0; i <= 5; i++) {
+    const gx = x(now - (windowMs * i) / 5);
     svg.append(s("line", { x1: gx, x2: gx, y1: pad.t, y2: H - pad.b, class: "grid" }));
     const label = s("text", { x: gx, y: H - 5, class: "axis", "text-anchor": "middle" });
-    label.textContent = m === 0 ? "now" : `−${m} min`;
+    label.textContent = i === 0 ? "now" : `−${span((windowMs * i) / 5)}`;
     svg.append(label);
   }
   svg.append(s("line", { x1: pad.l, x2: W - pad.r, y1: H - pad.b, y2: H - pad.b, class: "base" }));
-  const barW = Math.max(2, (sampleEveryMs / keepMs) * (W - pad.l - pad.r) - 2);
+  const barW = Math.max(2, (sampleEveryMs / windowMs) * plotW - 2);
   for (const p of points) {
     if (p.done === 0) continue;
     svg.append(
@@ -142,7 +147,7 @@ export function chart(): HTMLElement {
     h(
       "figcaption",
       null,
-      h("strong", null, "Last 10 minutes"),
+      h("strong", null, `Last ${span(windowMs)}`),
       h("span", { class: "key bar" }, `finished per 5 s (${lastDone} now)`),
       h("span", { class: "key line-pending" }, `pending (${last?.pending ?? "—"})`),
       h("span", { class: "key line-running" }, `running (${last?.running ?? "—"})`),

@@ -34,10 +34,12 @@ interface Event {
   state?: TaskState;
 }
 
+/** A field: its label and value, "—" when the value is empty (undefined, false, ""). */
 function row(label: string, ...value: Child[]) {
+  const shown = value.filter((v) => v !== undefined && v !== null && v !== false && v !== "");
   return [
     h("dt", null, label),
-    h("dd", null, ...(value.length ? value : [h("span", { class: "muted" }, "—")])),
+    h("dd", null, ...(shown.length ? shown : [h("span", { class: "muted" }, "—")])),
   ];
 }
 
@@ -213,7 +215,9 @@ export function taskPage(page: Page, taskId: string): void {
       row(
         "State",
         statePill(t.state),
-        t.cancelRequested && h("span", { class: "pill drained" }, "CANCEL REQUESTED"),
+        t.cancelRequested &&
+          !terminal.has(t.state) &&
+          h("span", { class: "pill drained" }, "CANCEL REQUESTED"),
       ),
       row("Attempt", `${t.attempt} of ${t.maxAttempts}`),
       row("Priority", String(t.priority)),
@@ -269,9 +273,12 @@ export function taskPage(page: Page, taskId: string): void {
       lease,
       row("Assigned worker", t.assignedWorkerId && h("code", null, t.assignedWorkerId)),
       row("Worker API", or(t.assignedApiBaseUrl)),
-      row("Lease holder", t.lease?.workerId && h("code", null, t.lease.workerId)),
       row(
-        "Lease expires",
+        terminal.has(t.state) ? "Last lease holder" : "Lease holder",
+        t.lease?.workerId && h("code", null, t.lease.workerId),
+      ),
+      row(
+        terminal.has(t.state) ? "Lease (ended)" : "Lease expires",
         t.lease?.expiresAt && `${exact(t.lease.expiresAt)} (${ago(t.lease.expiresAt)})`,
       ),
       row(
@@ -311,7 +318,11 @@ export function taskPage(page: Page, taskId: string): void {
         h(
           "li",
           null,
-          h("time", { title: new Date(e.at).toISOString() }, new Date(e.at).toLocaleTimeString()),
+          h(
+            "time",
+            { title: new Date(e.at).toISOString() },
+            new Date(e.at).toLocaleTimeString([], { hourCycle: "h23" }),
+          ),
           e.state !== undefined && statePill(e.state),
           h("span", null, e.text),
         ),

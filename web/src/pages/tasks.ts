@@ -1,21 +1,17 @@
 import { type Task, TaskState } from "../../../gen/meshwork/v1/task_pb.js";
 import { tasks } from "../api.js";
 import { fill, h } from "../dom.js";
-import { shortId, statePill, taskStateName, taskStates, when } from "../format.js";
+import { shortId, statePill, taskStateName, taskStates, terminal, when } from "../format.js";
 import { empty, type Page, refreshMs } from "../page.js";
 
 const pageSize = 50;
 
 function progress(t: Task) {
-  if (!t.progress && t.steps === undefined) return h("span", { class: "muted" }, "—");
   const done = t.progress?.completedSteps ?? 0;
+  const message = t.progress?.message ?? "";
+  if (!done && !message) return h("span", { class: "muted" }, "—");
   const text = t.steps ? `${done}/${t.steps}` : String(done);
-  return h(
-    "span",
-    { title: t.progress?.message ?? "" },
-    text,
-    t.progress?.message ? ` · ${t.progress.message}` : "",
-  );
+  return h("span", { title: message }, text, message ? ` · ${message}` : "");
 }
 
 /** Tasks: filters (state, workload, correlation id, worker) in the URL's hash, pages of 50, refreshed every 3 s. */
@@ -140,14 +136,16 @@ export function tasksPage(page: Page): void {
                     "td",
                     null,
                     statePill(t.state),
-                    t.cancelRequested && h("span", { class: "pill drained" }, "CANCEL REQUESTED"),
+                    t.cancelRequested &&
+                      !terminal.has(t.state) &&
+                      h("span", { class: "pill drained" }, "CANCEL REQUESTED"),
                   ),
                   h("td", { class: "num" }, `${t.attempt} / ${t.maxAttempts}`),
                   h(
                     "td",
                     null,
-                    t.assignedWorkerId
-                      ? shortId(t.assignedWorkerId)
+                    t.lease?.workerId || t.assignedWorkerId
+                      ? shortId(t.lease?.workerId || t.assignedWorkerId)
                       : h("span", { class: "muted" }, "—"),
                   ),
                   h("td", null, progress(t)),
