@@ -53,14 +53,15 @@ function signIn(message = ""): void {
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
     submit.disabled = true;
-    session.token = token.value.trim();
+    const value = token.value.trim();
     try {
-      await fleet.getFleetStatus({});
+      // Checked before it is kept: a refused token never signs anyone out.
+      await fleet.getFleetStatus({}, { headers: { authorization: `Bearer ${value}` } });
+      session.token = value;
       // replaceState fires no hashchange: route() runs once.
       if (!location.hash || location.hash === "#/") history.replaceState(null, "", "#/fleet");
       route();
     } catch (err) {
-      session.token = "";
       error.hidden = false;
       error.textContent = `That token was not accepted (${describe(err)}).`;
       submit.disabled = false;
