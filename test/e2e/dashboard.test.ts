@@ -127,12 +127,21 @@ describe.skipIf(!existsSync(chromiumPath))(
   () => {
     let browser: Browser;
     let page: Page;
+    const pageErrors: string[] = [];
 
     beforeAll(async () => {
       mkdirSync(shots, { recursive: true });
       browser = await chromium.launch({ executablePath: chromiumPath, args: ["--no-sandbox"] });
       page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
       page.on("dialog", (d) => void d.accept());
+      // Uncaught exceptions and console errors (a CSP violation is one); a
+      // refused call's "Failed to load resource: 401" is expected.
+      page.on("pageerror", (e) => pageErrors.push(e.message));
+      page.on("console", (m) => {
+        if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) {
+          pageErrors.push(m.text());
+        }
+      });
     }, 60_000);
     afterAll(async () => {
       await browser?.close();
@@ -372,6 +381,10 @@ describe.skipIf(!existsSync(chromiumPath))(
       await expect
         .poll(() => page.locator("#signin-error").textContent(), seen)
         .toContain("refused the token");
+    });
+
+    it("raised no error in the page", () => {
+      expect(pageErrors).toEqual([]);
     });
   },
 );

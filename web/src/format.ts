@@ -96,3 +96,13 @@ export function bytes(n: bigint | number): string {
 export function shortId(id: string) {
   return h("code", { title: id }, id.slice(0, 8));
 }
+
+/**
+ * A small bar filled to `fraction` (0–1). The width is set through the
+ * CSSOM: the Content-Security-Policy refuses style attributes.
+ */
+export function meter(fraction: number, wide = false) {
+  const fill = h("span");
+  fill.style.width = `${Math.round(Math.max(0, Math.min(1, fraction)) * 100)}%`;
+  return h("span", { class: wide ? "meter wide" : "meter" }, fill);
+}

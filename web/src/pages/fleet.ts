@@ -5,6 +5,7 @@ import { chart, onSample } from "../chart.js";
 import { fill, h } from "../dom.js";
 import {
   durationMs,
+  meter,
   span,
   statePill,
   taskStateName,
@@ -88,7 +89,7 @@ function workerRow(w: Worker, page: Page, reload: () => Promise<void>) {
       "td",
       { class: "num" },
       h("span", null, `${w.activeLeases} / ${w.maxConcurrency}`),
-      h("span", { class: "meter" }, h("span", { style: `width:${Math.round(load * 100)}%` })),
+      meter(load),
     ),
     h("td", null, when(w.lastHeartbeatAt)),
     h("td", { class: "actions" }, button),

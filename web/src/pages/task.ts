@@ -8,6 +8,7 @@ import {
   bytes,
   durationMs,
   exact,
+  meter,
   ms,
   span,
   statePill,
@@ -288,14 +289,7 @@ export function taskPage(page: Page, taskId: string): void {
               "span",
               null,
               steps ? `${done} / ${steps} steps` : `${done} steps`,
-              steps > 0 &&
-                h(
-                  "span",
-                  { class: "meter wide" },
-                  h("span", {
-                    style: `width:${Math.round((100 * Math.min(done, steps)) / steps)}%`,
-                  }),
-                ),
+              steps > 0 && meter(done / steps, true),
               t.progress?.message && h("div", null, t.progress.message),
             )
           : undefined,
