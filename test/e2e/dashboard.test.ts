@@ -10,6 +10,7 @@ import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
 import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
 import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
+import { TokenRole, TokenService } from "../../gen/meshwork/v1/token_pb.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
 import { spawnServe, untilReady } from "../support/serve.js";
 
@@ -72,6 +73,7 @@ function clients() {
     tasks: createClient(TaskService, transport),
     leases: createClient(LeaseService, transport),
     knowledge: createClient(KnowledgeService, transport),
+    tokens: createClient(TokenService, transport),
   };
 }
 
@@ -381,6 +383,27 @@ describe.skipIf(!existsSync(chromiumPath))(
       await expect
         .poll(() => page.locator("#signin-error").textContent(), seen)
         .toContain("refused the token");
+    });
+
+    it("shows a refused action readably: a client token may read the fleet, not drain it", async () => {
+      const { secret } = await clients().tokens.createToken({
+        name: "dashboard-viewer",
+        role: TokenRole.CLIENT,
+      });
+      const viewer = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+      viewer.on("dialog", (d) => void d.accept());
+      try {
+        await viewer.goto(`${url}/`);
+        await viewer.locator("#token").fill(secret);
+        await viewer.getByRole("button", { name: "Sign in" }).click();
+        await viewer.locator("#workers").getByText("render-2").waitFor(seen);
+        await viewer.locator("#workers").getByRole("button", { name: "Drain" }).first().click();
+        await viewer.locator(".banner").getByText("permission_denied:").waitFor(seen);
+        expect(await viewer.locator(".banner").textContent()).not.toMatch(/\bat \S+:\d+/);
+        await viewer.screenshot({ path: join(shots, "refused.png") });
+      } finally {
+        await viewer.close();
+      }
     });
 
     it("raised no error in the page", () => {

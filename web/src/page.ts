@@ -8,8 +8,12 @@ export interface Page {
   signal: AbortSignal;
   /** Runs `fn` now and every `ms` while the page is shown; errors go to the page's banner. */
   every(ms: number, fn: () => Promise<void>): void;
-  /** Shows an RPC error readably (code: message) at the top of the page; "" clears it. */
-  error(error: unknown): void;
+  /**
+   * Shows an RPC error readably (code: message) at the top of the page; ""
+   * clears it. A refresh's error goes when a later refresh succeeds; an
+   * action's (from `act`) stays until dismissed or another action succeeds.
+   */
+  error(error: unknown, from?: "refresh" | "action"): void;
   /** Sets the page title and the "updated" stamp. */
   title(text: string): void;
 }
@@ -23,6 +27,7 @@ export function createPage(
   signal: AbortSignal,
   banner: HTMLElement,
 ): Page {
+  let shown: "refresh" | "action" | undefined;
   const page: Page = {
     el,
     params,
@@ -45,14 +50,27 @@ export function createPage(
       const timer = window.setInterval(tick, ms);
       signal.addEventListener("abort", () => window.clearInterval(timer), { once: true });
     },
-    error(error) {
+    error(error, from = "refresh") {
       if (error === "") {
+        if (shown === "action" && from === "refresh") return;
         banner.replaceChildren();
         banner.hidden = true;
+        shown = undefined;
         return;
       }
+      shown = from;
+      const close = h(
+        "button",
+        { class: "banner-close", type: "button", "aria-label": "Dismiss" },
+        "×",
+      );
+      close.addEventListener("click", () => page.error("", "action"));
       banner.hidden = false;
-      banner.replaceChildren(h("strong", null, "Error "), describe(error));
+      banner.replaceChildren(
+        h("strong", null, from === "action" ? "Refused " : "Error "),
+        h("span", null, describe(error)),
+        close,
+      );
     },
     title(text) {
       document.title = `${text} · Meshwork`;
@@ -76,9 +94,9 @@ export async function act(button: HTMLButtonElement, page: Page, fn: () => Promi
   button.disabled = true;
   try {
     await fn();
-    page.error("");
+    page.error("", "action");
   } catch (e) {
-    page.error(e);
+    page.error(e, "action");
   } finally {
     button.disabled = false;
   }

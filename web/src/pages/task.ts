@@ -57,7 +57,7 @@ function summary(t: Task): string {
   const parts = [taskStateName(t.state)];
   if (t.attempt) parts.push(`attempt ${t.attempt}`);
   if (t.assignedWorkerId) parts.push(`worker ${t.assignedWorkerId.slice(0, 8)}`);
-  if (t.progress)
+  if (t.progress && (t.progress.completedSteps || t.progress.message))
     parts.push(
       `progress ${t.progress.completedSteps}${t.steps ? `/${t.steps}` : ""}${t.progress.message ? ` “${t.progress.message}”` : ""}`,
     );
@@ -280,7 +280,10 @@ export function taskPage(page: Page, taskId: string): void {
       ),
       row(
         terminal.has(t.state) ? "Lease (ended)" : "Lease expires",
-        t.lease?.expiresAt && `${exact(t.lease.expiresAt)} (${ago(t.lease.expiresAt)})`,
+        t.lease?.expiresAt &&
+          (terminal.has(t.state)
+            ? exact(t.lease.expiresAt)
+            : `${exact(t.lease.expiresAt)} (${ago(t.lease.expiresAt)})`),
       ),
       row(
         "Progress",
