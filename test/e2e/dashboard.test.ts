@@ -41,7 +41,7 @@ beforeAll(async () => {
   child = served.child;
   const deadline = Date.now() + 60_000;
   while (!url && Date.now() < deadline) {
-    url = /"url":"([^"]+)"/.exec(served.output())?.[1] ?? "";
+    url = /"url":"(https?:\/\/[^"]+)"/.exec(served.output())?.[1] ?? "";
     if (!url) await new Promise((r) => setTimeout(r, 100));
   }
   if (!url) throw new Error(`the coordinator did not start:\n${served.output()}`);
