@@ -12,6 +12,7 @@ import type { Completion } from "./leases/store.js";
 import { createSweeper } from "./leases/sweeper.js";
 import { createClaimWakeups } from "./leases/wakeup.js";
 import type { Logger } from "./log.js";
+import { createMetrics } from "./metrics/metrics.js";
 import { createStores, createWithTx } from "./stores.js";
 import { createTaskEvents } from "./tasks/events.js";
 import { createRetention } from "./tasks/retention.js";
@@ -24,6 +25,12 @@ import { createRetention } from "./tasks/retention.js";
  */
 export function createApp(database: Database, config: Config, log: Logger, s3?: S3Module) {
   const stores = createStores(database.db, config);
+  // Per app, not prom-client's global registry: tests build many apps.
+  const metrics = createMetrics({
+    statements: database.statements,
+    pool: () => database.pool(),
+    liveTasks: () => stores.tasks.liveByWorkload(),
+  });
   const { fleet, leases } = stores;
   const blobs = createBlobStore(config, database, s3);
   const events = createTaskEvents();
@@ -56,7 +63,7 @@ export function createApp(database: Database, config: Config, log: Logger, s3?: 
     retryable: isTransientDatabaseError,
   });
   const sweeper = createSweeper(
-    { leases: housekeeping.leases, heartbeats, events, wakeups, log },
+    { leases: housekeeping.leases, heartbeats, events, wakeups, log, metrics },
     config.sweepIntervalMs,
   );
   // Old finished tasks, on the housekeeping handle too: one replica at a
@@ -94,6 +101,8 @@ export function createApp(database: Database, config: Config, log: Logger, s3?: 
     workerCache,
     /** Authentication, roles, worker ownership and rate limits (src/auth/). */
     guard,
+    /** The Prometheus metrics served at /metrics (src/metrics/, docs/metrics.md). */
+    metrics,
     completeOne,
     sweeper,
     retention,
