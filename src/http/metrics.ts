@@ -10,7 +10,7 @@ import type { PlainRoute, Request, Response } from "./routes.js";
  */
 export function metricsRoute(app: {
   config: { metricsPublic: boolean };
-  metrics: Pick<Metrics, "registry">;
+  metrics: Pick<Metrics, "registry" | "scrape">;
 }): PlainRoute {
   return {
     methods: ["GET"],
@@ -18,7 +18,7 @@ export function metricsRoute(app: {
     roles: app.config.metricsPublic ? "open" : ["client"],
     what: "read metrics",
     async handle({ res }) {
-      const text = await app.metrics.registry.metrics();
+      const text = await app.metrics.scrape();
       res.writeHead(200, { "content-type": app.metrics.registry.contentType });
       res.end(text);
     },

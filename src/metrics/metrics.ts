@@ -41,7 +41,6 @@ const latencyBuckets = [
 export function createMetrics(deps: MetricsDeps) {
   const registry = new Registry();
   const registers = [registry];
-  collectDefaultMetrics({ register: registry });
 
   const rpcRequests = new Counter({
     name: "meshwork_rpc_requests_total",
@@ -166,9 +165,9 @@ export function createMetrics(deps: MetricsDeps) {
     labelNames: ["state", "workload"] as const,
     registers,
     async collect() {
-      const rows = await liveTasks();
       // Groups that emptied since the last scrape go to 0 by disappearing.
       this.reset();
+      const rows = await liveTasks().catch(() => []);
       for (const r of rows) this.set({ state: r.state, workload: r.workload }, r.count);
     },
   });
@@ -178,13 +177,27 @@ export function createMetrics(deps: MetricsDeps) {
     labelNames: ["workload"] as const,
     registers,
     async collect() {
-      const rows = await liveTasks();
       this.reset();
+      const rows = await liveTasks().catch(() => []);
       for (const r of rows) {
         if (r.state === "PENDING" && r.oldestSeconds !== null) {
           this.set({ workload: r.workload }, r.oldestSeconds);
         }
       }
+    },
+  });
+
+  new Gauge({
+    name: "meshwork_task_gauges_up",
+    help: "1 when this scrape read the task gauges, 0 when the database did not answer (they are then absent; the other metrics are served).",
+    registers,
+    async collect() {
+      this.set(
+        await liveTasks().then(
+          () => 1,
+          () => 0,
+        ),
+      );
     },
   });
 
@@ -198,9 +211,23 @@ export function createMetrics(deps: MetricsDeps) {
     },
   });
 
+  let processMetrics = false;
   return {
     /** The registry /metrics serves. */
     registry,
+    /**
+     * The metrics in the Prometheus text format. Node's process metrics
+     * (prom-client's default set) join at the first scrape: they start an
+     * event-loop monitor and a GC observer, which an app never scraped (a
+     * test's) need not run.
+     */
+    scrape(): Promise<string> {
+      if (!processMetrics) {
+        processMetrics = true;
+        collectDefaultMetrics({ register: registry });
+      }
+      return registry.metrics();
+    },
     rpcRequests,
     rpcDuration,
     httpRequests,

@@ -116,8 +116,9 @@ describe("GET /metrics after a drain", () => {
     const [uploading, ...rest] = claims;
     if (!uploading) throw new Error("nothing claimed");
 
-    // An upload of k bytes, then downloads over RPC and over HTTP.
-    const k = 3000;
+    // An upload of k bytes, then downloads over RPC (one full 256 KiB
+    // message and a short one) and over HTTP.
+    const k = 300_000;
     const body = new Uint8Array(k).fill(7);
     const { artifact } = await artifacts.uploadArtifact(
       (async function* () {
