@@ -15,7 +15,9 @@ function codeName(code: Code): string {
  * (`ok`, or the Connect code name of the error the client got). Outermost,
  * so that the code is the one sent after error mapping, and refusals of
  * authentication are counted too. A server stream is counted when it ends:
- * normally, with an error, or when the client goes away (`canceled`).
+ * normally, with an error, or when the client went away or its deadline
+ * passed (the code of the call's abort: `canceled`, `deadline_exceeded`),
+ * even when the handler then ended the stream quietly.
  */
 export function createMetricsInterceptor(
   metrics: Pick<Metrics, "rpcRequests" | "rpcDuration">,
@@ -48,12 +50,12 @@ export function createMetricsInterceptor(
       message: (async function* () {
         try {
           yield* messages;
-          count("ok");
+          count(req.signal.aborted ? codeOf(req.signal.reason) : "ok");
         } catch (error) {
           count(codeOf(error));
           throw error;
         } finally {
-          // Left before its end: the client stopped reading.
+          // Left before its end: whoever read the stream stopped.
           count(codeName(Code.Canceled));
         }
       })(),

@@ -252,6 +252,31 @@ describe("GET /metrics after a drain", () => {
     expect(has(last, "meshwork_backlog_oldest_pending_seconds", { workload })).toBe(true);
   });
 
+  it("counts a stream its client left as canceled", async () => {
+    const tasks = client(TaskService, clientToken);
+    const { task } = await tasks.createTask({ name: "watched", workload: uniqueWorkload() });
+    const canceled = async () =>
+      sum((await read()).samples, "meshwork_rpc_requests_total", {
+        method: "WatchTask",
+        code: "canceled",
+      });
+    const before = await canceled();
+    const leaving = new AbortController();
+    const watch = tasks.watchTask({ taskId: task?.taskId ?? "" }, { signal: leaving.signal });
+    await outcome(
+      (async () => {
+        for await (const _ of watch) leaving.abort();
+      })(),
+    );
+    await until(async () => (await canceled()) === before + 1, 10_000);
+    expect(
+      sum((await read()).samples, "meshwork_rpc_requests_total", {
+        method: "WatchTask",
+        code: "ok",
+      }),
+    ).toBe(0);
+  });
+
   it("asks for a token of role client or admin", async () => {
     const none = await scrape(server.url);
     expect(none.status).toBe(401);
