@@ -12,7 +12,8 @@ function codeName(code: Code): string {
 
 /**
  * Counts every RPC and observes its duration by service, method and code
- * (`ok`, or the Connect code name of the error the client got). Outermost,
+ * (`ok`, or the Connect code name of the error the client got, or of the
+ * call's abort when the client left or its deadline passed). Outermost,
  * so that the code is the one sent after error mapping, and refusals of
  * authentication are counted too. A server stream is counted when it ends:
  * normally, with an error, or when the client went away or its deadline
@@ -33,6 +34,9 @@ export function createMetricsInterceptor(
       metrics.rpcRequests.inc({ ...labels, code });
     };
     const codeOf = (error: unknown) => codeName(ConnectError.from(error).code);
+    // A call its client left, or whose deadline passed, may still end
+    // quietly (a long poll answers "nothing"): it counts as aborted.
+    const ended = () => (req.signal.aborted ? codeOf(req.signal.reason) : "ok");
     let res: Awaited<ReturnType<typeof next>>;
     try {
       res = await next(req);
@@ -41,7 +45,7 @@ export function createMetricsInterceptor(
       throw error;
     }
     if (!res.stream) {
-      count("ok");
+      count(ended());
       return res;
     }
     const messages = res.message;
@@ -50,7 +54,7 @@ export function createMetricsInterceptor(
       message: (async function* () {
         try {
           yield* messages;
-          count(req.signal.aborted ? codeOf(req.signal.reason) : "ok");
+          count(ended());
         } catch (error) {
           count(codeOf(error));
           throw error;
