@@ -12,6 +12,7 @@ import type { Completion } from "./leases/store.js";
 import { createSweeper } from "./leases/sweeper.js";
 import { createClaimWakeups } from "./leases/wakeup.js";
 import type { Logger } from "./log.js";
+import { createMetrics } from "./metrics/metrics.js";
 import { createStores, createWithTx } from "./stores.js";
 import { createTaskEvents } from "./tasks/events.js";
 import { createRetention } from "./tasks/retention.js";
@@ -34,6 +35,12 @@ export function createApp(
   // A span per statement, under the RPC that made it.
   if (tracing) database.statements.observe(tracing.statements);
   const stores = createStores(database.db, config);
+  // Per app, not prom-client's global registry: tests build many apps.
+  const metrics = createMetrics({
+    statements: database.statements,
+    pool: () => database.pool(),
+    liveTasks: () => stores.tasks.liveByWorkload(),
+  });
   const { fleet, leases } = stores;
   const blobs = createBlobStore(config, database, s3);
   const events = createTaskEvents();
@@ -66,7 +73,7 @@ export function createApp(
     retryable: isTransientDatabaseError,
   });
   const sweeper = createSweeper(
-    { leases: housekeeping.leases, heartbeats, events, wakeups, log },
+    { leases: housekeeping.leases, heartbeats, events, wakeups, log, metrics },
     config.sweepIntervalMs,
   );
   // Old finished tasks, on the housekeeping handle too: one replica at a
@@ -104,6 +111,8 @@ export function createApp(
     workerCache,
     /** Authentication, roles, worker ownership and rate limits (src/auth/). */
     guard,
+    /** The Prometheus metrics served at /metrics (src/metrics/, docs/metrics.md). */
+    metrics,
     /** Span export (OpenTelemetry), with `--otel-endpoint` only. */
     tracing,
     completeOne,

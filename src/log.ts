@@ -1,4 +1,5 @@
 import { type Logger, pino } from "pino";
+import { statementName } from "./db/observe.js";
 
 export type { Logger };
 
@@ -53,24 +54,6 @@ function failedStatement(error: unknown): Record<string, unknown> | undefined {
     ...(sqlstate !== undefined ? { sqlstate } : code !== undefined ? { code } : {}),
     stack: `${type}: ${statement} failed: ${message}\n${frames}`,
   };
-}
-
-/**
- * A short name for a statement: its verb and the table or function it is
- * about (`insert into tasks`, `select meshwork_claim`, `select from
- * workers`). SQL text holds placeholders only, but it can be long.
- */
-export function statementName(query: string): string {
-  const q = query.replace(/\s+/g, " ").toLowerCase();
-  const name = (s: string | undefined) => (s ?? "?").replaceAll('"', "");
-  const write = /\b(insert into|update|delete from) ("?[a-z_][a-z0-9_]*"?)/.exec(q);
-  if (write) return `${write[1]} ${name(write[2])}`;
-  const call =
-    /^select ("?[a-z_][a-z0-9_]*"?)\(/.exec(q) ?? /\bfrom ("?[a-z_][a-z0-9_]*"?)\(/.exec(q);
-  if (call) return `select ${name(call[1])}`;
-  const from = /\bfrom ("?[a-z_][a-z0-9_]*"?)/.exec(q);
-  if (from) return `select from ${name(from[1])}`;
-  return (/^[a-z]+/.exec(q)?.[0] ?? "statement").slice(0, 20);
 }
 
 /**

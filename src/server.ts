@@ -24,11 +24,14 @@ import { splitHostPort } from "./config.js";
 import { StartupError } from "./data-dir-lock.js";
 import { createFleetService } from "./fleet/service.js";
 import { byteRoutes } from "./http/bytes.js";
+import { dashboardRoutes } from "./http/dashboard.js";
 import { sendJson } from "./http/json.js";
 import { createListener } from "./http/listener.js";
+import { metricsRoute, observeHttp } from "./http/metrics.js";
 import { createPlainRouter, header, type PlainRoute } from "./http/routes.js";
 import { createKnowledgeService } from "./knowledge/service.js";
 import { createLeaseService } from "./leases/service.js";
+import { createMetricsInterceptor } from "./metrics/interceptor.js";
 import { directorRestRoutes } from "./rest/director.js";
 import { createInProcessCaller } from "./rest/in-process.js";
 import { workerRestRoutes } from "./rest/worker.js";
@@ -86,13 +89,17 @@ const toClientError: ToClientError = createErrorMapper(toTask);
 
 /**
  * The interceptors every RPC goes through (also for in-memory test
- * transports): logging and error mapping outermost, so that refusals of
+ * transports): metrics first, to count the code the client gets; then
+ * logging and error mapping, so that refusals of
  * authentication are logged and mapped like any other; then auth; then the
  * refusal of strings PostgreSQL cannot hold (U+0000). The first also
  * gives each call its span (exported with `app.tracing`).
  */
-export function rpcInterceptors(app: Pick<App, "log" | "guard"> & Partial<Pick<App, "tracing">>) {
+export function rpcInterceptors(
+  app: Pick<App, "log" | "guard" | "metrics"> & Partial<Pick<App, "tracing">>,
+) {
   return [
+    createMetricsInterceptor(app.metrics),
     createRpcInterceptor(app.log, toClientError, app.tracing),
     createAuthInterceptor(app.guard),
     createNulInterceptor(),
@@ -248,6 +255,7 @@ export function createHandler(app: App) {
   const plain = createPlainRouter(
     [
       ...healthRoutes(app),
+      metricsRoute(app),
       ...byteRoutes(app),
       ...workerRestRoutes(call, app.config.readMaxBytes),
       ...directorRestRoutes({
@@ -268,10 +276,13 @@ export function createHandler(app: App) {
           return toTask(await app.tasks.get(taskId));
         },
       }),
+      // Last: GET / and /assets/* (the web dashboard) shadow nothing above.
+      ...dashboardRoutes(),
     ],
     app.guard,
     toClientError,
     app.log,
+    observeHttp(app.metrics),
   );
   return (req: Request, res: Response) => {
     const sent = sentCorrelationId(req);

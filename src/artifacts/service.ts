@@ -8,6 +8,7 @@ import type { Config } from "../config.js";
 import { invalid } from "../core/errors.js";
 import { decodeCursor, pageSize } from "../core/paging.js";
 import { uuidField } from "../core/validate.js";
+import type { Metrics } from "../metrics/metrics.js";
 import type { BlobStore } from "./blob-store.js";
 import { kindName, toArtifact } from "./convert.js";
 import { assertReachable } from "./reachable.js";
@@ -24,6 +25,7 @@ export interface ArtifactServiceDeps extends UploadDeps {
   blobs: Pick<BlobStore, "stage" | "read" | "has">;
   /** Listing a task's artifacts first checks that the task exists (`not_found`). */
   tasks: { get(taskId: string): Promise<unknown> };
+  metrics: Pick<Metrics, "artifactBytesIn" | "artifactBytesOut">;
 }
 
 /** ArtifactService: streamed uploads and downloads of coordinator-owned bytes. */
@@ -88,6 +90,7 @@ export function createArtifactService(
             pending.push(data);
             size += data.byteLength;
             if (size >= chunkBytes) {
+              app.metrics.artifactBytesOut.inc(size);
               yield {
                 artifact: first ? toArtifact(row, publicUrl) : undefined,
                 chunk: Buffer.concat(pending),
@@ -98,6 +101,7 @@ export function createArtifactService(
             }
           }
           if (size > 0) {
+            app.metrics.artifactBytesOut.inc(size);
             yield {
               artifact: first ? toArtifact(row, publicUrl) : undefined,
               chunk: Buffer.concat(pending),

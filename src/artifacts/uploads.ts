@@ -3,6 +3,7 @@ import { DomainError, invalid } from "../core/errors.js";
 import { type LeaseRef, parseLeaseRef } from "../core/lease-ref.js";
 import type { ArtifactKindName, ArtifactRow } from "../db/schema/index.js";
 import type { Logger } from "../log.js";
+import type { Metrics } from "../metrics/metrics.js";
 import type { BlobStore } from "./blob-store.js";
 import type { ArtifactStore } from "./store.js";
 
@@ -13,6 +14,8 @@ export interface UploadDeps {
   blobs: Pick<BlobStore, "stage" | "has">;
   /** Where a temporary copy that could not be removed is mentioned. */
   log?: Pick<Logger, "warn">;
+  /** Counts the bytes of accepted uploads. */
+  metrics?: Pick<Metrics, "artifactBytesIn">;
 }
 
 /** What an upload says about itself, from an UploadArtifact header or PUT headers. */
@@ -103,7 +106,7 @@ export async function storeUpload(
     }
     await staged.commit();
     committed = true;
-    return await app.artifacts.insert(
+    const row = await app.artifacts.insert(
       {
         taskId: lease?.taskId ?? null,
         attempt: lease?.attempt ?? 0,
@@ -118,6 +121,8 @@ export async function storeUpload(
       // An empty artifact needs no bytes (reachable.ts).
       staged.size > 0 ? () => app.blobs.has(staged.sha256) : undefined,
     );
+    app.metrics?.artifactBytesIn.inc(staged.size);
+    return row;
   } finally {
     if (!committed) {
       await staged.discard().catch((error: unknown) => {

@@ -3,9 +3,9 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { sql } from "drizzle-orm";
 import type { PgDatabase, PgQueryResultHKT } from "drizzle-orm/pg-core";
-import { createStatementEvents, type StatementEvents } from "./observe.js";
+import { createStatementEvents, observePglite, type StatementEvents } from "./observe.js";
 import { initPgliteDataDir, pgliteOptions } from "./pglite-init.js";
-import { createPoolGate, gatedClient, poolDefaults } from "./pool-gate.js";
+import { createPoolGate, gatedClient, poolDefaults, ungated } from "./pool-gate.js";
 import * as schema from "./schema/index.js";
 
 /** The Drizzle handle every store takes: a database or a transaction. */
@@ -34,6 +34,11 @@ export interface Database {
   ping(): Promise<void>;
   /** Each statement sent, for metrics and traces (observe.ts). */
   readonly statements: StatementEvents;
+  /**
+   * The request pool now: its size, connections in use, callers waiting
+   * for one (PGlite: one connection; the rest of its statements wait).
+   */
+  pool(): { size: number; inUse: number; waiting: number };
   close(): Promise<void>;
 }
 
@@ -104,13 +109,18 @@ async function openPglite(dataDir: string, progress: (step: string) => void): Pr
     `opening the embedded database${location === "memory://" ? " (in memory)" : ` in ${location}`}`,
   );
   const client = await PGlite.create(location, pgliteOptions(PGlite.defaultStartParams));
+  const statements = createStatementEvents();
+  const inFlight = observePglite(client, statements);
   const db = drizzlePglite({ client, schema });
   progress("applying database migrations");
   await migratePglite(db, { migrationsFolder });
   return {
     kind: "pglite",
-    // Not emitted yet: the statements of both drivers are to be reported here.
-    statements: createStatementEvents(),
+    statements,
+    pool() {
+      const n = inFlight();
+      return { size: 1, inUse: Math.min(n, 1), waiting: Math.max(n - 1, 0) };
+    },
     db: db as unknown as Db,
     // One connection, serialized by PGlite itself: there is no pool to
     // exhaust, so no gate and nothing to reserve.
@@ -165,7 +175,8 @@ async function openPostgres(
   // fast with `unavailable` (pool-gate.ts): postgres.js itself would queue
   // them until a connection frees, however long that takes.
   const gate = createPoolGate(o.poolSize, o.acquireTimeoutMs);
-  const db = drizzlePostgres({ client: gatedClient(client, gate), schema });
+  const statements = createStatementEvents();
+  const db = drizzlePostgres({ client: gatedClient(client, gate, statements), schema });
   // The sweeper's own connection, outside the pool and the gate: it runs
   // one statement at a time, and must keep expiring leases while request
   // traffic holds every pool connection.
@@ -174,7 +185,10 @@ async function openPostgres(
     connection: connection("meshwork-sweeper"),
     ...quiet,
   });
-  const housekeeping = drizzlePostgres({ client: sweeperClient, schema });
+  const housekeeping = drizzlePostgres({
+    client: gatedClient(sweeperClient, ungated, statements),
+    schema,
+  });
   // postgres.js fetches the array types (for text[] parameters) with a
   // query of its own on every new connection. When a connection is
   // terminated during that query, its rejection reaches no caller and
@@ -192,8 +206,11 @@ async function openPostgres(
   }
   return {
     kind: "postgres",
-    // Not emitted yet: the statements of both drivers are to be reported here.
-    statements: createStatementEvents(),
+    statements,
+    pool() {
+      const { free, waiting } = gate.stats();
+      return { size: o.poolSize, inUse: o.poolSize - free, waiting };
+    },
     db: db as unknown as Db,
     housekeeping: housekeeping as unknown as Db,
     async listen(channel, onNotify) {

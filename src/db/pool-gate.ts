@@ -1,4 +1,5 @@
 import type postgres from "postgres";
+import { namedStatement, type StatementObserver } from "./observe.js";
 
 /** Defaults of the PostgreSQL pool options (README: Configuration). */
 export const poolDefaults = { poolSize: 10, acquireTimeoutMs: 3000, statementTimeoutMs: 30_000 };
@@ -98,8 +99,17 @@ export type PoolGate = ReturnType<typeof createPoolGate>;
  * while holding one. Code inside `withTx` must use the transaction's stores
  * (it does: stores.ts); a statement on the outer handle from inside a
  * transaction would need a second slot and could time out.
+ *
+ * Each statement is reported to `statements` (observe.ts) by its short
+ * name once it holds a slot, so its time is the database's, not the wait;
+ * a transaction is reported as a whole (`transaction`). The sweeper's
+ * client, outside the pool, is passed `ungated`.
  */
-export function gatedClient(client: postgres.Sql, gate: PoolGate): postgres.Sql {
+export function gatedClient(
+  client: postgres.Sql,
+  gate: Pick<PoolGate, "run">,
+  statements?: StatementObserver,
+): postgres.Sql {
   const gated = {
     options: client.options,
     unsafe(query: string, params?: postgres.ParameterOrJSON<never>[], options?: object) {
@@ -110,7 +120,7 @@ export function gatedClient(client: postgres.Sql, gate: PoolGate): postgres.Sql 
       const run = () => {
         result ??= gate.run(() => {
           const q = client.unsafe(query, params, options);
-          return values ? q.values() : q;
+          return observed(statements, namedStatement(query), () => (values ? q.values() : q));
         });
         return result;
       };
@@ -133,8 +143,33 @@ export function gatedClient(client: postgres.Sql, gate: PoolGate): postgres.Sql 
       return pending;
     },
     begin(...args: unknown[]) {
-      return gate.run(() => (client.begin as (...a: unknown[]) => Promise<unknown>)(...args));
+      return gate.run(() =>
+        observed(statements, "transaction", () =>
+          (client.begin as (...a: unknown[]) => Promise<unknown>)(...args),
+        ),
+      );
     },
   };
   return gated as unknown as postgres.Sql;
+}
+
+/** A gate that never waits: the sweeper's connection is outside the pool. */
+export const ungated: Pick<PoolGate, "run"> = { run: async (fn) => fn() };
+
+/** Runs `fn`, telling `statements` (when given) that `name` started and how it settled. */
+async function observed<T>(
+  statements: StatementObserver | undefined,
+  name: string,
+  fn: () => PromiseLike<T>,
+): Promise<T> {
+  if (!statements) return fn();
+  const end = statements.started(name);
+  try {
+    const result = await fn();
+    end();
+    return result;
+  } catch (error) {
+    end(error);
+    throw error;
+  }
 }

@@ -77,7 +77,9 @@ async function sendArtifact(
     res.end();
     return;
   }
-  await pipeline(app.blobs.read(row.sha256, range), res as http.ServerResponse).catch(
+  const length = range ? range.end - range.start + 1 : row.sizeBytes;
+  await pipeline(app.blobs.read(row.sha256, range), res as http.ServerResponse).then(
+    () => app.metrics.artifactBytesOut.inc(length),
     (error: unknown) => {
       // The client went away mid-download (the response closed before the
       // blob was all sent): there is no one to answer, and nothing went

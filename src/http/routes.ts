@@ -53,6 +53,8 @@ export function createPlainRouter(
   guard: Guard,
   toClientError: ToClientError,
   log: Logger,
+  /** Called when a route matches, before its checks (metrics: http/metrics.ts). */
+  onRoute?: (route: PlainRoute, req: Request, res: Response) => void,
 ) {
   function sendError(res: Response, error: unknown, correlation: Correlation): void {
     const { error: e, unexpected } = toClientError(error);
@@ -94,6 +96,7 @@ export function createPlainRouter(
       }
     }
     if (!route || !found) return false;
+    onRoute?.(route, req, res);
     (async () => {
       let principal = anonymousAdmin;
       if (route.roles !== "open") {

@@ -21,6 +21,7 @@ import type { ArtifactRefJson } from "../db/schema/index.js";
 import type { WorkerCache } from "../fleet/cache.js";
 import type { HeartbeatBuffer } from "../fleet/heartbeats.js";
 import type { FleetStore } from "../fleet/store.js";
+import type { Metrics } from "../metrics/metrics.js";
 import { codeName, codeOfKind } from "../rpc/errors.js";
 import { toTask } from "../tasks/convert.js";
 import { toClaim } from "./convert.js";
@@ -41,6 +42,7 @@ export interface LeaseServiceDeps {
   events: { emit(taskIds: Iterable<string>): void };
   artifacts: Pick<ArtifactStore, "get">;
   shutdownSignal: AbortSignal;
+  metrics: Pick<Metrics, "claims" | "completions" | "failures">;
 }
 
 /** How long a StreamLeases stream trusts the drained flag it last read. */
@@ -175,6 +177,7 @@ export function createLeaseService(
       // them running out unused.
       const answer = async ({ rows, slots }: ClaimAnswer) => {
         app.events.emit(rows.map((r) => r.id));
+        for (const r of rows) app.metrics.claims.inc({ workload: r.workload });
         const claims = rows.map(toClaim);
         try {
           const counted = slots ?? (await app.leases.slots(claiming));
@@ -287,6 +290,7 @@ export function createLeaseService(
     async completeTask(req) {
       const outcome = await app.completeOne(completionOf(req, publicUrl));
       if ("error" in outcome) throw outcome.error;
+      app.metrics.completions.inc({ workload: outcome.ok.workload });
       app.events.emit([outcome.ok.id]);
       return { task: toTask(outcome.ok) };
     },
@@ -310,9 +314,9 @@ export function createLeaseService(
         if (p instanceof DomainError) return errorResult(p);
         const o = outcomes[next++];
         if (!o) throw new Error("complete returned too few outcomes");
-        return "error" in o
-          ? errorResult(o.error)
-          : create(CompletionResultSchema, { outcome: { case: "task", value: toTask(o.ok) } });
+        if ("error" in o) return errorResult(o.error);
+        app.metrics.completions.inc({ workload: o.ok.workload });
+        return create(CompletionResultSchema, { outcome: { case: "task", value: toTask(o.ok) } });
       });
       app.events.emit(valid.map((c) => c.taskId));
       return { results };
@@ -327,6 +331,10 @@ export function createLeaseService(
         sanitizeMessage(req.errorMessage),
         req.retryable ?? true,
       );
+      app.metrics.failures.inc({
+        workload: row.workload,
+        outcome: row.state === "PENDING" ? "retry" : "failed",
+      });
       app.events.emit([row.id]);
       return { task: toTask(row) };
     },

@@ -1,5 +1,6 @@
 import type { HeartbeatBuffer } from "../fleet/heartbeats.js";
 import type { Logger } from "../log.js";
+import type { Metrics } from "../metrics/metrics.js";
 import type { TaskEvents } from "../tasks/events.js";
 import type { LeaseStore } from "./store.js";
 import type { ClaimWakeups } from "./wakeup.js";
@@ -10,6 +11,7 @@ export interface SweeperDeps {
   events: TaskEvents;
   wakeups: ClaimWakeups;
   log: Logger;
+  metrics: Pick<Metrics, "leaseExpiries" | "sweeperRuns" | "sweeperDuration">;
 }
 
 /**
@@ -26,6 +28,9 @@ export function createSweeper(deps: SweeperDeps, intervalMs: number) {
   async function sweep(): Promise<void> {
     await deps.heartbeats.flush();
     const expired = await deps.leases.expireLeases(1000);
+    for (const r of expired) {
+      deps.metrics.leaseExpiries.inc({ outcome: r.state === "PENDING" ? "retry" : "failed" });
+    }
     const overdue = await deps.leases.failPastDeadline(1000);
     const changed = [...expired.map((r) => r.id), ...overdue];
     if (changed.length > 0) {
@@ -46,9 +51,19 @@ export function createSweeper(deps: SweeperDeps, intervalMs: number) {
     /** Runs one sweep now (tests call this instead of waiting). */
     async runOnce(): Promise<void> {
       while (running) await running;
-      running = sweep().finally(() => {
-        running = undefined;
-      });
+      const end = deps.metrics.sweeperDuration.startTimer();
+      running = sweep()
+        .then(
+          () => deps.metrics.sweeperRuns.inc({ result: "ok" }),
+          (error: unknown) => {
+            deps.metrics.sweeperRuns.inc({ result: "error" });
+            throw error;
+          },
+        )
+        .finally(() => {
+          end();
+          running = undefined;
+        });
       return running;
     },
     start(): void {

@@ -1,3 +1,4 @@
+import { randomUUID } from "node:crypto";
 import type { ContextValues, ServiceImpl } from "@connectrpc/connect";
 import type {
   CreateTaskRequest,
@@ -15,6 +16,7 @@ import { decodeCursor, pageSize } from "../core/paging.js";
 import { terminalStates } from "../core/task-sql.js";
 import { intInRange, text, uuidField } from "../core/validate.js";
 import type { ArtifactRefJson, TaskRow } from "../db/schema/index.js";
+import type { Metrics } from "../metrics/metrics.js";
 import { kCorrelationId, kCorrelationSent, kTrace } from "../rpc/context.js";
 import { traceparentOf } from "../tracing/context.js";
 import { type CreateOrigin, fromCreateRequest, fromTaskState, toTask } from "./convert.js";
@@ -32,6 +34,7 @@ export interface TaskServiceDeps extends UploadDeps {
   /** Wakes long-polling claimers on this replica (others are woken by NOTIFY). */
   wakeups: { notify(): void };
   shutdownSignal: AbortSignal;
+  metrics: Pick<Metrics, "tasksCreated" | "artifactBytesIn">;
 }
 
 /** How often a watcher re-reads its task when nothing happened on this replica. */
@@ -82,11 +85,16 @@ async function createWithInputs(
       task.input = await resolveInput(app, req, field);
       if (req.input.case === "inputData" && task.input) stored.push(task.input.artifactId);
     }
+    // Ids given here tell new tasks from idempotent repeats (answered with the task made before).
+    for (const e of entries) e.task.id = randomUUID();
     rows = await app.tasks.create(entries.map((e) => e.task));
   } catch (error) {
     await cleanUp(new Set());
     throw error;
   }
+  rows.forEach((row, i) => {
+    if (row.id === entries[i]?.task.id) app.metrics.tasksCreated.inc({ workload: row.workload });
+  });
   await cleanUp(new Set(rows.map((r) => r.input?.artifactId ?? "")));
   return rows;
 }

@@ -566,6 +566,9 @@ function isPlainRoute(method: string, path: string): boolean {
   if (!["GET", "HEAD"].includes(method)) return false;
   return (
     (method === "GET" && /^\/(healthz|readyz)$/.test(p)) ||
+    // The web dashboard's page and assets (src/http/dashboard.ts).
+    /^\/(index\.html)?$/.test(p) ||
+    /^\/assets\/[^/]*$/.test(p) ||
     /^\/artifacts\/[^/]+\/download$/.test(p) ||
     /^\/tasks\/[^/]+\/(input|result)$/.test(p)
   );
@@ -1645,6 +1648,10 @@ const routeArb: fc.Arbitrary<[string, string[]]> = fc.oneof(
         "/meshwork.v1.TaskService/Nope",
         "/meshwork.v1.NopeService/GetTask",
         "/",
+        "/index.html",
+        "/assets/",
+        "/assets/nope.js",
+        "/assets/..%2f..%2fpackage.json",
         "/%",
         "/..",
       )

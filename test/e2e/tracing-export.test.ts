@@ -10,6 +10,7 @@ import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
 import { createApp } from "../../src/app.js";
+import { listen } from "../../src/server.js";
 import { traceFromHeaders } from "../../src/tracing/context.js";
 import { createOtelTracing } from "../../src/tracing/otel.js";
 import { createTestDatabase } from "../support/database.js";
@@ -174,6 +175,12 @@ describe("span export", () => {
     expect(attr(create, "rpc.service")).toBe("meshwork.v1.TaskService");
     expect(attr(create, "rpc.method")).toBe("CreateTask");
     expect(attr(create, "rpc.grpc.status_code")).toBe(0);
+    // Its statements (PGlite here) are its children, named without SQL.
+    const insert = collector.spans.find(
+      (s) => s.parentSpanId === create.spanId && s.name === "insert into tasks",
+    );
+    expect(insert).toMatchObject({ traceId, kind: 3 });
+    expect(insert && attr(insert, "db.system")).toBe("postgresql");
     // The task stores the CreateTask span as its trace parent: a worker's calls are its children.
     expect(task.traceparent).toBe(`00-${traceId}-${create.spanId}-01`);
     const get = collector.spans.find(
@@ -220,6 +227,7 @@ describe("span export", () => {
 
   it("makes a span per database statement, a child of the RPC's span, named without SQL", async () => {
     const ownTrace = "5b8aa5a2d2c872e8321cf37308d69df2";
+    const realTrace = "6e0c63257de34c926f9efcd03899b1a4";
     const tdb = await createTestDatabase();
     const tracing = createOtelTracing(collector.url);
     try {
@@ -245,6 +253,21 @@ describe("span export", () => {
       // Outside any RPC (the sweeper): no span.
       app.database.statements.started("select meshwork_sweep")();
       rpc.end("ok");
+      // A real call on this test's database (PostgreSQL with DATABASE_URL): its insert is its child.
+      const server = await listen(app, "127.0.0.1:0");
+      try {
+        const res = await fetch(`${server.url}/meshwork.v1.TaskService/CreateTask`, {
+          method: "POST",
+          headers: {
+            "content-type": "application/json",
+            traceparent: `00-${realTrace}-${clientSpan}-01`,
+          },
+          body: JSON.stringify({ workload: "otel-real" }),
+        });
+        expect(res.status).toBe(200);
+      } finally {
+        await server.close();
+      }
     } finally {
       await tracing.shutdown();
       await tdb.drop();
@@ -262,5 +285,13 @@ describe("span export", () => {
     expect(failed?.status?.code).toBe(2); // ERROR
     expect(failed && attr(failed, "db.response.status_code")).toBe("23505");
     expect(collector.spans.some((s) => s.name === "select meshwork_sweep")).toBe(false);
+    const created = collector.spans.find(
+      (s) => s.traceId === realTrace && s.name === "meshwork.v1.TaskService/CreateTask",
+    );
+    const inserts = collector.spans.filter(
+      (s) => s.traceId === realTrace && s.name === "insert into tasks",
+    );
+    expect(inserts.length).toBeGreaterThan(0);
+    for (const s of inserts) expect(s.parentSpanId).toBe(created?.spanId);
   });
 });

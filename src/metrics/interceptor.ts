@@ -1,0 +1,68 @@
+import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
+import type { Metrics } from "./metrics.js";
+
+/**
+ * A Connect code's name as clients see it (`not_found`), as rpc/errors.ts
+ * codeName; not imported from there: rpc/ sits above the services, which
+ * count into metrics/.
+ */
+function codeName(code: Code): string {
+  return Code[code].replace(/([a-z])([A-Z])/g, "$1_$2").toLowerCase();
+}
+
+/**
+ * Counts every RPC and observes its duration by service, method and code
+ * (`ok`, or the Connect code name of the error the client got, or of the
+ * call's abort when the client left or its deadline passed). Outermost,
+ * so that the code is the one sent after error mapping, and refusals of
+ * authentication are counted too. A server stream is counted when it ends:
+ * normally, with an error, or when the client went away or its deadline
+ * passed (the code of the call's abort: `canceled`, `deadline_exceeded`),
+ * even when the handler then ended the stream quietly.
+ */
+export function createMetricsInterceptor(
+  metrics: Pick<Metrics, "rpcRequests" | "rpcDuration">,
+): Interceptor {
+  return (next) => async (req) => {
+    const labels = { service: req.service.typeName, method: req.method.name };
+    const end = metrics.rpcDuration.startTimer(labels);
+    let counted = false;
+    const count = (code: string) => {
+      if (counted) return;
+      counted = true;
+      end({ code });
+      metrics.rpcRequests.inc({ ...labels, code });
+    };
+    const codeOf = (error: unknown) => codeName(ConnectError.from(error).code);
+    // A call its client left, or whose deadline passed, may still end
+    // quietly (a long poll answers "nothing"): it counts as aborted.
+    const ended = () => (req.signal.aborted ? codeOf(req.signal.reason) : "ok");
+    let res: Awaited<ReturnType<typeof next>>;
+    try {
+      res = await next(req);
+    } catch (error) {
+      count(codeOf(error));
+      throw error;
+    }
+    if (!res.stream) {
+      count(ended());
+      return res;
+    }
+    const messages = res.message;
+    return {
+      ...res,
+      message: (async function* () {
+        try {
+          yield* messages;
+          count(ended());
+        } catch (error) {
+          count(codeOf(error));
+          throw error;
+        } finally {
+          // Left before its end: whoever read the stream stopped.
+          count(codeName(Code.Canceled));
+        }
+      })(),
+    } as typeof res;
+  };
+}

@@ -1,0 +1,413 @@
+import type { ChildProcess } from "node:child_process";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createClient, type Interceptor } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { type Browser, chromium, type Page } from "playwright-core";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
+import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
+import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
+import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
+import { TokenRole, TokenService } from "../../gen/meshwork/v1/token_pb.js";
+import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
+import { spawnServe, untilReady } from "../support/serve.js";
+
+// The web dashboard (docs/dashboard.md) in a real browser: Debian's chromium
+// driven by playwright-core against a coordinator process (auth on, as
+// shipped). The test plays the worker through the RPCs and watches the
+// pages follow without a reload. Screenshots go to test-output/dashboard/.
+
+const chromiumPath = "/usr/bin/chromium";
+const shots = join(process.cwd(), "test-output", "dashboard");
+// Playwright's waiting locators poll; a list refreshes every 3 s.
+const seen = { timeout: 20_000 };
+
+let child: ChildProcess | undefined;
+let tdb: TestDatabase | undefined;
+let url = "";
+let adminToken = "";
+
+beforeAll(async () => {
+  const env = { ...process.env };
+  delete env.DATABASE_URL;
+  if (onPostgres) {
+    tdb = await createTestDatabase();
+    env.DATABASE_URL = tdb.url;
+  }
+  const dataDir = join(mkdtempSync(join(tmpdir(), "meshwork-dashboard-")), "data");
+  const served = spawnServe(["--listen", "127.0.0.1:0", "--data-dir", dataDir], env);
+  child = served.child;
+  const deadline = Date.now() + 60_000;
+  while (!url && Date.now() < deadline) {
+    url = /"url":"(https?:\/\/[^"]+)"/.exec(served.output())?.[1] ?? "";
+    if (!url) await new Promise((r) => setTimeout(r, 100));
+  }
+  if (!url) throw new Error(`the coordinator did not start:\n${served.output()}`);
+  await untilReady(url, 60_000);
+  adminToken = readFileSync(join(dataDir, "admin.token"), "utf8").trim();
+}, 90_000);
+
+afterAll(async () => {
+  if (child && child.exitCode === null) {
+    const exited = new Promise((r) => child?.once("exit", r));
+    child.kill("SIGTERM");
+    await exited;
+  }
+  await tdb?.drop();
+});
+
+function clients() {
+  const auth: Interceptor = (next) => (req) => {
+    req.header.set("authorization", `Bearer ${adminToken}`);
+    return next(req);
+  };
+  const transport = createConnectTransport({
+    baseUrl: url,
+    httpVersion: "1.1",
+    interceptors: [auth],
+  });
+  return {
+    fleet: createClient(FleetService, transport),
+    tasks: createClient(TaskService, transport),
+    leases: createClient(LeaseService, transport),
+    knowledge: createClient(KnowledgeService, transport),
+    tokens: createClient(TokenService, transport),
+  };
+}
+
+describe("the dashboard's files", () => {
+  it("GET / answers the page, uncached, with a strict content security policy", async () => {
+    const res = await fetch(`${url}/`);
+    expect(res.status).toBe(200);
+    expect(res.headers.get("content-type")).toBe("text/html; charset=utf-8");
+    expect(res.headers.get("cache-control")).toBe("no-cache");
+    expect(res.headers.get("content-security-policy")).toContain("script-src 'self'");
+    const html = await res.text();
+    const script = /src="(\/assets\/main-[^"]+\.js)"/.exec(html)?.[1];
+    const style = /href="(\/assets\/style-[^"]+\.css)"/.exec(html)?.[1];
+    expect(script).toBeDefined();
+    const js = await fetch(`${url}${script}`);
+    expect(js.status).toBe(200);
+    expect(js.headers.get("content-type")).toBe("text/javascript; charset=utf-8");
+    expect(js.headers.get("cache-control")).toContain("immutable");
+    const css = await fetch(`${url}${style}`);
+    expect(css.headers.get("content-type")).toBe("text/css; charset=utf-8");
+  });
+
+  it("answers 404 JSON for an unknown asset and never leaves dist/web/", async () => {
+    for (const path of [
+      "/assets/nope.js",
+      "/assets/..%2F..%2Fpackage.json",
+      "/assets/%2e%2e%2findex.html",
+      "/assets/",
+    ]) {
+      const res = await fetch(`${url}${path}`);
+      expect(res.status, path).toBe(404);
+      expect(await res.json(), path).toMatchObject({ error: "not_found" });
+    }
+    const up = await fetch(`${url}/assets/../package.json`);
+    expect(up.status).not.toBe(200);
+  });
+
+  it("a client asking for JSON at / gets JSON; the RPCs and health routes are unchanged", async () => {
+    const res = await fetch(`${url}/`, { headers: { accept: "application/json" } });
+    expect(await res.json()).toMatchObject({ service: "meshwork", dashboard: "/" });
+    expect((await fetch(`${url}/healthz`)).status).toBe(200);
+    const rpc = await fetch(`${url}/meshwork.v1.FleetService/GetFleetStatus`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: "{}",
+    });
+    expect(rpc.status).toBe(401);
+  });
+});
+
+describe.skipIf(!existsSync(chromiumPath))(
+  `the dashboard in chromium (skipped: no ${chromiumPath}; apt-get install chromium)`,
+  () => {
+    let browser: Browser;
+    let page: Page;
+    const pageErrors: string[] = [];
+
+    beforeAll(async () => {
+      mkdirSync(shots, { recursive: true });
+      browser = await chromium.launch({ executablePath: chromiumPath, args: ["--no-sandbox"] });
+      page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+      page.on("dialog", (d) => void d.accept());
+      // Uncaught exceptions and console errors (a CSP violation is one); a
+      // refused call's "Failed to load resource: 401" is expected.
+      page.on("pageerror", (e) => pageErrors.push(e.message));
+      page.on("console", (m) => {
+        if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) {
+          pageErrors.push(m.text());
+        }
+      });
+    }, 60_000);
+    afterAll(async () => {
+      await browser?.close();
+    });
+
+    it("refuses a wrong token on the sign-in form", async () => {
+      await page.goto(`${url}/`);
+      await page.locator("#token").fill("mw_not-a-real-token");
+      await page.getByRole("button", { name: "Sign in" }).click();
+      await expect
+        .poll(() => page.locator("#signin-error").textContent(), seen)
+        .toMatch(/That token was not accepted \(unauthenticated: .+\)/);
+      expect(page.url()).not.toContain("mw_not-a-real-token");
+      await page.screenshot({ path: join(shots, "signin-error.png") });
+    });
+
+    it("signs in, sees a worker register, a task go PENDING → RUNNING → SUCCEEDED live, cancels one, drains a worker", async () => {
+      const rpc = clients();
+      await page.locator("#token").fill(adminToken);
+      await page.getByRole("button", { name: "Sign in" }).click();
+      await page.getByText("No workers yet").waitFor(seen);
+      expect(page.url()).not.toContain(adminToken);
+      expect(await page.evaluate('sessionStorage.getItem("meshwork.token")')).toBe(adminToken);
+
+      // A worker registers: the fleet page shows it without a reload.
+      const { workerId } = await rpc.fleet.registerWorker({
+        name: "render-1",
+        capabilities: ["render", "thumbnail", "gpu"],
+        labels: { zone: "eu-1" },
+        maxConcurrency: 4,
+      });
+      await rpc.fleet.registerWorker({
+        name: "render-2",
+        capabilities: ["thumbnail"],
+        maxConcurrency: 2,
+      });
+      const row = page.locator(`[data-worker-row="${workerId}"]`);
+      await row.getByText("render-1").waitFor(seen);
+      await row.getByText("ACTIVE").waitFor(seen);
+
+      // A task, watched on its page while the test plays the worker.
+      const { task } = await rpc.tasks.createTask({
+        name: "frame-0001",
+        workload: "render",
+        steps: 3,
+        parameters: { scene: "lobby", frame: 1 },
+        correlationId: "dashboard-test",
+      });
+      const taskId = task?.taskId ?? "";
+      await page.getByRole("navigation").getByRole("link", { name: "Tasks" }).click();
+      await page.locator(`[data-task-row="${taskId}"]`).getByText("PENDING").waitFor(seen);
+      await page
+        .locator(`[data-task-row="${taskId}"]`)
+        .getByRole("link", { name: "frame-0001" })
+        .click();
+      const state = page.locator("#task-state");
+      await state.getByText("PENDING").waitFor(seen);
+
+      const { claims } = await rpc.leases.claimTasks({
+        workerId,
+        maxTasks: 1,
+        capabilities: ["render", "thumbnail", "gpu"],
+      });
+      const claim = claims[0];
+      expect(claim?.taskId).toBe(taskId);
+      if (!claim) return;
+      const lease = { taskId, workerId, attempt: claim.attempt, leaseToken: claim.leaseToken };
+      await rpc.leases.startTask(lease);
+      await state.getByText("RUNNING").waitFor(seen);
+      await page.getByText(workerId).first().waitFor(seen);
+      await rpc.leases.renewLease({
+        ...lease,
+        progress: { completedSteps: 2, message: "encoding" },
+      });
+      await page.getByText("2 / 3 steps").waitFor(seen);
+
+      const put = await fetch(`${url}/tasks/${taskId}/artifacts/frame-0001.txt`, {
+        method: "PUT",
+        headers: {
+          authorization: `Bearer ${adminToken}`,
+          "x-worker-id": workerId,
+          "x-task-attempt": String(claim.attempt),
+          "x-lease-token": claim.leaseToken,
+          "content-type": "text/plain",
+        },
+        body: "rendered frame 1\n",
+      });
+      expect(put.status).toBe(201);
+      const uploaded = (await put.json()) as {
+        artifact_id: string;
+        uri: string;
+        sha256: string;
+        size_bytes: number;
+      };
+      await rpc.leases.completeTask({
+        ...lease,
+        result: {
+          artifactId: uploaded.artifact_id,
+          uri: uploaded.uri,
+          sha256: uploaded.sha256,
+          sizeBytes: BigInt(uploaded.size_bytes),
+          contentType: "text/plain",
+        },
+        resultSummary: "1 frame rendered",
+      });
+      await state.getByText("SUCCEEDED").waitFor(seen);
+      await page.locator("#history").getByText("SUCCEEDED").first().waitFor(seen);
+      await page.locator("#artifacts").getByText("frame-0001.txt").waitFor(seen);
+      const [download] = await Promise.all([
+        page.waitForEvent("download", seen),
+        page.locator("#artifacts").getByRole("button", { name: "Download" }).click(),
+      ]);
+      expect(download.suggestedFilename()).toBe("frame-0001.txt");
+      const saved = join(shots, "download.txt");
+      await download.saveAs(saved);
+      expect(readFileSync(saved, "utf8")).toBe("rendered frame 1\n");
+      await page.evaluate("window.scrollTo(0, 0)");
+      await page.screenshot({ path: join(shots, "task.png") });
+
+      // Cancel another task from its page; the coordinator agrees.
+      const other = (await rpc.tasks.createTask({ name: "frame-0002", workload: "render" })).task;
+      const otherId = other?.taskId ?? "";
+      await page.goto(`${url}/#/tasks/${otherId}`);
+      await state.getByText("PENDING").waitFor(seen);
+      await page.locator("#cancel").click();
+      await state.getByText("CANCELED").waitFor(seen);
+      expect((await rpc.tasks.getTask({ taskId: otherId })).task?.state).toBe(TaskState.CANCELED);
+
+      // One that fails for good: its error shows on its page.
+      const doomed = (
+        await rpc.tasks.createTask({ name: "frame-0099", workload: "render", maxAttempts: 1 })
+      ).task;
+      const doomedClaim = (await rpc.leases.claimTasks({ workerId, maxTasks: 1 })).claims[0];
+      expect(doomedClaim?.taskId).toBe(doomed?.taskId);
+      await rpc.leases.failTask({
+        taskId: doomedClaim?.taskId ?? "",
+        workerId,
+        attempt: doomedClaim?.attempt ?? 0,
+        leaseToken: doomedClaim?.leaseToken ?? "",
+        errorCode: "SCENE_MISSING",
+        errorMessage: "lobby.blend not found",
+        retryable: false,
+      });
+      await page.goto(`${url}/#/tasks/${doomed?.taskId}`);
+      await state.getByText("FAILED").waitFor(seen);
+      await page.getByText("lobby.blend not found").waitFor(seen);
+
+      // More tasks, for a list worth looking at.
+      for (let i = 3; i <= 8; i++) {
+        await rpc.tasks.createTask({
+          name: `frame-${String(i).padStart(4, "0")}`,
+          workload: i % 2 ? "render" : "thumbnail",
+        });
+      }
+      const more = await rpc.leases.claimTasks({
+        workerId,
+        maxTasks: 2,
+        capabilities: ["render", "thumbnail", "gpu"],
+      });
+      for (const c of more.claims) {
+        await rpc.leases.startTask({
+          taskId: c.taskId,
+          workerId,
+          attempt: c.attempt,
+          leaseToken: c.leaseToken,
+        });
+      }
+      await page.getByRole("navigation").getByRole("link", { name: "Tasks" }).click();
+      await page.locator("#tasks").getByText("frame-0008").waitFor(seen);
+      await page.locator("#tasks").getByText("CANCELED").first().waitFor(seen);
+      await page.screenshot({ path: join(shots, "tasks.png") });
+      await page.locator("select[name=state]").selectOption("CANCELED");
+      await page.locator("#tasks").getByText("frame-0002").waitFor(seen);
+      await expect.poll(() => page.locator("#tasks tbody tr").count(), seen).toBe(1);
+
+      // Drain a worker from the fleet page.
+      await page.getByRole("navigation").getByRole("link", { name: "Fleet" }).click();
+      await page
+        .locator(`[data-worker-row="${workerId}"]`)
+        .getByRole("button", { name: "Drain" })
+        .click();
+      await page.locator(`[data-worker-row="${workerId}"]`).getByText("DRAINED").waitFor(seen);
+      await page
+        .locator(`[data-worker-row="${workerId}"]`)
+        .getByRole("button", { name: "Undrain" })
+        .waitFor(seen);
+      expect((await rpc.fleet.getWorker({ workerId })).worker?.drained).toBe(true);
+      // A second worker works through thumbnails for ~25 s while the fleet
+      // page samples: the chart draws what it saw finish.
+      const second = (await rpc.fleet.listWorkers({})).workers.find((w) => w.name === "render-2");
+      for (let round = 0; round < 12 && second; round++) {
+        await rpc.tasks.createTasks({
+          tasks: [0, 1, 2].map((i) => ({ name: `thumb-${round}-${i}`, workload: "thumbnail" })),
+        });
+        const got = await rpc.leases.claimTasks({ workerId: second.workerId, maxTasks: 2 });
+        for (const c of got.claims) {
+          const l = {
+            taskId: c.taskId,
+            workerId: second.workerId,
+            attempt: c.attempt,
+            leaseToken: c.leaseToken,
+          };
+          await rpc.leases.startTask(l);
+          await rpc.leases.completeTask({ ...l, resultSummary: "ok" });
+        }
+        await new Promise((r) => setTimeout(r, 2000));
+      }
+      await page.locator(".chart rect.bar").first().waitFor(seen);
+      await page.getByText("finished per 5 s").waitFor(seen);
+      await page.locator("table").getByRole("link", { name: "thumbnail" }).waitFor(seen);
+      await page.screenshot({ path: join(shots, "fleet.png") });
+
+      // Knowledge entries.
+      await rpc.knowledge.putEntry({
+        kind: "adaptation",
+        key: "lobby/exposure",
+        value: { ev: 0.7, by: "render-1" },
+      });
+      await rpc.knowledge.putEntry({
+        kind: "pattern",
+        key: "frames/slow-start",
+        value: { note: "warm the cache first" },
+      });
+      await page.getByRole("navigation").getByRole("link", { name: "Knowledge" }).click();
+      await page.locator("#knowledge").getByText("lobby/exposure").waitFor(seen);
+      await page.screenshot({ path: join(shots, "knowledge.png") });
+
+      // Sign out forgets the token.
+      await page.locator("#sign-out").click();
+      await page.locator("#token").waitFor(seen);
+      expect(await page.evaluate('sessionStorage.getItem("meshwork.token")')).toBeNull();
+    }, 180_000);
+
+    it("a token revoked or wrong in the session returns to sign-in with a clear message", async () => {
+      await page.evaluate('sessionStorage.setItem("meshwork.token", "mw_revoked")');
+      await page.goto(`${url}/#/fleet`);
+      await expect
+        .poll(() => page.locator("#signin-error").textContent(), seen)
+        .toContain("refused the token");
+    });
+
+    it("shows a refused action readably: a client token may read the fleet, not drain it", async () => {
+      const { secret } = await clients().tokens.createToken({
+        name: "dashboard-viewer",
+        role: TokenRole.CLIENT,
+      });
+      const viewer = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+      viewer.on("dialog", (d) => void d.accept());
+      try {
+        await viewer.goto(`${url}/`);
+        await viewer.locator("#token").fill(secret);
+        await viewer.getByRole("button", { name: "Sign in" }).click();
+        await viewer.locator("#workers").getByText("render-2").waitFor(seen);
+        await viewer.locator("#workers").getByRole("button", { name: "Drain" }).first().click();
+        await viewer.locator(".banner").getByText("permission_denied:").waitFor(seen);
+        expect(await viewer.locator(".banner").textContent()).not.toMatch(/\bat \S+:\d+/);
+        await viewer.screenshot({ path: join(shots, "refused.png") });
+      } finally {
+        await viewer.close();
+      }
+    });
+
+    it("raised no error in the page", () => {
+      expect(pageErrors).toEqual([]);
+    });
+  },
+);

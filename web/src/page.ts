@@ -1,0 +1,103 @@
+import { describe, isAbort } from "./api.js";
+import { h } from "./dom.js";
+
+/** What a page gets: its element, the route's query, a signal that aborts when the user leaves. */
+export interface Page {
+  el: HTMLElement;
+  params: URLSearchParams;
+  signal: AbortSignal;
+  /** Runs `fn` now and every `ms` while the page is shown; errors go to the page's banner. */
+  every(ms: number, fn: () => Promise<void>): void;
+  /**
+   * Shows an RPC error readably (code: message) at the top of the page; ""
+   * clears it. A refresh's error goes when a later refresh succeeds; an
+   * action's (from `act`) stays until dismissed or another action succeeds.
+   */
+  error(error: unknown, from?: "refresh" | "action"): void;
+  /** Sets the page title and the "updated" stamp. */
+  title(text: string): void;
+}
+
+/** Lists refresh this often (docs/dashboard.md). */
+export const refreshMs = 3000;
+
+export function createPage(
+  el: HTMLElement,
+  params: URLSearchParams,
+  signal: AbortSignal,
+  banner: HTMLElement,
+): Page {
+  let shown: "refresh" | "action" | undefined;
+  const page: Page = {
+    el,
+    params,
+    signal,
+    every(ms, fn) {
+      let running = false;
+      const tick = async () => {
+        if (running || signal.aborted) return;
+        running = true;
+        try {
+          await fn();
+          if (!signal.aborted) page.error("");
+        } catch (e) {
+          if (!isAbort(e) && !signal.aborted) page.error(e);
+        } finally {
+          running = false;
+        }
+      };
+      void tick();
+      const timer = window.setInterval(tick, ms);
+      signal.addEventListener("abort", () => window.clearInterval(timer), { once: true });
+    },
+    error(error, from = "refresh") {
+      if (error === "") {
+        if (shown === "action" && from === "refresh") return;
+        banner.replaceChildren();
+        banner.hidden = true;
+        shown = undefined;
+        return;
+      }
+      shown = from;
+      const close = h(
+        "button",
+        { class: "banner-close", type: "button", "aria-label": "Dismiss" },
+        "×",
+      );
+      close.addEventListener("click", () => page.error("", "action"));
+      banner.hidden = false;
+      banner.replaceChildren(
+        h("strong", null, from === "action" ? "Refused " : "Error "),
+        h("span", null, describe(error)),
+        close,
+      );
+    },
+    title(text) {
+      document.title = `${text} · Meshwork`;
+    },
+  };
+  return page;
+}
+
+/** An empty state: what is missing and what to do next. */
+export function empty(title: string, ...next: (Node | string)[]) {
+  return h(
+    "div",
+    { class: "empty" },
+    h("p", { class: "empty-title" }, title),
+    h("p", null, ...next),
+  );
+}
+
+/** Runs an action from a button: disables it meanwhile, shows a failure in the banner. */
+export async function act(button: HTMLButtonElement, page: Page, fn: () => Promise<void>) {
+  button.disabled = true;
+  try {
+    await fn();
+    page.error("", "action");
+  } catch (e) {
+    page.error(e, "action");
+  } finally {
+    button.disabled = false;
+  }
+}

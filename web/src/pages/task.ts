@@ -1,0 +1,385 @@
+import { Code, ConnectError } from "@connectrpc/connect";
+import { type Artifact, ArtifactKind } from "../../../gen/meshwork/v1/artifact_pb.js";
+import { type Task, TaskState } from "../../../gen/meshwork/v1/task_pb.js";
+import { artifacts, download, isAbort, tasks } from "../api.js";
+import { type Child, fill, h } from "../dom.js";
+import {
+  ago,
+  bytes,
+  durationMs,
+  exact,
+  meter,
+  ms,
+  span,
+  statePill,
+  taskStateName,
+  terminal,
+  when,
+} from "../format.js";
+import { act, empty, type Page } from "../page.js";
+
+/** Errors after which WatchTask is called again (others, like not_found, are final). */
+const retryable = new Set([
+  Code.Unavailable,
+  Code.Unknown,
+  Code.Internal,
+  Code.DeadlineExceeded,
+  Code.ResourceExhausted,
+  Code.Aborted,
+]);
+
+/** One line of the task's history. */
+interface Event {
+  at: number;
+  text: string;
+  state?: TaskState;
+}
+
+/** A field: its label and value, "—" when the value is empty (undefined, false, ""). */
+function row(label: string, ...value: Child[]) {
+  const shown = value.filter((v) => v !== undefined && v !== null && v !== false && v !== "");
+  return [
+    h("dt", null, label),
+    h("dd", null, ...(shown.length ? shown : [h("span", { class: "muted" }, "—")])),
+  ];
+}
+
+function or(value: string | number | undefined) {
+  return value === undefined || value === "" ? undefined : String(value);
+}
+
+/**
+ * What the task's stored times say (created, started, finished), and each
+ * change this page saw through WatchTask: the coordinator keeps the task's
+ * current row, not an event log.
+ */
+function summary(t: Task): string {
+  const parts = [taskStateName(t.state)];
+  if (t.attempt) parts.push(`attempt ${t.attempt}`);
+  if (t.assignedWorkerId) parts.push(`worker ${t.assignedWorkerId.slice(0, 8)}`);
+  if (t.progress && (t.progress.completedSteps || t.progress.message))
+    parts.push(
+      `progress ${t.progress.completedSteps}${t.steps ? `/${t.steps}` : ""}${t.progress.message ? ` “${t.progress.message}”` : ""}`,
+    );
+  if (t.cancelRequested) parts.push("cancel requested");
+  if (t.error?.code) parts.push(`error ${t.error.code}`);
+  return parts.join(" · ");
+}
+
+function artifactTable(list: Artifact[], page: Page) {
+  if (!list.length) {
+    return empty(
+      "No artifacts.",
+      "A worker uploads them with ArtifactService.UploadArtifact or PUT /tasks/<id>/artifacts/<name> while it holds the lease.",
+    );
+  }
+  return h(
+    "table",
+    { class: "grid-table", id: "artifacts" },
+    h(
+      "thead",
+      null,
+      h(
+        "tr",
+        null,
+        h("th", null, "File"),
+        h("th", null, "Kind"),
+        h("th", { class: "num" }, "Size"),
+        h("th", null, "Type"),
+        h("th", null, "SHA-256"),
+        h("th", null, "Attempt"),
+        h("th", null, "Created"),
+        h("th", null, ""),
+      ),
+    ),
+    h(
+      "tbody",
+      null,
+      ...list.map((a) => {
+        const button = h("button", { class: "btn", type: "button" }, "Download");
+        button.addEventListener(
+          "click",
+          () => void act(button, page, () => download(a.artifactId, a.filename)),
+        );
+        return h(
+          "tr",
+          null,
+          h("td", null, a.filename || h("code", null, a.artifactId)),
+          h("td", null, (ArtifactKind[a.kind] ?? "").toString()),
+          h("td", { class: "num" }, bytes(a.sizeBytes)),
+          h("td", null, a.contentType || "—"),
+          h("td", null, h("code", { title: a.sha256 }, `${a.sha256.slice(0, 12)}…`)),
+          h("td", { class: "num" }, a.attempt),
+          h("td", null, when(a.createdAt)),
+          h("td", { class: "actions" }, button),
+        );
+      }),
+    ),
+  );
+}
+
+/** One task, live through WatchTask: every field, lease, progress, error, artifacts, history; cancel and retry. */
+export function taskPage(page: Page, taskId: string): void {
+  page.title(`Task ${taskId.slice(0, 8)}`);
+  const head = h("div", { class: "task-head" });
+  const fields = h("dl", { class: "fields" });
+  const lease = h("dl", { class: "fields" });
+  const history = h("ol", { class: "history", id: "history" });
+  const files = h("div");
+  const live = h("span", { class: "live" }, "connecting…");
+  fill(
+    page.el,
+    h(
+      "p",
+      { class: "crumbs" },
+      h("a", { href: "#/tasks" }, "Tasks"),
+      " / ",
+      h("code", null, taskId),
+    ),
+    head,
+    h(
+      "div",
+      { class: "cols" },
+      h("section", { class: "panel" }, h("h2", null, "Task"), fields),
+      h(
+        "div",
+        null,
+        h("section", { class: "panel" }, h("h2", null, "Lease and progress"), lease),
+        h("section", { class: "panel" }, h("h2", null, "History ", live), history),
+      ),
+    ),
+    h("section", { class: "panel" }, h("h2", null, "Artifacts"), files),
+  );
+
+  const events: Event[] = [];
+  let last: Task | undefined;
+  let lastSummary = "";
+  let watching = false;
+
+  const addEvent = (e: Event) => {
+    if (events.some((x) => x.text === e.text && Math.abs(x.at - e.at) < 1000)) return;
+    events.push(e);
+    events.sort((a, b) => a.at - b.at);
+  };
+
+  const loadArtifacts = async () => {
+    const r = await artifacts.listArtifacts({ taskId, pageSize: 1000 }, { signal: page.signal });
+    fill(files, artifactTable(r.artifacts, page));
+  };
+
+  const render = (t: Task) => {
+    const cancel = h(
+      "button",
+      { class: "btn danger", type: "button", id: "cancel" },
+      "Cancel task",
+    );
+    cancel.disabled = terminal.has(t.state);
+    cancel.addEventListener("click", () => {
+      if (!confirm(`Cancel task ${t.name || t.taskId}?`)) return;
+      void act(cancel, page, async () => {
+        const r = await tasks.cancelTask({ taskId, reason: "canceled from the dashboard" });
+        if (r.task) update(r.task);
+      });
+    });
+    const retry = h(
+      "button",
+      { class: "btn", type: "button", id: "retry" },
+      "Retry on another worker",
+    );
+    retry.disabled = ![TaskState.ASSIGNED, TaskState.RUNNING, TaskState.FAILED].includes(t.state);
+    retry.addEventListener("click", () => {
+      if (!confirm(`Retry task ${t.name || t.taskId} on another worker (a new attempt)?`)) return;
+      void act(retry, page, async () => {
+        const r = await tasks.retryTask({ taskId });
+        if (r.task) update(r.task);
+        watch();
+      });
+    });
+    fill(
+      head,
+      h(
+        "h1",
+        null,
+        t.name || "(unnamed task)",
+        " ",
+        h("span", { id: "task-state" }, statePill(t.state)),
+      ),
+      h("div", { class: "task-actions" }, retry, cancel),
+    );
+    const steps = t.steps ?? 0;
+    const done = t.progress?.completedSteps ?? 0;
+    const params = t.parameters ? JSON.stringify(t.parameters, null, 2) : "";
+    fill(
+      fields,
+      row("Id", h("code", null, t.taskId)),
+      row("Workload", or(t.workload)),
+      row(
+        "State",
+        statePill(t.state),
+        t.cancelRequested &&
+          !terminal.has(t.state) &&
+          h("span", { class: "pill drained" }, "CANCEL REQUESTED"),
+      ),
+      row("Attempt", `${t.attempt} of ${t.maxAttempts}`),
+      row("Priority", String(t.priority)),
+      row("Required capabilities", or(t.requiredCapabilities.join(", "))),
+      row(
+        "Affinity",
+        or(
+          Object.entries(t.affinity)
+            .map(([k, v]) => `${k}=${v}`)
+            .join(", "),
+        ),
+      ),
+      row(
+        "Correlation id",
+        t.correlationId &&
+          h(
+            "a",
+            { href: `#/tasks?correlation=${encodeURIComponent(t.correlationId)}` },
+            h("code", null, t.correlationId),
+          ),
+      ),
+      row("Idempotency key", t.idempotencyKey && h("code", null, t.idempotencyKey)),
+      row("Lease seconds", String(t.leaseSeconds)),
+      row(
+        "Retry backoff",
+        t.retryBackoff &&
+          `${span(durationMs(t.retryBackoff.initial))} × ${t.retryBackoff.multiplier}, at most ${span(durationMs(t.retryBackoff.max))}`,
+      ),
+      row("Deadline", t.deadline && exact(t.deadline)),
+      row("Not before", t.notBefore && exact(t.notBefore)),
+      row("Parameters", params && params !== "{}" && h("pre", null, params)),
+      row("Input", t.input && `${t.input.artifactId.slice(0, 8)} · ${bytes(t.input.sizeBytes)}`),
+      row(
+        "Result",
+        t.result && `${t.result.artifactId.slice(0, 8)} · ${bytes(t.result.sizeBytes)}`,
+      ),
+      row("Result summary", or(t.resultSummary)),
+      row(
+        "Metrics",
+        or(
+          Object.entries(t.metrics)
+            .map(([k, v]) => `${k}=${v}`)
+            .join(", "),
+        ),
+      ),
+      row("Checkpoint", t.checkpointHandle && h("code", null, t.checkpointHandle)),
+      row("Created", exact(t.createdAt)),
+      row("Updated", exact(t.updatedAt)),
+      row("Started", t.startedAt && exact(t.startedAt)),
+      row("Finished", t.finishedAt && exact(t.finishedAt)),
+    );
+    fill(
+      lease,
+      row("Assigned worker", t.assignedWorkerId && h("code", null, t.assignedWorkerId)),
+      row("Worker API", or(t.assignedApiBaseUrl)),
+      row(
+        terminal.has(t.state) ? "Last lease holder" : "Lease holder",
+        t.lease?.workerId && h("code", null, t.lease.workerId),
+      ),
+      row(
+        terminal.has(t.state) ? "Lease (ended)" : "Lease expires",
+        t.lease?.expiresAt &&
+          (terminal.has(t.state)
+            ? exact(t.lease.expiresAt)
+            : `${exact(t.lease.expiresAt)} (${ago(t.lease.expiresAt)})`),
+      ),
+      row(
+        "Progress",
+        t.progress || steps
+          ? h(
+              "span",
+              null,
+              steps ? `${done} / ${steps} steps` : `${done} steps`,
+              steps > 0 && meter(done / steps, true),
+              t.progress?.message && h("div", null, t.progress.message),
+            )
+          : undefined,
+      ),
+      row(
+        "Error",
+        t.error?.code &&
+          h(
+            "span",
+            { class: "error-text" },
+            h("strong", null, t.error.code),
+            ": ",
+            t.error.message,
+          ),
+      ),
+    );
+    fill(
+      history,
+      ...events.map((e) =>
+        h(
+          "li",
+          null,
+          h(
+            "time",
+            { title: new Date(e.at).toISOString() },
+            new Date(e.at).toLocaleTimeString([], { hourCycle: "h23" }),
+          ),
+          e.state !== undefined && statePill(e.state),
+          h("span", null, e.text),
+        ),
+      ),
+    );
+  };
+
+  function update(t: Task): void {
+    const stamp = (ts: Parameters<typeof ms>[0], text: string, state?: TaskState) => {
+      const at = ms(ts);
+      if (at !== undefined) addEvent({ at, text, state });
+    };
+    stamp(t.createdAt, "created", TaskState.PENDING);
+    stamp(t.startedAt, "started (last attempt)", TaskState.RUNNING);
+    const s = summary(t);
+    if (s !== lastSummary) {
+      addEvent({ at: ms(t.updatedAt) ?? Date.now(), text: s, state: t.state });
+      lastSummary = s;
+    }
+    const changedState = last?.state !== t.state;
+    last = t;
+    render(t);
+    if (changedState) void loadArtifacts().catch((e) => !isAbort(e) && page.error(e));
+  }
+
+  /** Follows WatchTask until the task ends; reconnects after an interruption. */
+  function watch(): void {
+    if (watching) return;
+    watching = true;
+    void (async () => {
+      for (let delay = 1000; !page.signal.aborted; delay = Math.min(delay * 2, 10_000)) {
+        try {
+          live.textContent = "● live";
+          live.className = "live on";
+          for await (const r of tasks.watchTask({ taskId }, { signal: page.signal })) {
+            if (r.task) update(r.task);
+            page.error("");
+            delay = 1000;
+          }
+          break; // The stream ends when the task does.
+        } catch (e) {
+          if (page.signal.aborted || isAbort(e)) break;
+          page.error(e);
+          if (!retryable.has(ConnectError.from(e).code)) {
+            live.textContent = "";
+            watching = false;
+            return;
+          }
+          live.textContent = "reconnecting…";
+          live.className = "live";
+          await new Promise((r) => setTimeout(r, delay));
+        }
+      }
+      watching = false;
+      if (!page.signal.aborted) {
+        live.textContent = last && terminal.has(last.state) ? "finished" : "stopped";
+        live.className = "live";
+        void loadArtifacts().catch(() => {});
+      }
+    })();
+  }
+  watch();
+}
