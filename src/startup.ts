@@ -36,6 +36,9 @@ export function readySummary(config: Config, url: string): string {
       ? `  Admin token   ${token} (keep it secret: it can do everything)`
       : "  Auth          off (loopback only): every caller is admin",
     `  Metrics       ${url}/metrics`,
+    ...(config.otelEndpoint
+      ? [`  Traces        exported to ${config.otelEndpoint}/v1/traces`]
+      : []),
     "",
     "  Try:",
     `    curl${bearer} \\`,
