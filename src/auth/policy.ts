@@ -43,6 +43,7 @@ export const policy: Record<string, MethodRule> = {
   "meshwork.v1.TaskService/CreateTasks": { roles: client },
   "meshwork.v1.TaskService/GetTask": { roles: client },
   "meshwork.v1.TaskService/ListTasks": { roles: client },
+  "meshwork.v1.TaskService/ListTaskEvents": { roles: client },
   "meshwork.v1.TaskService/WatchTask": { roles: client },
   "meshwork.v1.TaskService/CancelTask": { roles: client },
   "meshwork.v1.TaskService/ScheduleTask": { roles: client },

@@ -10,12 +10,14 @@ import { type ArtifactRef, ArtifactRefSchema } from "../../gen/meshwork/v1/artif
 import {
   type CreateTaskRequest,
   type Task,
+  type TaskEvent,
+  TaskEventSchema,
   TaskSchema,
   TaskState,
 } from "../../gen/meshwork/v1/task_pb.js";
 import { invalid } from "../core/errors.js";
 import { intInRange, isStorableTime, stringList, stringMap, text } from "../core/validate.js";
-import type { ArtifactRefJson, TaskRow, TaskStateName } from "../db/schema/index.js";
+import type { ArtifactRefJson, TaskEventRow, TaskRow, TaskStateName } from "../db/schema/index.js";
 import type { NewTask } from "./store.js";
 
 export const defaults = {
@@ -167,4 +169,17 @@ export function fromCreateRequest(
     traceParent: origin.traceparent,
     traceState: origin.tracestate,
   };
+}
+
+/** One event of a task's history, as ListTaskEvents answers it. */
+export function toTaskEvent(row: TaskEventRow): TaskEvent {
+  return create(TaskEventSchema, {
+    sequence: BigInt(row.id),
+    time: timestampFromDate(row.at),
+    state: toTaskState(row.state),
+    attempt: row.attempt,
+    workerId: row.workerId ?? "",
+    errorCode: row.errorCode,
+    errorMessage: row.errorMessage,
+  });
 }

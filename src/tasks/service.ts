@@ -12,14 +12,20 @@ import { storeUpload, type UploadDeps } from "../artifacts/uploads.js";
 import type { Config } from "../config.js";
 import { canonicalJson } from "../core/canonical-json.js";
 import { invalid } from "../core/errors.js";
-import { decodeCursor, pageSize } from "../core/paging.js";
+import { decodeCursor, decodePageToken, pageSize } from "../core/paging.js";
 import { terminalStates } from "../core/task-sql.js";
 import { intInRange, text, uuidField } from "../core/validate.js";
 import type { ArtifactRefJson, TaskRow } from "../db/schema/index.js";
 import type { Metrics } from "../metrics/metrics.js";
 import { kCorrelationId, kCorrelationSent, kTrace } from "../rpc/context.js";
 import { traceparentOf } from "../tracing/context.js";
-import { type CreateOrigin, fromCreateRequest, fromTaskState, toTask } from "./convert.js";
+import {
+  type CreateOrigin,
+  fromCreateRequest,
+  fromTaskState,
+  toTask,
+  toTaskEvent,
+} from "./convert.js";
 import type { TaskEvents } from "./events.js";
 import type { PlacementRequest, PlacementStore } from "./placement.js";
 import type { NewTask, TaskStore } from "./store.js";
@@ -211,6 +217,15 @@ export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typ
         decodeCursor(req.pageToken),
       );
       return { tasks: page.rows.map((r) => toTask(r)), nextPageToken: page.next };
+    },
+
+    async listTaskEvents(req) {
+      const page = await app.tasks.events(
+        uuidField("task_id", req.taskId),
+        pageSize(req.pageSize),
+        decodePageToken(req.pageToken, 1, (k) => /^[1-9][0-9]{0,15}$/.test(k))?.keys.map(Number)[0],
+      );
+      return { events: page.rows.map(toTaskEvent), nextPageToken: page.next };
     },
 
     async *watchTask(req, ctx) {

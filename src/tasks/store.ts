@@ -9,8 +9,10 @@ import type { Db } from "../db/database.js";
 import { lazy } from "../db/lazy.js";
 import {
   type ArtifactRefJson,
+  type TaskEventRow,
   type TaskRow,
   type TaskStateName,
+  taskEvents,
   tasks,
 } from "../db/schema/index.js";
 
@@ -198,6 +200,32 @@ export function createTaskStore(db: Db) {
         `task ${id} is ${current.state} and cannot be cancelled`,
         { taskId: id },
       );
+    },
+
+    /**
+     * One page of a task's history, oldest first, after the event of
+     * sequence `after` (none: from the start). A task that does not exist
+     * is not_found (one that exists has at least its creation event, unless
+     * it was created before the history was kept).
+     */
+    async events(
+      taskId: string,
+      size: number,
+      after: number | undefined,
+    ): Promise<{ rows: TaskEventRow[]; next: string }> {
+      const rows = await db
+        .select()
+        .from(taskEvents)
+        .where(
+          and(
+            eq(taskEvents.taskId, taskId),
+            after === undefined ? undefined : sql`${taskEvents.id} > ${after}`,
+          ),
+        )
+        .orderBy(taskEvents.id)
+        .limit(size + 1);
+      if (rows.length === 0 && after === undefined) await this.get(taskId);
+      return pageOf(rows, size, (r) => ({ at: r.at, keys: [String(r.id)] }));
     },
 
     /** Task counts by state (states with no task are absent). */

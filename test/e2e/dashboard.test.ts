@@ -251,6 +251,22 @@ describe.skipIf(!existsSync(chromiumPath))(
       });
       await state.getByText("SUCCEEDED").waitFor(seen);
       await page.locator("#history").getByText("SUCCEEDED").first().waitFor(seen);
+      // The history is the coordinator's (ListTaskEvents), not what this tab
+      // happened to see: created, leased to the worker, succeeded; and a
+      // fresh load of the page shows the same three.
+      const historyShows = async () => {
+        const items = page.locator("#history li");
+        await items.nth(2).getByText("SUCCEEDED").waitFor(seen);
+        expect(await items.count()).toBe(3);
+        await items.nth(0).getByText("created").waitFor(seen);
+        await items
+          .nth(1)
+          .getByText(`attempt 1 · worker ${workerId.slice(0, 8)}`)
+          .waitFor(seen);
+      };
+      await historyShows();
+      await page.reload();
+      await historyShows();
       await page.locator("#artifacts").getByText("frame-0001.txt").waitFor(seen);
       const [download] = await Promise.all([
         page.waitForEvent("download", seen),

@@ -14,7 +14,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file meshwork/v1/task.proto.
  */
 export const file_meshwork_v1_task: GenFile = /*@__PURE__*/
-  fileDesc("ChZtZXNod29yay92MS90YXNrLnByb3RvEgttZXNod29yay52MSJ2CgxSZXRyeUJhY2tvZmYSKgoHaW5pdGlhbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgNtYXgYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEgoKbXVsdGlwbGllchgDIAEoASJwCgVMZWFzZRIRCgl3b3JrZXJfaWQYASABKAkSDwoHYXR0ZW1wdBgCIAEoBRITCgtsZWFzZV90b2tlbhgDIAEoCRIuCgpleHBpcmVzX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI0CghQcm9ncmVzcxIXCg9jb21wbGV0ZWRfc3RlcHMYASABKAUSDwoHbWVzc2FnZRgCIAEoCSIqCglUYXNrRXJyb3ISDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJItYJCgRUYXNrEg8KB3Rhc2tfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIQCgh3b3JrbG9hZBgDIAEoCRIdChVyZXF1aXJlZF9jYXBhYmlsaXRpZXMYBCADKAkSMQoIYWZmaW5pdHkYBSADKAsyHy5tZXNod29yay52MS5UYXNrLkFmZmluaXR5RW50cnkSEAoIcHJpb3JpdHkYBiABKAUSLAoIZGVhZGxpbmUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEisKCnBhcmFtZXRlcnMYCCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EicKBWlucHV0GAkgASgLMhgubWVzaHdvcmsudjEuQXJ0aWZhY3RSZWYSEgoFc3RlcHMYCiABKAVIAIgBARIlCgVzdGF0ZRgLIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIPCgdhdHRlbXB0GAwgASgFEhQKDG1heF9hdHRlbXB0cxgNIAEoBRIVCg1sZWFzZV9zZWNvbmRzGA4gASgFEjAKDXJldHJ5X2JhY2tvZmYYDyABKAsyGS5tZXNod29yay52MS5SZXRyeUJhY2tvZmYSFwoPaWRlbXBvdGVuY3lfa2V5GBAgASgJEhYKDmNvcnJlbGF0aW9uX2lkGBEgASgJEhoKEmFzc2lnbmVkX3dvcmtlcl9pZBgSIAEoCRIdChVhc3NpZ25lZF9hcGlfYmFzZV91cmwYEyABKAkSIQoFbGVhc2UYFCABKAsyEi5tZXNod29yay52MS5MZWFzZRIZChFjaGVja3BvaW50X2hhbmRsZRgVIAEoCRInCghwcm9ncmVzcxgWIAEoCzIVLm1lc2h3b3JrLnYxLlByb2dyZXNzEigKBnJlc3VsdBgXIAEoCzIYLm1lc2h3b3JrLnYxLkFydGlmYWN0UmVmEhYKDnJlc3VsdF9zdW1tYXJ5GBggASgJEi8KB21ldHJpY3MYGSADKAsyHi5tZXNod29yay52MS5UYXNrLk1ldHJpY3NFbnRyeRIlCgVlcnJvchgaIAEoCzIWLm1lc2h3b3JrLnYxLlRhc2tFcnJvchIYChBjYW5jZWxfcmVxdWVzdGVkGBsgASgIEi4KCm5vdF9iZWZvcmUYHCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmNyZWF0ZWRfYXQYHSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYHiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0ZWRfYXQYHyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GCAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgt0cmFjZXBhcmVudBghIAEoCRISCgp0cmFjZXN0YXRlGCIgASgJGi8KDUFmZmluaXR5RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ARouCgxNZXRyaWNzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgBOgI4AUIICgZfc3RlcHMixwQKEUNyZWF0ZVRhc2tSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoId29ya2xvYWQYAiABKAkSHQoVcmVxdWlyZWRfY2FwYWJpbGl0aWVzGAMgAygJEj4KCGFmZmluaXR5GAQgAygLMiwubWVzaHdvcmsudjEuQ3JlYXRlVGFza1JlcXVlc3QuQWZmaW5pdHlFbnRyeRIQCghwcmlvcml0eRgFIAEoBRIsCghkZWFkbGluZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKcGFyYW1ldGVycxgHIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSGwoRaW5wdXRfYXJ0aWZhY3RfaWQYCCABKAlIABIUCgppbnB1dF9kYXRhGAkgASgMSAASEgoFc3RlcHMYCiABKAVIAYgBARIZCgxtYXhfYXR0ZW1wdHMYCyABKAVIAogBARIaCg1sZWFzZV9zZWNvbmRzGAwgASgFSAOIAQESMAoNcmV0cnlfYmFja29mZhgNIAEoCzIZLm1lc2h3b3JrLnYxLlJldHJ5QmFja29mZhIXCg9pZGVtcG90ZW5jeV9rZXkYDiABKAkSFgoOY29ycmVsYXRpb25faWQYDyABKAkaLwoNQWZmaW5pdHlFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgcKBWlucHV0QggKBl9zdGVwc0IPCg1fbWF4X2F0dGVtcHRzQhAKDl9sZWFzZV9zZWNvbmRzIjUKEkNyZWF0ZVRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayJDChJDcmVhdGVUYXNrc1JlcXVlc3QSLQoFdGFza3MYASADKAsyHi5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdCI3ChNDcmVhdGVUYXNrc1Jlc3BvbnNlEiAKBXRhc2tzGAEgAygLMhEubWVzaHdvcmsudjEuVGFzayIhCg5HZXRUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIjIKD0dldFRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayKdAQoQTGlzdFRhc2tzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRIlCgVzdGF0ZRgDIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIQCgh3b3JrbG9hZBgEIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgFIAEoCRIRCgl3b3JrZXJfaWQYBiABKAkiTgoRTGlzdFRhc2tzUmVzcG9uc2USIAoFdGFza3MYASADKAsyES5tZXNod29yay52MS5UYXNrEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIjChBXYXRjaFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkiNAoRV2F0Y2hUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2siNAoRQ2FuY2VsVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiNQoSQ2FuY2VsVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIo4BChNTY2hlZHVsZVRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSIAoYc2NoZWR1bGVfaWRlbXBvdGVuY3lfa2V5GAIgASgJEhYKDmNvcnJlbGF0aW9uX2lkGAMgASgJEhoKDWxlYXNlX3NlY29uZHMYBCABKAVIAIgBAUIQCg5fbGVhc2Vfc2Vjb25kcyI3ChRTY2hlZHVsZVRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayKLAQoQUmV0cnlUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEiAKGHNjaGVkdWxlX2lkZW1wb3RlbmN5X2tleRgCIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgDIAEoCRIaCg1sZWFzZV9zZWNvbmRzGAQgASgFSACIAQFCEAoOX2xlYXNlX3NlY29uZHMiNAoRUmV0cnlUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2squgEKCVRhc2tTdGF0ZRIaChZUQVNLX1NUQVRFX1VOU1BFQ0lGSUVEEAASFgoSVEFTS19TVEFURV9QRU5ESU5HEAESFwoTVEFTS19TVEFURV9BU1NJR05FRBACEhYKElRBU0tfU1RBVEVfUlVOTklORxADEhgKFFRBU0tfU1RBVEVfU1VDQ0VFREVEEAQSFQoRVEFTS19TVEFURV9GQUlMRUQQBRIXChNUQVNLX1NUQVRFX0NBTkNFTEVEEAYyjQUKC1Rhc2tTZXJ2aWNlEk0KCkNyZWF0ZVRhc2sSHi5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdBofLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tSZXNwb25zZRJQCgtDcmVhdGVUYXNrcxIfLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tzUmVxdWVzdBogLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tzUmVzcG9uc2USSQoHR2V0VGFzaxIbLm1lc2h3b3JrLnYxLkdldFRhc2tSZXF1ZXN0GhwubWVzaHdvcmsudjEuR2V0VGFza1Jlc3BvbnNlIgOQAgESTwoJTGlzdFRhc2tzEh0ubWVzaHdvcmsudjEuTGlzdFRhc2tzUmVxdWVzdBoeLm1lc2h3b3JrLnYxLkxpc3RUYXNrc1Jlc3BvbnNlIgOQAgESUQoJV2F0Y2hUYXNrEh0ubWVzaHdvcmsudjEuV2F0Y2hUYXNrUmVxdWVzdBoeLm1lc2h3b3JrLnYxLldhdGNoVGFza1Jlc3BvbnNlIgOQAgEwARJNCgpDYW5jZWxUYXNrEh4ubWVzaHdvcmsudjEuQ2FuY2VsVGFza1JlcXVlc3QaHy5tZXNod29yay52MS5DYW5jZWxUYXNrUmVzcG9uc2USUwoMU2NoZWR1bGVUYXNrEiAubWVzaHdvcmsudjEuU2NoZWR1bGVUYXNrUmVxdWVzdBohLm1lc2h3b3JrLnYxLlNjaGVkdWxlVGFza1Jlc3BvbnNlEkoKCVJldHJ5VGFzaxIdLm1lc2h3b3JrLnYxLlJldHJ5VGFza1JlcXVlc3QaHi5tZXNod29yay52MS5SZXRyeVRhc2tSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_meshwork_v1_artifact]);
+  fileDesc("ChZtZXNod29yay92MS90YXNrLnByb3RvEgttZXNod29yay52MSJ2CgxSZXRyeUJhY2tvZmYSKgoHaW5pdGlhbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgNtYXgYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEgoKbXVsdGlwbGllchgDIAEoASJwCgVMZWFzZRIRCgl3b3JrZXJfaWQYASABKAkSDwoHYXR0ZW1wdBgCIAEoBRITCgtsZWFzZV90b2tlbhgDIAEoCRIuCgpleHBpcmVzX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI0CghQcm9ncmVzcxIXCg9jb21wbGV0ZWRfc3RlcHMYASABKAUSDwoHbWVzc2FnZRgCIAEoCSIqCglUYXNrRXJyb3ISDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJItYJCgRUYXNrEg8KB3Rhc2tfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIQCgh3b3JrbG9hZBgDIAEoCRIdChVyZXF1aXJlZF9jYXBhYmlsaXRpZXMYBCADKAkSMQoIYWZmaW5pdHkYBSADKAsyHy5tZXNod29yay52MS5UYXNrLkFmZmluaXR5RW50cnkSEAoIcHJpb3JpdHkYBiABKAUSLAoIZGVhZGxpbmUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEisKCnBhcmFtZXRlcnMYCCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EicKBWlucHV0GAkgASgLMhgubWVzaHdvcmsudjEuQXJ0aWZhY3RSZWYSEgoFc3RlcHMYCiABKAVIAIgBARIlCgVzdGF0ZRgLIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIPCgdhdHRlbXB0GAwgASgFEhQKDG1heF9hdHRlbXB0cxgNIAEoBRIVCg1sZWFzZV9zZWNvbmRzGA4gASgFEjAKDXJldHJ5X2JhY2tvZmYYDyABKAsyGS5tZXNod29yay52MS5SZXRyeUJhY2tvZmYSFwoPaWRlbXBvdGVuY3lfa2V5GBAgASgJEhYKDmNvcnJlbGF0aW9uX2lkGBEgASgJEhoKEmFzc2lnbmVkX3dvcmtlcl9pZBgSIAEoCRIdChVhc3NpZ25lZF9hcGlfYmFzZV91cmwYEyABKAkSIQoFbGVhc2UYFCABKAsyEi5tZXNod29yay52MS5MZWFzZRIZChFjaGVja3BvaW50X2hhbmRsZRgVIAEoCRInCghwcm9ncmVzcxgWIAEoCzIVLm1lc2h3b3JrLnYxLlByb2dyZXNzEigKBnJlc3VsdBgXIAEoCzIYLm1lc2h3b3JrLnYxLkFydGlmYWN0UmVmEhYKDnJlc3VsdF9zdW1tYXJ5GBggASgJEi8KB21ldHJpY3MYGSADKAsyHi5tZXNod29yay52MS5UYXNrLk1ldHJpY3NFbnRyeRIlCgVlcnJvchgaIAEoCzIWLm1lc2h3b3JrLnYxLlRhc2tFcnJvchIYChBjYW5jZWxfcmVxdWVzdGVkGBsgASgIEi4KCm5vdF9iZWZvcmUYHCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmNyZWF0ZWRfYXQYHSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYHiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0ZWRfYXQYHyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GCAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgt0cmFjZXBhcmVudBghIAEoCRISCgp0cmFjZXN0YXRlGCIgASgJGi8KDUFmZmluaXR5RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ARouCgxNZXRyaWNzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgBOgI4AUIICgZfc3RlcHMixwQKEUNyZWF0ZVRhc2tSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoId29ya2xvYWQYAiABKAkSHQoVcmVxdWlyZWRfY2FwYWJpbGl0aWVzGAMgAygJEj4KCGFmZmluaXR5GAQgAygLMiwubWVzaHdvcmsudjEuQ3JlYXRlVGFza1JlcXVlc3QuQWZmaW5pdHlFbnRyeRIQCghwcmlvcml0eRgFIAEoBRIsCghkZWFkbGluZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKcGFyYW1ldGVycxgHIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSGwoRaW5wdXRfYXJ0aWZhY3RfaWQYCCABKAlIABIUCgppbnB1dF9kYXRhGAkgASgMSAASEgoFc3RlcHMYCiABKAVIAYgBARIZCgxtYXhfYXR0ZW1wdHMYCyABKAVIAogBARIaCg1sZWFzZV9zZWNvbmRzGAwgASgFSAOIAQESMAoNcmV0cnlfYmFja29mZhgNIAEoCzIZLm1lc2h3b3JrLnYxLlJldHJ5QmFja29mZhIXCg9pZGVtcG90ZW5jeV9rZXkYDiABKAkSFgoOY29ycmVsYXRpb25faWQYDyABKAkaLwoNQWZmaW5pdHlFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgcKBWlucHV0QggKBl9zdGVwc0IPCg1fbWF4X2F0dGVtcHRzQhAKDl9sZWFzZV9zZWNvbmRzIjUKEkNyZWF0ZVRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayJDChJDcmVhdGVUYXNrc1JlcXVlc3QSLQoFdGFza3MYASADKAsyHi5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdCI3ChNDcmVhdGVUYXNrc1Jlc3BvbnNlEiAKBXRhc2tzGAEgAygLMhEubWVzaHdvcmsudjEuVGFzayIhCg5HZXRUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIjIKD0dldFRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayKdAQoQTGlzdFRhc2tzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRIlCgVzdGF0ZRgDIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIQCgh3b3JrbG9hZBgEIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgFIAEoCRIRCgl3b3JrZXJfaWQYBiABKAkiTgoRTGlzdFRhc2tzUmVzcG9uc2USIAoFdGFza3MYASADKAsyES5tZXNod29yay52MS5UYXNrEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJPChVMaXN0VGFza0V2ZW50c1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJZChZMaXN0VGFza0V2ZW50c1Jlc3BvbnNlEiYKBmV2ZW50cxgBIAMoCzIWLm1lc2h3b3JrLnYxLlRhc2tFdmVudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkivQEKCVRhc2tFdmVudBIQCghzZXF1ZW5jZRgBIAEoAxIoCgR0aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIlCgVzdGF0ZRgDIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIPCgdhdHRlbXB0GAQgASgFEhEKCXdvcmtlcl9pZBgFIAEoCRISCgplcnJvcl9jb2RlGAYgASgJEhUKDWVycm9yX21lc3NhZ2UYByABKAkiIwoQV2F0Y2hUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIjQKEVdhdGNoVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIjQKEUNhbmNlbFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjUKEkNhbmNlbFRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayKOAQoTU2NoZWR1bGVUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEiAKGHNjaGVkdWxlX2lkZW1wb3RlbmN5X2tleRgCIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgDIAEoCRIaCg1sZWFzZV9zZWNvbmRzGAQgASgFSACIAQFCEAoOX2xlYXNlX3NlY29uZHMiNwoUU2NoZWR1bGVUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2siiwEKEFJldHJ5VGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIgChhzY2hlZHVsZV9pZGVtcG90ZW5jeV9rZXkYAiABKAkSFgoOY29ycmVsYXRpb25faWQYAyABKAkSGgoNbGVhc2Vfc2Vjb25kcxgEIAEoBUgAiAEBQhAKDl9sZWFzZV9zZWNvbmRzIjQKEVJldHJ5VGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrKroBCglUYXNrU3RhdGUSGgoWVEFTS19TVEFURV9VTlNQRUNJRklFRBAAEhYKElRBU0tfU1RBVEVfUEVORElORxABEhcKE1RBU0tfU1RBVEVfQVNTSUdORUQQAhIWChJUQVNLX1NUQVRFX1JVTk5JTkcQAxIYChRUQVNLX1NUQVRFX1NVQ0NFRURFRBAEEhUKEVRBU0tfU1RBVEVfRkFJTEVEEAUSFwoTVEFTS19TVEFURV9DQU5DRUxFRBAGMu0FCgtUYXNrU2VydmljZRJNCgpDcmVhdGVUYXNrEh4ubWVzaHdvcmsudjEuQ3JlYXRlVGFza1JlcXVlc3QaHy5tZXNod29yay52MS5DcmVhdGVUYXNrUmVzcG9uc2USUAoLQ3JlYXRlVGFza3MSHy5tZXNod29yay52MS5DcmVhdGVUYXNrc1JlcXVlc3QaIC5tZXNod29yay52MS5DcmVhdGVUYXNrc1Jlc3BvbnNlEkkKB0dldFRhc2sSGy5tZXNod29yay52MS5HZXRUYXNrUmVxdWVzdBocLm1lc2h3b3JrLnYxLkdldFRhc2tSZXNwb25zZSIDkAIBEk8KCUxpc3RUYXNrcxIdLm1lc2h3b3JrLnYxLkxpc3RUYXNrc1JlcXVlc3QaHi5tZXNod29yay52MS5MaXN0VGFza3NSZXNwb25zZSIDkAIBEl4KDkxpc3RUYXNrRXZlbnRzEiIubWVzaHdvcmsudjEuTGlzdFRhc2tFdmVudHNSZXF1ZXN0GiMubWVzaHdvcmsudjEuTGlzdFRhc2tFdmVudHNSZXNwb25zZSIDkAIBElEKCVdhdGNoVGFzaxIdLm1lc2h3b3JrLnYxLldhdGNoVGFza1JlcXVlc3QaHi5tZXNod29yay52MS5XYXRjaFRhc2tSZXNwb25zZSIDkAIBMAESTQoKQ2FuY2VsVGFzaxIeLm1lc2h3b3JrLnYxLkNhbmNlbFRhc2tSZXF1ZXN0Gh8ubWVzaHdvcmsudjEuQ2FuY2VsVGFza1Jlc3BvbnNlElMKDFNjaGVkdWxlVGFzaxIgLm1lc2h3b3JrLnYxLlNjaGVkdWxlVGFza1JlcXVlc3QaIS5tZXNod29yay52MS5TY2hlZHVsZVRhc2tSZXNwb25zZRJKCglSZXRyeVRhc2sSHS5tZXNod29yay52MS5SZXRyeVRhc2tSZXF1ZXN0Gh4ubWVzaHdvcmsudjEuUmV0cnlUYXNrUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_meshwork_v1_artifact]);
 
 /**
  * RetryBackoff says how long a failed task waits before its next attempt:
@@ -727,6 +727,136 @@ export const ListTasksResponseSchema: GenMessage<ListTasksResponse> = /*@__PURE_
   messageDesc(file_meshwork_v1_task, 12);
 
 /**
+ * ListTaskEventsRequest pages through one task's history.
+ *
+ * @generated from message meshwork.v1.ListTaskEventsRequest
+ */
+export type ListTaskEventsRequest = Message<"meshwork.v1.ListTaskEventsRequest"> & {
+  /**
+   * task_id is the task whose history to read.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  taskId: string;
+
+  /**
+   * page_size is the most events to return (1–1000, default 100).
+   *
+   * @generated from field: int32 page_size = 2;
+   */
+  pageSize: number;
+
+  /**
+   * page_token continues a listing from a previous next_page_token.
+   *
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message meshwork.v1.ListTaskEventsRequest.
+ * Use `create(ListTaskEventsRequestSchema)` to create a new message.
+ */
+export const ListTaskEventsRequestSchema: GenMessage<ListTaskEventsRequest> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 13);
+
+/**
+ * ListTaskEventsResponse is one page of a task's history, oldest first.
+ *
+ * @generated from message meshwork.v1.ListTaskEventsResponse
+ */
+export type ListTaskEventsResponse = Message<"meshwork.v1.ListTaskEventsResponse"> & {
+  /**
+   * events are this page's events.
+   *
+   * @generated from field: repeated meshwork.v1.TaskEvent events = 1;
+   */
+  events: TaskEvent[];
+
+  /**
+   * next_page_token continues the listing; empty at the end.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message meshwork.v1.ListTaskEventsResponse.
+ * Use `create(ListTaskEventsResponseSchema)` to create a new message.
+ */
+export const ListTaskEventsResponseSchema: GenMessage<ListTaskEventsResponse> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 14);
+
+/**
+ * TaskEvent is the task as it was right after one change.
+ *
+ * @generated from message meshwork.v1.TaskEvent
+ */
+export type TaskEvent = Message<"meshwork.v1.TaskEvent"> & {
+  /**
+   * sequence orders events: it grows with each event the coordinator
+   * records, across all tasks.
+   *
+   * @generated from field: int64 sequence = 1;
+   */
+  sequence: bigint;
+
+  /**
+   * time is when the change was recorded.
+   *
+   * @generated from field: google.protobuf.Timestamp time = 2;
+   */
+  time?: Timestamp | undefined;
+
+  /**
+   * state is the task's state after the change.
+   *
+   * @generated from field: meshwork.v1.TaskState state = 3;
+   */
+  state: TaskState;
+
+  /**
+   * attempt is the task's attempt after the change (0 before its first claim).
+   *
+   * @generated from field: int32 attempt = 4;
+   */
+  attempt: number;
+
+  /**
+   * worker_id is the worker that holds (or last held) the lease, or the
+   * worker the task is placed on; empty when none.
+   *
+   * @generated from field: string worker_id = 5;
+   */
+  workerId: string;
+
+  /**
+   * error_code is the task's error code after the change (a failure, an
+   * expiry, a cancellation); empty otherwise.
+   *
+   * @generated from field: string error_code = 6;
+   */
+  errorCode: string;
+
+  /**
+   * error_message is the task's error message after the change; empty
+   * otherwise.
+   *
+   * @generated from field: string error_message = 7;
+   */
+  errorMessage: string;
+};
+
+/**
+ * Describes the message meshwork.v1.TaskEvent.
+ * Use `create(TaskEventSchema)` to create a new message.
+ */
+export const TaskEventSchema: GenMessage<TaskEvent> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 15);
+
+/**
  * WatchTaskRequest names the task to watch.
  *
  * @generated from message meshwork.v1.WatchTaskRequest
@@ -745,7 +875,7 @@ export type WatchTaskRequest = Message<"meshwork.v1.WatchTaskRequest"> & {
  * Use `create(WatchTaskRequestSchema)` to create a new message.
  */
 export const WatchTaskRequestSchema: GenMessage<WatchTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 13);
+  messageDesc(file_meshwork_v1_task, 16);
 
 /**
  * WatchTaskResponse is the task after a change.
@@ -766,7 +896,7 @@ export type WatchTaskResponse = Message<"meshwork.v1.WatchTaskResponse"> & {
  * Use `create(WatchTaskResponseSchema)` to create a new message.
  */
 export const WatchTaskResponseSchema: GenMessage<WatchTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 14);
+  messageDesc(file_meshwork_v1_task, 17);
 
 /**
  * CancelTaskRequest names the task to cancel.
@@ -794,7 +924,7 @@ export type CancelTaskRequest = Message<"meshwork.v1.CancelTaskRequest"> & {
  * Use `create(CancelTaskRequestSchema)` to create a new message.
  */
 export const CancelTaskRequestSchema: GenMessage<CancelTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 15);
+  messageDesc(file_meshwork_v1_task, 18);
 
 /**
  * CancelTaskResponse returns the cancelled task.
@@ -815,7 +945,7 @@ export type CancelTaskResponse = Message<"meshwork.v1.CancelTaskResponse"> & {
  * Use `create(CancelTaskResponseSchema)` to create a new message.
  */
 export const CancelTaskResponseSchema: GenMessage<CancelTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 16);
+  messageDesc(file_meshwork_v1_task, 19);
 
 /**
  * ScheduleTaskRequest asks for a push placement of a PENDING task.
@@ -857,7 +987,7 @@ export type ScheduleTaskRequest = Message<"meshwork.v1.ScheduleTaskRequest"> & {
  * Use `create(ScheduleTaskRequestSchema)` to create a new message.
  */
 export const ScheduleTaskRequestSchema: GenMessage<ScheduleTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 17);
+  messageDesc(file_meshwork_v1_task, 20);
 
 /**
  * ScheduleTaskResponse returns the placed task with its lease token.
@@ -878,7 +1008,7 @@ export type ScheduleTaskResponse = Message<"meshwork.v1.ScheduleTaskResponse"> &
  * Use `create(ScheduleTaskResponseSchema)` to create a new message.
  */
 export const ScheduleTaskResponseSchema: GenMessage<ScheduleTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 18);
+  messageDesc(file_meshwork_v1_task, 21);
 
 /**
  * RetryTaskRequest asks to re-place a task on another worker where one fits.
@@ -920,7 +1050,7 @@ export type RetryTaskRequest = Message<"meshwork.v1.RetryTaskRequest"> & {
  * Use `create(RetryTaskRequestSchema)` to create a new message.
  */
 export const RetryTaskRequestSchema: GenMessage<RetryTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 19);
+  messageDesc(file_meshwork_v1_task, 22);
 
 /**
  * RetryTaskResponse returns the re-placed task with its new lease token.
@@ -941,7 +1071,7 @@ export type RetryTaskResponse = Message<"meshwork.v1.RetryTaskResponse"> & {
  * Use `create(RetryTaskResponseSchema)` to create a new message.
  */
 export const RetryTaskResponseSchema: GenMessage<RetryTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 20);
+  messageDesc(file_meshwork_v1_task, 23);
 
 /**
  * TaskState is where a task is in its life.
@@ -1054,6 +1184,21 @@ export const TaskService: GenService<{
     methodKind: "unary";
     input: typeof ListTasksRequestSchema;
     output: typeof ListTasksResponseSchema;
+  },
+  /**
+   * ListTaskEvents pages through a task's history, oldest first: one event
+   * when it was created, then one each time its state, its attempt or its
+   * lease holder changed, whoever changed it (a worker, a client, the
+   * sweeper, another replica). Renewals and progress reports are not
+   * events (the task itself holds the latest progress). The history is
+   * deleted with its task (retention). An unknown task is not_found.
+   *
+   * @generated from rpc meshwork.v1.TaskService.ListTaskEvents
+   */
+  listTaskEvents: {
+    methodKind: "unary";
+    input: typeof ListTaskEventsRequestSchema;
+    output: typeof ListTaskEventsResponseSchema;
   },
   /**
    * WatchTask streams the task as it is now, then each change, and ends

@@ -152,6 +152,29 @@ export const tasks = pgTable(
 );
 
 /**
+ * A task's history: one row when it is created and one each time its state,
+ * attempt or lease holder changes, written by a trigger on tasks (migration
+ * 0013) so that every path (claims, the sweeper, other replicas) records
+ * it in the same transaction. Deleted with its task.
+ */
+export const taskEvents = pgTable(
+  "task_events",
+  {
+    id: bigint("id", { mode: "number" }).primaryKey().generatedAlwaysAsIdentity(),
+    taskId: uuid("task_id")
+      .notNull()
+      .references(() => tasks.id, { onDelete: "cascade" }),
+    at: timestamptz("at").notNull().default(sql`clock_timestamp()`),
+    state: text("state").$type<TaskStateName>().notNull(),
+    attempt: integer("attempt").notNull(),
+    workerId: uuid("worker_id"),
+    errorCode: text("error_code").notNull().default(""),
+    errorMessage: text("error_message").notNull().default(""),
+  },
+  (t) => [index("task_events_task_idx").on(t.taskId, t.id)],
+);
+
+/**
  * Coordinator-owned bytes. The bytes live once per SHA-256 in the blob
  * store; a row exists only after its blob is durable. `task_id` is null for
  * an INPUT uploaded before its task.
@@ -291,4 +314,5 @@ export type TaskStateName =
   | "FAILED"
   | "CANCELED";
 export type TaskRow = typeof tasks.$inferSelect;
+export type TaskEventRow = typeof taskEvents.$inferSelect;
 export type WorkerRow = typeof workers.$inferSelect;

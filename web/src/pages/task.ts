@@ -1,6 +1,6 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import { type Artifact, ArtifactKind } from "../../../gen/meshwork/v1/artifact_pb.js";
-import { type Task, TaskState } from "../../../gen/meshwork/v1/task_pb.js";
+import { type Task, type TaskEvent, TaskState } from "../../../gen/meshwork/v1/task_pb.js";
 import { artifacts, download, isAbort, tasks } from "../api.js";
 import { type Child, fill, h } from "../dom.js";
 import {
@@ -12,7 +12,6 @@ import {
   ms,
   span,
   statePill,
-  taskStateName,
   terminal,
   when,
 } from "../format.js";
@@ -28,13 +27,6 @@ const retryable = new Set([
   Code.Aborted,
 ]);
 
-/** One line of the task's history. */
-interface Event {
-  at: number;
-  text: string;
-  state?: TaskState;
-}
-
 /** A field: its label and value, "—" when the value is empty (undefined, false, ""). */
 function row(label: string, ...value: Child[]) {
   const shown = value.filter((v) => v !== undefined && v !== null && v !== false && v !== "");
@@ -48,22 +40,13 @@ function or(value: string | number | undefined) {
   return value === undefined || value === "" ? undefined : String(value);
 }
 
-/**
- * What the task's stored times say (created, started, finished), and each
- * change this page saw through WatchTask: the coordinator keeps the task's
- * current row, not an event log.
- */
-function summary(t: Task): string {
-  const parts = [taskStateName(t.state)];
-  if (t.attempt) parts.push(`attempt ${t.attempt}`);
-  if (t.assignedWorkerId) parts.push(`worker ${t.assignedWorkerId.slice(0, 8)}`);
-  if (t.progress && (t.progress.completedSteps || t.progress.message))
-    parts.push(
-      `progress ${t.progress.completedSteps}${t.steps ? `/${t.steps}` : ""}${t.progress.message ? ` “${t.progress.message}”` : ""}`,
-    );
-  if (t.cancelRequested) parts.push("cancel requested");
-  if (t.error?.code) parts.push(`error ${t.error.code}`);
-  return parts.join(" · ");
+/** One event of the stored history (ListTaskEvents), in words. */
+function eventText(e: TaskEvent): string {
+  const parts: string[] = [];
+  if (e.attempt) parts.push(`attempt ${e.attempt}`);
+  if (e.workerId) parts.push(`worker ${e.workerId.slice(0, 8)}`);
+  if (e.errorCode) parts.push(`${e.errorCode}${e.errorMessage ? `: ${e.errorMessage}` : ""}`);
+  return parts.length ? parts.join(" · ") : "created";
 }
 
 function artifactTable(list: Artifact[], page: Page) {
@@ -151,15 +134,71 @@ export function taskPage(page: Page, taskId: string): void {
     h("section", { class: "panel" }, h("h2", null, "Artifacts"), files),
   );
 
-  const events: Event[] = [];
   let last: Task | undefined;
-  let lastSummary = "";
   let watching = false;
 
-  const addEvent = (e: Event) => {
-    if (events.some((x) => x.text === e.text && Math.abs(x.at - e.at) < 1000)) return;
-    events.push(e);
-    events.sort((a, b) => a.at - b.at);
+  const renderHistory = (events: TaskEvent[]) => {
+    if (!events.length) {
+      fill(
+        history,
+        empty(
+          "No history recorded.",
+          "This task was created before the coordinator kept task histories; its next change will be the first.",
+        ),
+      );
+      return;
+    }
+    fill(
+      history,
+      ...events.map((e) => {
+        const at = ms(e.time) ?? 0;
+        return h(
+          "li",
+          null,
+          h(
+            "time",
+            { title: new Date(at).toISOString() },
+            new Date(at).toLocaleTimeString([], { hourCycle: "h23" }),
+          ),
+          statePill(e.state),
+          h("span", null, eventText(e)),
+        );
+      }),
+    );
+  };
+
+  /** The stored history (ListTaskEvents), read again after each change the stream brings. */
+  let reading = false;
+  let readAgain = false;
+  const loadHistory = (): void => {
+    if (reading) {
+      readAgain = true;
+      return;
+    }
+    reading = true;
+    void (async () => {
+      const all: TaskEvent[] = [];
+      let pageToken = "";
+      do {
+        const r = await tasks.listTaskEvents(
+          { taskId, pageSize: 1000, pageToken },
+          { signal: page.signal },
+        );
+        all.push(...r.events);
+        pageToken = r.nextPageToken;
+      } while (pageToken !== "" && all.length < 10_000);
+      renderHistory(all);
+    })()
+      .catch((e: unknown) => {
+        if (!isAbort(e)) page.error(e);
+      })
+      .finally(() => {
+        reading = false;
+        if (readAgain) {
+          readAgain = false;
+          loadHistory();
+        }
+      });
   };
 
   const loadArtifacts = async () => {
@@ -309,37 +348,11 @@ export function taskPage(page: Page, taskId: string): void {
           ),
       ),
     );
-    fill(
-      history,
-      ...events.map((e) =>
-        h(
-          "li",
-          null,
-          h(
-            "time",
-            { title: new Date(e.at).toISOString() },
-            new Date(e.at).toLocaleTimeString([], { hourCycle: "h23" }),
-          ),
-          e.state !== undefined && statePill(e.state),
-          h("span", null, e.text),
-        ),
-      ),
-    );
   };
 
   function update(t: Task): void {
-    const stamp = (ts: Parameters<typeof ms>[0], text: string, state?: TaskState) => {
-      const at = ms(ts);
-      if (at !== undefined) addEvent({ at, text, state });
-    };
-    stamp(t.createdAt, "created", TaskState.PENDING);
-    stamp(t.startedAt, "started (last attempt)", TaskState.RUNNING);
-    const s = summary(t);
-    if (s !== lastSummary) {
-      addEvent({ at: ms(t.updatedAt) ?? Date.now(), text: s, state: t.state });
-      lastSummary = s;
-    }
     const changedState = last?.state !== t.state;
+    if (changedState || last?.attempt !== t.attempt) loadHistory();
     last = t;
     render(t);
     if (changedState) void loadArtifacts().catch((e) => !isAbort(e) && page.error(e));
