@@ -73,6 +73,18 @@ export type BlobStoreConfig =
   | { kind: "postgres" }
   | { kind: "s3"; bucket: string; prefix: string };
 
+/** A URL as it may be shown in logs and output: without a user or password in it. */
+export function shownUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    u.username = "";
+    u.password = "";
+    return u.toString().replace(/\/$/, "");
+  } catch {
+    return "(not a URL)";
+  }
+}
+
 /** Where the first admin token is written: `<data dir>/admin.token`. */
 export function adminTokenPath(dataDir: string): string {
   return join(dataDir, "admin.token");
@@ -196,7 +208,10 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
   if (metricsPublic !== "on" && metricsPublic !== "off") {
     throw new ConfigError("--metrics-public must be on or off");
   }
-  const otelEndpoint = (get("otel-endpoint") ?? "").replace(/\/+$/, "");
+  // The base URL, as OTEL_EXPORTER_OTLP_ENDPOINT means it; a full traces URL is taken too.
+  const otelEndpoint = (get("otel-endpoint") ?? "")
+    .replace(/\/+$/, "")
+    .replace(/\/v1\/traces$/, "");
   if (otelEndpoint !== "") {
     try {
       const u = new URL(otelEndpoint);

@@ -2,7 +2,7 @@ import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
 import { createApp } from "./app.js";
 import { loadS3Module } from "./artifacts/blob-stores.js";
 import { createTokenStore } from "./auth/token-store.js";
-import { adminTokenPath, type Config } from "./config.js";
+import { adminTokenPath, type Config, shownUrl } from "./config.js";
 import { lockDataDir, StartupError } from "./data-dir-lock.js";
 import { type Database, openDatabase } from "./db/database.js";
 import { createLogger, type Logger } from "./log.js";
@@ -175,7 +175,7 @@ export async function serve(config: Config): Promise<void> {
         url: server.url,
         database: db.kind === "pglite" ? `pglite:${config.dataDir}/db` : "postgres",
         auth: config.auth,
-        ...(tracing && { otel_endpoint: config.otelEndpoint }),
+        ...(tracing && { otel_endpoint: shownUrl(config.otelEndpoint) }),
       },
       "meshwork listening",
     );

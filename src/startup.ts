@@ -1,4 +1,4 @@
-import { adminTokenPath, type Config } from "./config.js";
+import { adminTokenPath, type Config, shownUrl } from "./config.js";
 import { postgresPlace } from "./db/database.js";
 
 /**
@@ -37,18 +37,18 @@ export function readySummary(config: Config, url: string): string {
       : "  Auth          off (loopback only): every caller is admin",
     `  Metrics       ${url}/metrics`,
     ...(config.otelEndpoint
-      ? [`  Traces        exported to ${config.otelEndpoint}/v1/traces`]
+      ? [`  Traces        exported to ${shownUrl(config.otelEndpoint)}/v1/traces`]
       : []),
     "",
     "  Try:",
     `    curl${bearer} \\`,
     `      -H 'content-type: application/json' -d '{"workload":"hello"}' \\`,
     `      ${url}/meshwork.v1.TaskService/CreateTask`,
-    ...(config.auth === "on"
-      ? [
-          `    export MESHWORK_TOKEN=$(npx meshwork token create --url ${url}${dataDirFlag} --role worker --name my-worker)`,
-        ]
-      : []),
+    // A worker token of its own (a new name each time: names are unique),
+    // made with the admin token even if the shell holds another one.
+    config.auth === "on"
+      ? `    export MESHWORK_TOKEN=$(MESHWORK_TOKEN= npx meshwork token create --url ${url}${dataDirFlag} --role worker --name worker-$(date +%s))`
+      : "    export MESHWORK_TOKEN=unused   # --auth off: any value will do",
     `    npx meshwork work --url ${url} --workload hello -- echo done`,
     "",
     "  Stop with Ctrl-C.",

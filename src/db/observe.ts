@@ -18,6 +18,11 @@ export interface StatementEvents extends StatementObserver {
 
 const nothing = () => {};
 
+/** A business refusal thrown through a transaction (core's DomainError; db/ cannot import it). */
+function isRefusal(error: unknown): boolean {
+  return error instanceof Error && error.name === "DomainError";
+}
+
 export function createStatementEvents(): StatementEvents {
   const observers = new Set<StatementObserver>();
   return {
@@ -29,7 +34,11 @@ export function createStatementEvents(): StatementEvents {
       if (observers.size === 0) return nothing;
       const ends = [...observers].map((o) => o.started(statement));
       return (error) => {
-        for (const end of ends) end(error);
+        // A transaction that a store ended by throwing a refusal (a
+        // DomainError: an idempotency conflict, a fenced lease) succeeded as
+        // far as the database is concerned: not a statement error.
+        const failed = isRefusal(error) ? undefined : error;
+        for (const end of ends) end(failed);
       };
     },
   };
@@ -41,7 +50,9 @@ export function createStatementEvents(): StatementEvents {
  * workers`). SQL text holds placeholders only, but it can be long.
  */
 export function statementName(query: string): string {
-  const q = query.replace(/\s+/g, " ").toLowerCase();
+  // The verb and the table come first: a multi-row insert's megabyte of
+  // placeholders need not be read.
+  const q = query.slice(0, 2048).replace(/\s+/g, " ").toLowerCase();
   const name = (s: string | undefined) => (s ?? "?").replaceAll('"', "");
   const write = /\b(insert into|update|delete from) ("?[a-z_][a-z0-9_]*"?)/.exec(q);
   if (write) return `${write[1]} ${name(write[2])}`;
@@ -59,13 +70,14 @@ const names = new Map<string, string>();
  * The short name of a statement (statementName), remembered per SQL
  * text: the texts are the code's own, few and reused, and naming one costs
  * a few regular expressions. Past 1000 texts (IN lists of every length),
- * names are computed and not kept.
+ * names are computed and not kept; nor is a text over 4 KiB (a multi-row
+ * insert has one per row count, each up to a megabyte).
  */
 export function namedStatement(query: string): string {
   let name = names.get(query);
   if (name === undefined) {
     name = statementName(query);
-    if (names.size < 1000) names.set(query, name);
+    if (names.size < 1000 && query.length <= 4096) names.set(query, name);
   }
   return name;
 }

@@ -1,4 +1,11 @@
-import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
+import {
+  Counter,
+  collectDefaultMetrics,
+  Gauge,
+  Histogram,
+  type LabelValues,
+  Registry,
+} from "prom-client";
 import type { StatementEvents } from "../db/observe.js";
 
 /** Non-terminal tasks of one workload and state, as the task gauges read them. */
@@ -150,7 +157,7 @@ export function createMetrics(deps: MetricsDeps) {
   const liveTasks = (): Promise<LiveTaskCount[]> => {
     const now = Date.now();
     if (!taskCounts || now - taskCounts.at > taskCountsTtlMs) {
-      const read = deps.liveTasks();
+      const read = deps.liveTasks().then(capWorkloads);
       // A failed read is not kept: the next scrape asks again.
       read.catch(() => {
         if (taskCounts?.read === read) taskCounts = undefined;
@@ -201,6 +208,22 @@ export function createMetrics(deps: MetricsDeps) {
     },
   });
 
+  // Workload names are the clients' to choose: each new one would add
+  // series for the life of the process. The first `maxWorkloads` names
+  // seen keep theirs; later ones are counted together as "_other".
+  const workloads = new Set<string>();
+  const workloadLabel = (name: string): string => {
+    if (workloads.has(name)) return name;
+    if (workloads.size >= maxWorkloads) return otherWorkloads;
+    workloads.add(name);
+    return name;
+  };
+  const byWorkload = <T extends string>(counter: Counter<T>) => ({
+    inc(labels: LabelValues<T> & { workload: string }, value = 1) {
+      counter.inc({ ...labels, workload: workloadLabel(labels.workload) }, value);
+    },
+  });
+
   deps.statements.observe({
     started(statement) {
       const end = statementDuration.startTimer({ statement });
@@ -232,10 +255,10 @@ export function createMetrics(deps: MetricsDeps) {
     rpcDuration,
     httpRequests,
     httpDuration,
-    tasksCreated,
-    claims,
-    completions,
-    failures,
+    tasksCreated: byWorkload(tasksCreated),
+    claims: byWorkload(claims),
+    completions: byWorkload(completions),
+    failures: byWorkload(failures),
     leaseExpiries,
     sweeperRuns,
     sweeperDuration,
@@ -245,3 +268,40 @@ export function createMetrics(deps: MetricsDeps) {
 }
 
 export type Metrics = ReturnType<typeof createMetrics>;
+
+/**
+ * The task gauges' rows with at most `maxWorkloads` workloads: the ones
+ * with the most live tasks keep their names, the rest are summed per state
+ * as `otherWorkloads` (the oldest pending age is the oldest among them).
+ */
+export function capWorkloads(rows: LiveTaskCount[]): LiveTaskCount[] {
+  const totals = new Map<string, number>();
+  for (const r of rows) totals.set(r.workload, (totals.get(r.workload) ?? 0) + r.count);
+  if (totals.size <= maxWorkloads) return rows;
+  const kept = new Set(
+    [...totals]
+      .sort((a, b) => b[1] - a[1])
+      .slice(0, maxWorkloads - 1)
+      .map(([w]) => w),
+  );
+  const out = rows.filter((r) => kept.has(r.workload));
+  const other = new Map<string, LiveTaskCount>();
+  for (const r of rows) {
+    if (kept.has(r.workload)) continue;
+    const o = other.get(r.state) ?? {
+      ...r,
+      workload: otherWorkloads,
+      count: 0,
+      oldestSeconds: null,
+    };
+    o.count += r.count;
+    if (r.oldestSeconds !== null)
+      o.oldestSeconds = Math.max(o.oldestSeconds ?? r.oldestSeconds, r.oldestSeconds);
+    other.set(r.state, o);
+  }
+  return [...out, ...other.values()];
+}
+
+/** Distinct workload names the work counters label by; the rest are `otherWorkloads`. */
+export const maxWorkloads = 500;
+export const otherWorkloads = "_other";

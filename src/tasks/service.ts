@@ -180,8 +180,6 @@ export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typ
       const task = fromCreateRequest(req, originOf(ctx.values));
       const [row] = await createWithInputs(app, [{ req, task, field: "" }]);
       if (!row) throw new Error("create returned no task");
-      // Wake this replica's long polls now; the insert's NOTIFY wakes the others.
-      app.wakeups.notify();
       return { task: toTask(row) };
     },
 

@@ -14,7 +14,11 @@ import { freePort, spawnServe } from "../support/serve.js";
  */
 
 /** until(), and on a timeout the output so far, to see why. */
-async function waitFor(check: () => boolean, ms: number, output: () => string): Promise<void> {
+async function waitFor(
+  check: () => boolean | Promise<boolean>,
+  ms: number,
+  output: () => string,
+): Promise<void> {
   await until(check, ms).catch((error: unknown) => {
     throw new Error(`${String(error)}; output:\n${output()}`);
   });
@@ -84,33 +88,79 @@ describe("start-up output", () => {
     expect(output).not.toContain(token);
   });
 
-  it("the curl command the summary suggests works as printed", async () => {
+  it("the commands the summary suggests work as printed: its curl creates a task, its worker runs it", async () => {
     const port = await freePort();
     const dataDir = join(mkdtempSync(join(tmpdir(), "meshwork-startup-out-")), "data");
+    const url = `http://127.0.0.1:${port}`;
     const server = spawnServe(
       ["--listen", `127.0.0.1:${port}`, "--data-dir", dataDir, "--log-format", "pretty"],
       serveEnv(),
     );
+    let shell: ReturnType<typeof spawn> | undefined;
     try {
       await waitFor(() => server.output().includes("Stop with Ctrl-C"), 60_000, server.output);
       const lines = server.output().split("\n");
-      const first = lines.findIndex((l) => l.trim().startsWith("curl "));
-      expect(first).toBeGreaterThan(0);
-      const command = lines
-        .slice(first, first + 3)
+      const from = lines.findIndex((l) => l.trim() === "Try:");
+      const to = lines.findIndex((l, i) => i > from && l.trim() === "");
+      const script = lines
+        .slice(from + 1, to)
         .map((l) => l.trim())
         .join("\n");
-      const answer = await new Promise<string>((resolve, reject) => {
-        execFile("bash", ["-c", `${command} -s --fail-with-body`], (error, stdout) =>
-          error ? reject(new Error(`${command}\n→ ${stdout}`)) : resolve(stdout),
-        );
+      expect(script).toContain("npx meshwork work");
+      // Run as a user would paste it, in a shell that already holds another
+      // token: the token the summary makes must not depend on it.
+      shell = spawn("bash", ["-c", script], {
+        env: { ...serveEnv(), MESHWORK_TOKEN: "mw_not_a_token" },
+        stdio: ["ignore", "pipe", "pipe"],
+        detached: true,
       });
-      const { task } = JSON.parse(answer) as { task: { workload: string; state: string } };
-      expect(task).toMatchObject({ workload: "hello", state: "TASK_STATE_PENDING" });
+      let out = "";
+      shell.stdout?.on("data", (d: Buffer) => {
+        out += d.toString();
+      });
+      shell.stderr?.on("data", (d: Buffer) => {
+        out += d.toString();
+      });
+      await waitFor(
+        () => out.includes('"task"'),
+        60_000,
+        () => out,
+      );
+      const taskId = (
+        JSON.parse(out.slice(out.indexOf("{"), out.indexOf("}}") + 2)) as {
+          task: { taskId: string };
+        }
+      ).task.taskId;
+      const admin = readFileSync(join(dataDir, "admin.token"), "utf8").trim();
+      const state = async () => {
+        const r = await fetch(`${url}/meshwork.v1.TaskService/GetTask`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${admin}`, "content-type": "application/json" },
+          body: JSON.stringify({ taskId }),
+        });
+        return ((await r.json()) as { task?: { state?: string } }).task?.state;
+      };
+      let last: string | undefined;
+      await waitFor(
+        async () => {
+          last = await state();
+          return last === "TASK_STATE_SUCCEEDED";
+        },
+        90_000,
+        () => `task ${taskId} is ${last}; the commands printed:\n${out}`,
+      );
     } finally {
+      if (shell?.pid) process.kill(-shell.pid, "SIGTERM");
       server.child.kill("SIGTERM");
       await server.exited;
     }
+  });
+
+  it("with --auth off, the suggested worker needs no token of its own", async () => {
+    const { output } = await startAndStop(["--log-format", "pretty", "--auth", "off"]);
+    expect(output).toContain("export MESHWORK_TOKEN=unused");
+    expect(output).not.toContain("token create");
+    expect(output).toContain("Auth          off");
   });
 
   it("by default, when stdout is not a terminal, every line is JSON, the steps included", async () => {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { ConfigError, loadConfig } from "../../src/config.js";
+import { ConfigError, loadConfig, shownUrl } from "../../src/config.js";
 
 describe("--retention", () => {
   const day = 86_400_000;
@@ -54,6 +54,11 @@ describe("observability flags", () => {
     expect(
       loadConfig([], { OTEL_EXPORTER_OTLP_ENDPOINT: "https://otel.example:4318" }).otelEndpoint,
     ).toBe("https://otel.example:4318");
+    // A full traces URL is taken as its base (the exporter adds /v1/traces).
+    expect(loadConfig(["--otel-endpoint", "http://c:4318/v1/traces"], {}).otelEndpoint).toBe(
+      "http://c:4318",
+    );
+    expect(shownUrl("https://user:secret@c:4318")).toBe("https://c:4318");
     for (const bad of ["127.0.0.1:4318", "grpc://x:4317", "not a url"]) {
       expect(() => loadConfig(["--otel-endpoint", bad], {})).toThrow(
         "--otel-endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) must be an http(s) URL",

@@ -1,6 +1,12 @@
 import { describe, expect, it } from "vitest";
 import { createStatementEvents } from "../../src/db/observe.js";
-import { createMetrics, type LiveTaskCount } from "../../src/metrics/metrics.js";
+import {
+  capWorkloads,
+  createMetrics,
+  type LiveTaskCount,
+  maxWorkloads,
+  otherWorkloads,
+} from "../../src/metrics/metrics.js";
 
 function metricsWith(liveTasks: () => Promise<LiveTaskCount[]>) {
   const statements = createStatementEvents();
@@ -56,5 +62,34 @@ describe("metrics", () => {
       'meshwork_db_statement_duration_seconds_count{statement="update tasks"} 2',
     );
     expect(text).toContain('meshwork_db_statement_errors_total{statement="update tasks"} 1');
+  });
+});
+
+describe("workload labels are bounded", () => {
+  it("the work counters keep the first 500 workload names and count the rest as _other", async () => {
+    const { metrics } = metricsWith(async () => []);
+    for (let i = 0; i < maxWorkloads + 250; i++) metrics.tasksCreated.inc({ workload: `w${i}` });
+    metrics.tasksCreated.inc({ workload: "w0" }, 2);
+    const text = await metrics.scrape();
+    const series = text.split("\n").filter((l) => l.startsWith("meshwork_tasks_created_total{"));
+    expect(series).toHaveLength(maxWorkloads + 1);
+    expect(text).toContain('meshwork_tasks_created_total{workload="w0"} 3');
+    expect(text).toContain(`meshwork_tasks_created_total{workload="${otherWorkloads}"} 250`);
+  });
+
+  it("the task gauges keep the busiest workloads and sum the rest per state", () => {
+    const rows: LiveTaskCount[] = Array.from({ length: maxWorkloads + 10 }, (_, i) => ({
+      workload: `w${i}`,
+      state: "PENDING",
+      count: i + 1,
+      oldestSeconds: i,
+    }));
+    const capped = capWorkloads(rows);
+    expect(new Set(capped.map((r) => r.workload)).size).toBe(maxWorkloads);
+    const other = capped.find((r) => r.workload === otherWorkloads);
+    // The 11 quietest (counts 1..11, ages 0..10) summed; the busiest kept by name.
+    expect(other).toMatchObject({ state: "PENDING", count: 66, oldestSeconds: 10 });
+    expect(capped.some((r) => r.workload === `w${maxWorkloads + 9}`)).toBe(true);
+    expect(capped.reduce((n, r) => n + r.count, 0)).toBe(rows.reduce((n, r) => n + r.count, 0));
   });
 });
