@@ -41,7 +41,7 @@ function signIn(message = ""): void {
     h(
       "p",
       { class: "muted" },
-      "Any token works: ",
+      "An admin or client token: ",
       h("code", null, ".meshwork/admin.token"),
       " from the first start, or one from ",
       h("code", null, "npx meshwork token create --role client"),

@@ -208,10 +208,10 @@ export function fleetPage(page: Page): void {
             h(
               "code",
               null,
-              `npx meshwork work --url ${location.origin} --token <worker token> --workload <name> -- <command>`,
+              `MESHWORK_TOKEN=<worker token> npx meshwork work --url ${location.origin} --workload <name> -- <command>`,
             ),
-            " (a worker token: ",
-            h("code", null, "npx meshwork token create --role worker"),
+            " (a worker token, kept out of the process list: ",
+            h("code", null, "npx meshwork token create --role worker --name <name>"),
             ").",
           ),
     );
