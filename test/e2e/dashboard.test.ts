@@ -124,8 +124,11 @@ describe("the dashboard's files", () => {
   });
 });
 
-describe.skipIf(!existsSync(chromiumPath))(
-  `the dashboard in chromium (skipped: no ${chromiumPath}; apt-get install chromium)`,
+const hasChromium = existsSync(chromiumPath);
+describe.skipIf(!hasChromium)(
+  hasChromium
+    ? "the dashboard in chromium"
+    : `the dashboard in chromium (skipped: no ${chromiumPath}; apt-get install chromium)`,
   () => {
     let browser: Browser;
     let page: Page;
@@ -305,7 +308,13 @@ describe.skipIf(!existsSync(chromiumPath))(
       });
       await page.goto(`${url}/#/tasks/${doomed?.taskId}`);
       await state.getByText("FAILED").waitFor(seen);
-      await page.getByText("lobby.blend not found").waitFor(seen);
+      // The error, in the task's fields and as the last event of its history.
+      await page.locator(".error-text").getByText("lobby.blend not found").waitFor(seen);
+      await page
+        .locator("#history li")
+        .last()
+        .getByText("SCENE_MISSING: lobby.blend not found")
+        .waitFor(seen);
 
       // More tasks, for a list worth looking at.
       for (let i = 3; i <= 8; i++) {
