@@ -344,6 +344,19 @@ describe.skipIf(!hasChromium)(
       await page.locator("#tasks").getByText("frame-0002").waitFor(seen);
       await expect.poll(() => page.locator("#tasks tbody tr").count(), seen).toBe(1);
 
+      // Paging: 55 tasks of one workload are two pages of 50 and 5, there and back.
+      await rpc.tasks.createTasks({
+        tasks: Array.from({ length: 55 }, (_, i) => ({ workload: "paging", name: `p-${i}` })),
+      });
+      await page.goto(`${url}/#/tasks?workload=paging`);
+      await page.getByText("page 1 · 50 tasks").waitFor(seen);
+      await page.getByRole("button", { name: "Older →" }).click();
+      await page.getByText("page 2 · 5 tasks").waitFor(seen);
+      expect(await page.getByRole("button", { name: "Older →" }).isDisabled()).toBe(true);
+      await page.getByRole("button", { name: "← Newer" }).click();
+      await page.getByText("page 1 · 50 tasks").waitFor(seen);
+      expect(await page.getByRole("button", { name: "← Newer" }).isDisabled()).toBe(true);
+
       // Drain a worker from the fleet page.
       await page.getByRole("navigation").getByRole("link", { name: "Fleet" }).click();
       await page

@@ -101,3 +101,45 @@ export async function act(button: HTMLButtonElement, page: Page, fn: () => Promi
     button.disabled = false;
   }
 }
+
+/**
+ * Keyset paging for a list page: the token of the page shown, the tokens of
+ * the pages before it (Previous pops one), the two buttons and a
+ * "page N · …" line. `reload` reads the page `token` names.
+ */
+export function createPager(
+  page: Page,
+  labels: { previous: string; next: string },
+  reload: () => Promise<void>,
+) {
+  const before: string[] = [];
+  let current = "";
+  let next = "";
+  const prev = h("button", { class: "btn", type: "button" }, labels.previous);
+  const nextBtn = h("button", { class: "btn", type: "button" }, labels.next);
+  const info = h("span", { class: "muted" });
+  prev.addEventListener("click", () => {
+    current = before.pop() ?? "";
+    void reload().catch((e) => page.error(e));
+  });
+  nextBtn.addEventListener("click", () => {
+    if (!next) return;
+    before.push(current);
+    current = next;
+    void reload().catch((e) => page.error(e));
+  });
+  return {
+    el: h("div", { class: "pager" }, prev, info, nextBtn),
+    /** The page token of the page to read. */
+    get token(): string {
+      return current;
+    },
+    /** After a page was read: its next_page_token, and what it held ("3 tasks"). */
+    shown(nextToken: string, what: string): void {
+      next = nextToken;
+      prev.disabled = before.length === 0;
+      nextBtn.disabled = !next;
+      info.textContent = `page ${before.length + 1} · ${what}`;
+    },
+  };
+}

@@ -1,7 +1,7 @@
 import { knowledge } from "../api.js";
 import { fill, h } from "../dom.js";
 import { when } from "../format.js";
-import { empty, type Page, refreshMs } from "../page.js";
+import { createPager, empty, type Page, refreshMs } from "../page.js";
 
 const pageSize = 100;
 
@@ -28,30 +28,16 @@ export function knowledgePage(page: Page): void {
     const v = input.value.trim();
     location.hash = v ? `#/knowledge?kind=${encodeURIComponent(v)}` : "#/knowledge";
   });
-  const tokens: string[] = [];
-  let current = "";
-  let next = "";
   const body = h("div", { class: "panel" });
-  const prev = h("button", { class: "btn", type: "button" }, "← Previous");
-  const nextBtn = h("button", { class: "btn", type: "button" }, "Next →");
-  const info = h("span", { class: "muted" });
-  fill(
-    page.el,
-    h("h1", null, "Knowledge"),
-    form,
-    body,
-    h("div", { class: "pager" }, prev, info, nextBtn),
-  );
+  const pager = createPager(page, { previous: "← Previous", next: "Next →" }, () => load());
+  fill(page.el, h("h1", null, "Knowledge"), form, body, pager.el);
 
   const load = async () => {
     const r = await knowledge.listEntries(
-      { kind, pageSize, pageToken: current },
+      { kind, pageSize, pageToken: pager.token },
       { signal: page.signal },
     );
-    next = r.nextPageToken;
-    prev.disabled = tokens.length === 0;
-    nextBtn.disabled = !next;
-    info.textContent = `page ${tokens.length + 1} · ${r.entries.length} entr${r.entries.length === 1 ? "y" : "ies"}`;
+    pager.shown(r.nextPageToken, `${r.entries.length} entr${r.entries.length === 1 ? "y" : "ies"}`);
     fill(
       body,
       r.entries.length
@@ -114,15 +100,5 @@ export function knowledgePage(page: Page): void {
             ),
     );
   };
-  prev.addEventListener("click", () => {
-    current = tokens.pop() ?? "";
-    void load().catch((e) => page.error(e));
-  });
-  nextBtn.addEventListener("click", () => {
-    if (!next) return;
-    tokens.push(current);
-    current = next;
-    void load().catch((e) => page.error(e));
-  });
   page.every(refreshMs, load);
 }

@@ -2,7 +2,7 @@ import { type Task, TaskState } from "../../../gen/meshwork/v1/task_pb.js";
 import { tasks } from "../api.js";
 import { fill, h } from "../dom.js";
 import { shortId, statePill, taskStateName, taskStates, terminal, when } from "../format.js";
-import { empty, type Page, refreshMs } from "../page.js";
+import { createPager, empty, type Page, refreshMs } from "../page.js";
 
 const pageSize = 50;
 
@@ -27,11 +27,6 @@ export function tasksPage(page: Page): void {
     correlationId: p.get("correlation") ?? "",
     workerId: p.get("worker") ?? "",
   };
-  // The page tokens of the pages before this one (Previous pops).
-  const tokens: string[] = [];
-  let current = "";
-  let next = "";
-
   const state = h(
     "select",
     { name: "state", "aria-label": "State" },
@@ -78,26 +73,15 @@ export function tasksPage(page: Page): void {
   state.addEventListener("change", apply);
 
   const body = h("div", { class: "panel" });
-  const prev = h("button", { class: "btn", type: "button" }, "← Newer");
-  const nextBtn = h("button", { class: "btn", type: "button" }, "Older →");
-  const pageInfo = h("span", { class: "muted" });
-  fill(
-    page.el,
-    h("h1", null, "Tasks"),
-    form,
-    body,
-    h("div", { class: "pager" }, prev, pageInfo, nextBtn),
-  );
+  const pager = createPager(page, { previous: "← Newer", next: "Older →" }, () => load());
+  fill(page.el, h("h1", null, "Tasks"), form, body, pager.el);
 
   const load = async () => {
     const r = await tasks.listTasks(
-      { ...filter, pageSize, pageToken: current },
+      { ...filter, pageSize, pageToken: pager.token },
       { signal: page.signal },
     );
-    next = r.nextPageToken;
-    prev.disabled = tokens.length === 0;
-    nextBtn.disabled = !next;
-    pageInfo.textContent = `page ${tokens.length + 1} · ${r.tasks.length} task${r.tasks.length === 1 ? "" : "s"}`;
+    pager.shown(r.nextPageToken, `${r.tasks.length} task${r.tasks.length === 1 ? "" : "s"}`);
     const filtered = filter.state || filter.workload || filter.correlationId || filter.workerId;
     fill(
       body,
@@ -168,15 +152,5 @@ export function tasksPage(page: Page): void {
             ),
     );
   };
-  prev.addEventListener("click", () => {
-    current = tokens.pop() ?? "";
-    void load().catch((e) => page.error(e));
-  });
-  nextBtn.addEventListener("click", () => {
-    if (!next) return;
-    tokens.push(current);
-    current = next;
-    void load().catch((e) => page.error(e));
-  });
   page.every(refreshMs, load);
 }
