@@ -32,11 +32,15 @@ function serveEnv(databaseUrl?: string): NodeJS.ProcessEnv {
   return env;
 }
 
-/** Starts `meshwork serve` on a fresh data dir, waits for the summary (or the listening line), stops it. */
-async function startAndStop(
+/**
+ * Starts `meshwork serve` on a fresh data dir, waits for the summary (or the
+ * listening line), runs `body` while it serves, then stops it.
+ */
+async function whileServing<T>(
   args: string[],
-  databaseUrl?: string,
-): Promise<{ output: string; dataDir: string; url: string }> {
+  databaseUrl: string | undefined,
+  body: (s: { output: string; dataDir: string; url: string }) => Promise<T>,
+): Promise<T> {
   const port = await freePort();
   const dataDir = join(mkdtempSync(join(tmpdir(), "meshwork-startup-out-")), "data");
   const url = `http://127.0.0.1:${port}`;
@@ -50,11 +54,16 @@ async function startAndStop(
       60_000,
       server.output,
     );
-    return { output: server.output(), dataDir, url };
+    return await body({ output: server.output(), dataDir, url });
   } finally {
     server.child.kill("SIGTERM");
     await server.exited;
   }
+}
+
+/** whileServing with nothing to do but read what it printed. */
+function startAndStop(args: string[], databaseUrl?: string) {
+  return whileServing(args, databaseUrl, async (s) => s);
 }
 
 describe("start-up output", () => {
@@ -89,71 +98,63 @@ describe("start-up output", () => {
   });
 
   it("the commands the summary suggests work as printed: its curl creates a task, its worker runs it", async () => {
-    const port = await freePort();
-    const dataDir = join(mkdtempSync(join(tmpdir(), "meshwork-startup-out-")), "data");
-    const url = `http://127.0.0.1:${port}`;
-    const server = spawnServe(
-      ["--listen", `127.0.0.1:${port}`, "--data-dir", dataDir, "--log-format", "pretty"],
-      serveEnv(),
-    );
-    let shell: ReturnType<typeof spawn> | undefined;
-    try {
-      await waitFor(() => server.output().includes("Stop with Ctrl-C"), 60_000, server.output);
-      const lines = server.output().split("\n");
-      const from = lines.findIndex((l) => l.trim() === "Try:");
-      const to = lines.findIndex((l, i) => i > from && l.trim() === "");
-      const script = lines
-        .slice(from + 1, to)
-        .map((l) => l.trim())
-        .join("\n");
-      expect(script).toContain("npx meshwork work");
-      // Run as a user would paste it, in a shell that already holds another
-      // token: the token the summary makes must not depend on it.
-      shell = spawn("bash", ["-c", script], {
-        env: { ...serveEnv(), MESHWORK_TOKEN: "mw_not_a_token" },
-        stdio: ["ignore", "pipe", "pipe"],
-        detached: true,
-      });
-      let out = "";
-      shell.stdout?.on("data", (d: Buffer) => {
-        out += d.toString();
-      });
-      shell.stderr?.on("data", (d: Buffer) => {
-        out += d.toString();
-      });
-      await waitFor(
-        () => out.includes('"task"'),
-        60_000,
-        () => out,
-      );
-      const taskId = (
-        JSON.parse(out.slice(out.indexOf("{"), out.indexOf("}}") + 2)) as {
-          task: { taskId: string };
-        }
-      ).task.taskId;
-      const admin = readFileSync(join(dataDir, "admin.token"), "utf8").trim();
-      const state = async () => {
-        const r = await fetch(`${url}/meshwork.v1.TaskService/GetTask`, {
-          method: "POST",
-          headers: { authorization: `Bearer ${admin}`, "content-type": "application/json" },
-          body: JSON.stringify({ taskId }),
+    await whileServing(["--log-format", "pretty"], undefined, async ({ output, dataDir, url }) => {
+      let shell: ReturnType<typeof spawn> | undefined;
+      try {
+        const lines = output.split("\n");
+        const from = lines.findIndex((l) => l.trim() === "Try:");
+        const to = lines.findIndex((l, i) => i > from && l.trim() === "");
+        const script = lines
+          .slice(from + 1, to)
+          .map((l) => l.trim())
+          .join("\n");
+        expect(script).toContain("npx meshwork work");
+        // Run as a user would paste it, in a shell that already holds another
+        // token: the token the summary makes must not depend on it.
+        shell = spawn("bash", ["-c", script], {
+          env: { ...serveEnv(), MESHWORK_TOKEN: "mw_not_a_token" },
+          stdio: ["ignore", "pipe", "pipe"],
+          detached: true,
         });
-        return ((await r.json()) as { task?: { state?: string } }).task?.state;
-      };
-      let last: string | undefined;
-      await waitFor(
-        async () => {
-          last = await state();
-          return last === "TASK_STATE_SUCCEEDED";
-        },
-        90_000,
-        () => `task ${taskId} is ${last}; the commands printed:\n${out}`,
-      );
-    } finally {
-      if (shell?.pid) process.kill(-shell.pid, "SIGTERM");
-      server.child.kill("SIGTERM");
-      await server.exited;
-    }
+        let out = "";
+        shell.stdout?.on("data", (d: Buffer) => {
+          out += d.toString();
+        });
+        shell.stderr?.on("data", (d: Buffer) => {
+          out += d.toString();
+        });
+        await waitFor(
+          () => out.includes('"task"'),
+          60_000,
+          () => out,
+        );
+        const taskId = (
+          JSON.parse(out.slice(out.indexOf("{"), out.indexOf("}}") + 2)) as {
+            task: { taskId: string };
+          }
+        ).task.taskId;
+        const admin = readFileSync(join(dataDir, "admin.token"), "utf8").trim();
+        const state = async () => {
+          const r = await fetch(`${url}/meshwork.v1.TaskService/GetTask`, {
+            method: "POST",
+            headers: { authorization: `Bearer ${admin}`, "content-type": "application/json" },
+            body: JSON.stringify({ taskId }),
+          });
+          return ((await r.json()) as { task?: { state?: string } }).task?.state;
+        };
+        let last: string | undefined;
+        await waitFor(
+          async () => {
+            last = await state();
+            return last === "TASK_STATE_SUCCEEDED";
+          },
+          90_000,
+          () => `task ${taskId} is ${last}; the commands printed:\n${out}`,
+        );
+      } finally {
+        if (shell?.pid) process.kill(-shell.pid, "SIGTERM");
+      }
+    });
   });
 
   it("with --auth off, the suggested worker needs no token of its own", async () => {
