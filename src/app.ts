@@ -54,6 +54,8 @@ export function createApp(
   const guard = createGuard({
     enabled: config.auth === "on",
     tokens: stores.tokens,
+    // Read for the tokens that hold open streams, every half second, off the request pool.
+    revokedAmong: (ids) => housekeeping.tokens.revokedAmong(ids),
     ownerOf: (workerId) =>
       workerCache.get(workerId).then(
         (w) => w.ownerTokenId,
@@ -65,7 +67,11 @@ export function createApp(
     rateLimit: config.rateLimit,
     rateBurst: config.rateBurst,
     rateLimitAdmin: config.rateLimitAdmin,
+    authFailureRate: config.authFailureRate,
+    authFailureBurst: config.authFailureBurst,
+    maxPendingAuthBytes: config.maxPendingAuthBytes,
     log,
+    onFailure: (why) => metrics.authFailures.inc({ why }),
   });
   // Concurrent CompleteTask calls share one statement (group commit).
   // A completion is safe to run again: an identical repeat is accepted.
@@ -138,6 +144,7 @@ export function createApp(
     /** Ends long polls and streams, stops the sweeper, writes pending heartbeats. */
     async stop(): Promise<void> {
       shutdown.abort();
+      guard.stop();
       clearInterval(blobSweep);
       await sweeper.stop();
       await retention.stop();

@@ -61,6 +61,16 @@ export interface Config {
   maxConcurrentStreams: number;
   /** Largest request header block, in bytes (HTTP/1.1 and HTTP/2). */
   maxHeaderBytes: number;
+  /** Open connections per source address (an IPv6 /64); 0 = no limit. */
+  maxConnectionsPerSource: number;
+  /** A request body that makes no progress for this long is ended (408 / RST_STREAM), in ms. */
+  bodyTimeoutMs: number;
+  /** Failed authentications per second per source address (token bucket); 0 = no limit. */
+  authFailureRate: number;
+  /** Burst of the failed-authentication bucket. */
+  authFailureBurst: number;
+  /** Bytes that requests waiting for their token to be looked up may buffer, server-wide; 0 = no cap. */
+  maxPendingAuthBytes: number;
 }
 
 /**
@@ -124,6 +134,11 @@ const flags = {
   "idle-timeout": { type: "string", env: "MESHWORK_IDLE_TIMEOUT" },
   "max-concurrent-streams": { type: "string", env: "MESHWORK_MAX_CONCURRENT_STREAMS" },
   "max-header-bytes": { type: "string", env: "MESHWORK_MAX_HEADER_BYTES" },
+  "max-connections-per-source": { type: "string", env: "MESHWORK_MAX_CONNECTIONS_PER_SOURCE" },
+  "body-timeout": { type: "string", env: "MESHWORK_BODY_TIMEOUT" },
+  "auth-failure-rate": { type: "string", env: "MESHWORK_AUTH_FAILURE_RATE" },
+  "auth-failure-burst": { type: "string", env: "MESHWORK_AUTH_FAILURE_BURST" },
+  "max-pending-auth-bytes": { type: "string", env: "MESHWORK_MAX_PENDING_AUTH_BYTES" },
 } as const;
 
 /** The `meshwork serve` flags, for `--help`. */
@@ -160,8 +175,15 @@ Limits (each refusal is a clear error and changes nothing):
   --headers-timeout S       MESHWORK_HEADERS_TIMEOUT     HTTP/1.1 request headers, seconds; default 10
   --request-timeout S       MESHWORK_REQUEST_TIMEOUT     HTTP/1.1 whole request, seconds; default 600
   --idle-timeout S          MESHWORK_IDLE_TIMEOUT        idle connection or HTTP/2 session, seconds; default 300
-  --max-concurrent-streams N MESHWORK_MAX_CONCURRENT_STREAMS  HTTP/2 streams per session; default 1000
+  --max-concurrent-streams N MESHWORK_MAX_CONCURRENT_STREAMS  HTTP/2 streams per session; default 100
   --max-header-bytes N      MESHWORK_MAX_HEADER_BYTES    request header block; default 16384
+  --max-connections-per-source N MESHWORK_MAX_CONNECTIONS_PER_SOURCE
+                            open connections per address (IPv6: per /64); default 256, 0 = no limit
+  --body-timeout S          MESHWORK_BODY_TIMEOUT        a body that stops for this long ends (408 / RST_STREAM); default 30
+  --auth-failure-rate N     MESHWORK_AUTH_FAILURE_RATE   failed authentications/s per address, then 429; default 10, 0 = off
+  --auth-failure-burst N    MESHWORK_AUTH_FAILURE_BURST  burst of the above; default 100
+  --max-pending-auth-bytes N MESHWORK_MAX_PENDING_AUTH_BYTES
+                            bytes requests awaiting a token lookup may buffer, in all; default 67108864
 `;
 
 /** Reads flags first, then the environment, then defaults. Throws ConfigError on a bad value. */
@@ -312,11 +334,34 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     maxConcurrentStreams: intFlag(
       "--max-concurrent-streams",
       get("max-concurrent-streams"),
-      1000,
+      100,
       1,
       1_000_000,
     ),
     maxHeaderBytes: intFlag("--max-header-bytes", get("max-header-bytes"), 16_384, 1024, 1 << 20),
+    maxConnectionsPerSource: intFlag(
+      "--max-connections-per-source",
+      get("max-connections-per-source"),
+      256,
+      0,
+      1_000_000,
+    ),
+    bodyTimeoutMs: 1000 * intFlag("--body-timeout", get("body-timeout"), 30, 1, 3600),
+    authFailureRate: intFlag("--auth-failure-rate", get("auth-failure-rate"), 10, 0, 1_000_000),
+    authFailureBurst: intFlag(
+      "--auth-failure-burst",
+      get("auth-failure-burst"),
+      100,
+      1,
+      10_000_000,
+    ),
+    maxPendingAuthBytes: intFlag(
+      "--max-pending-auth-bytes",
+      get("max-pending-auth-bytes"),
+      64 * 1024 * 1024,
+      0,
+      Number.MAX_SAFE_INTEGER,
+    ),
   };
 }
 

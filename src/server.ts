@@ -6,8 +6,7 @@ import type { AddressInfo, Socket } from "node:net";
 import { createSecureContext } from "node:tls";
 import { create, createFileRegistry, type DescFile, type FileRegistry } from "@bufbuild/protobuf";
 import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
-import type { ConnectRouter } from "@connectrpc/connect";
-import { connectNodeAdapter } from "@connectrpc/connect-node";
+import type { ConnectError, ConnectRouter } from "@connectrpc/connect";
 import { file_grpc_health_v1_health, Health } from "../gen/grpc/health/v1/health_pb.js";
 import { ArtifactService, file_meshwork_v1_artifact } from "../gen/meshwork/v1/artifact_pb.js";
 import { file_meshwork_v1_errors } from "../gen/meshwork/v1/errors_pb.js";
@@ -19,16 +18,24 @@ import { file_meshwork_v1_token, TokenService } from "../gen/meshwork/v1/token_p
 import type { App } from "./app.js";
 import { createArtifactService } from "./artifacts/service.js";
 import { createAuthInterceptor } from "./auth/interceptor.js";
+import { openServices } from "./auth/policy.js";
+import { kAsker, kPreauthenticated } from "./auth/principal.js";
 import { createTokenService } from "./auth/service.js";
 import { splitHostPort } from "./config.js";
+import { DomainError } from "./core/errors.js";
 import { StartupError } from "./data-dir-lock.js";
 import { createFleetService } from "./fleet/service.js";
+import { closeUnread } from "./http/body-guard.js";
 import { byteRoutes } from "./http/bytes.js";
+import { createConnectHandler } from "./http/connect-handler.js";
+import { createConnectionTrust } from "./http/connection-trust.js";
 import { dashboardRoutes } from "./http/dashboard.js";
 import { sendJson } from "./http/json.js";
-import { createListener } from "./http/listener.js";
+import { createListener, h2StreamWindow } from "./http/listener.js";
 import { metricsRoute, observeHttp } from "./http/metrics.js";
 import { createPlainRouter, header, type PlainRoute } from "./http/routes.js";
+import { askerOf } from "./http/source.js";
+import { createTarpit } from "./http/tarpit.js";
 import { createKnowledgeService } from "./knowledge/service.js";
 import { createLeaseService } from "./leases/service.js";
 import { createMetricsInterceptor } from "./metrics/interceptor.js";
@@ -86,6 +93,22 @@ function registryOf(files: DescFile[]): FileRegistry {
 
 /** What a client may see of an error: refusals keep their code, reason and task; bugs are `internal`. */
 const toClientError: ToClientError = createErrorMapper(toTask);
+
+/** The source a refusal of the guard's throttle is for (it waits in the tarpit), else undefined. */
+function throttledSource(refusal: DomainError, source: string | undefined): string | undefined {
+  return refusal.reason === "AUTH_THROTTLED" ? source : undefined;
+}
+
+/** The Connect form of the guard's shared refusals, made once each. */
+const earlyRefusals = new WeakMap<DomainError, ConnectError>();
+function earlyRefusal(refusal: DomainError): ConnectError {
+  let error = earlyRefusals.get(refusal);
+  if (!error) {
+    error = toClientError(refusal).error;
+    earlyRefusals.set(refusal, error);
+  }
+  return error;
+}
 
 /**
  * The interceptors every RPC goes through (also for in-memory test
@@ -215,7 +238,16 @@ export function clampDeadline(req: Request, maxMs: number): void {
  */
 export function createHandler(app: App) {
   const routes = createRoutes(app);
-  const connect = connectNodeAdapter({
+  // A source past its budget of failed authentications waits a second for
+  // each refusal (http/tarpit.ts); as many at once as it may hold connections.
+  // A connection that only ever fails to authenticate is closed (http/connection-trust.ts).
+  const trust = createConnectionTrust();
+  const tarpit = createTarpit({
+    delayMs: 1000,
+    perSource: Math.max(1, app.config.maxConnectionsPerSource || 256),
+    total: 4096,
+  });
+  const connect = createConnectHandler({
     routes,
     interceptors: rpcInterceptors(app),
     // Largest message, after decompression: connect-node reads at most this
@@ -233,22 +265,56 @@ export function createHandler(app: App) {
     // A misspelt field in Connect JSON is an error, not silently dropped.
     jsonOptions: { ignoreUnknownFields: false },
     shutdownSignal: app.shutdownSignal,
-    // Runs before the request is read. connect-es passes every error to the
-    // call's `abort` (not in its public type) right before it serializes it:
-    // there, an undecodable request becomes `invalid_argument`, not
-    // `internal`, and a message gRPC could not encode is mended
-    // (rpc/errors.ts, fixForWire).
-    requestGate: (context) => {
+    // A body that stops mid-way is ended (http/body-guard.ts).
+    bodyIdleMs: app.config.bodyTimeoutMs,
+    log: app.log,
+    // Runs before a byte of the body is read, in every protocol, and what
+    // it throws is answered in the call's own protocol (401 for Connect,
+    // grpc-status 16 for gRPC and gRPC-Web; 429 past the source's budget of
+    // failed authentications). Here the bearer token is checked from the
+    // headers alone: a request without a valid token costs no body buffer,
+    // no handler and no parse, and what it sent is dropped with it
+    // (closeUnread below). The caller rides on in kPreauthenticated: the
+    // auth interceptor checks only the method's rule and ownership then.
+    //
+    // connect-es passes every error to the call's `abort` (not in its public
+    // type) right before it serializes it: there, an undecodable request
+    // becomes `invalid_argument`, not `internal`, and a message gRPC could
+    // not encode is mended (rpc/errors.ts, fixForWire).
+    requestGate: async (context) => {
       const call = context as typeof context & { abort?: (reason?: unknown) => void };
       const abort = call.abort;
-      if (typeof abort !== "function") return;
-      call.abort = (reason?: unknown) => {
-        fixForWire(reason);
-        abort.call(context, reason);
-      };
+      if (typeof abort === "function") {
+        call.abort = (reason?: unknown) => {
+          fixForWire(reason);
+          abort.call(context, reason);
+        };
+      }
+      if (!app.guard.enabled || openServices.has(context.service.typeName)) return;
+      try {
+        const principal = await app.guard.authenticate(
+          context.requestHeader.get("authorization"),
+          context.values.get(kAsker),
+        );
+        app.guard.rateLimit(principal);
+        context.values.set(kPreauthenticated, principal);
+      } catch (error) {
+        throw toClientError(error).error;
+      }
     },
+    refuseEarly: (req, service) => {
+      if (!app.guard.enabled || openServices.has(service)) return undefined;
+      const asker = askerOf(req, h2StreamWindow, trust);
+      const decided = app.guard.precheck(header(req, "authorization"), asker);
+      if (!(decided instanceof DomainError)) return undefined;
+      return { error: earlyRefusal(decided), throttled: throttledSource(decided, asker.source) };
+    },
+    tarpit,
     contextValues: (req) =>
-      correlationValues(correlations.get(req) ?? { id: randomUUID(), sent: "" }),
+      correlationValues(correlations.get(req) ?? { id: randomUUID(), sent: "" }).set(
+        kAsker,
+        askerOf(req, h2StreamWindow, trust),
+      ),
   });
   // The REST routes call the services in process, through the same interceptors.
   const call = createInProcessCaller(routes, rpcInterceptors(app));
@@ -282,9 +348,21 @@ export function createHandler(app: App) {
     app.guard,
     toClientError,
     app.log,
-    observeHttp(app.metrics),
+    {
+      bodyIdleMs: app.config.bodyTimeoutMs,
+      h2Window: h2StreamWindow,
+      onRoute: observeHttp(app.metrics),
+      tarpit,
+      trust,
+    },
   );
   return (req: Request, res: Response) => {
+    // Once answered: a body nobody read is dropped, a condemned connection closed.
+    const socket = req.socket;
+    res.once("finish", () => {
+      if (trust.condemned(socket)) socket.destroy();
+      else closeUnread(req, socket);
+    });
     const sent = sentCorrelationId(req);
     const correlation = {
       id: sent || randomUUID(),

@@ -9,6 +9,20 @@ export interface Principal {
   role: TokenRoleName;
 }
 
+/** Who is asking, as the network tells it: a source address key (http/source.ts). */
+export interface Asker {
+  source?: string | undefined;
+  /** The most request-body bytes that can pile up while a lookup runs (0 when none can). */
+  mayBuffer?: number | undefined;
+  /**
+   * Told when the request's token is found valid, or when it is refused
+   * (throttled: its source is past its budget of failures), for
+   * http/connection-trust.ts.
+   */
+  onAuthenticated?: (() => void) | undefined;
+  onRefused?: ((throttled: boolean) => void) | undefined;
+}
+
 /** With `--auth off` (loopback only) every caller acts as admin. */
 export const anonymousAdmin: Principal = { tokenId: null, name: "anonymous", role: "admin" };
 
@@ -23,3 +37,12 @@ export const kPreauthenticated = createContextKey<Principal | undefined>(undefin
 
 /** The caller of an RPC: set by the auth interceptor before any handler runs. */
 export const kPrincipal = createContextKey<Principal>(anonymousAdmin, { description: "caller" });
+
+/**
+ * Where a network call comes from (its source address, the body bytes it
+ * may buffer unread), set by server.ts from the request, for the request
+ * gate's authentication (guard.authenticate). Absent in process.
+ */
+export const kAsker = createContextKey<Asker | undefined>(undefined, {
+  description: "the network side of a caller",
+});

@@ -1,5 +1,5 @@
 import { createHash, randomBytes, randomUUID } from "node:crypto";
-import { and, desc, eq, inArray, isNull, lt, or, sql } from "drizzle-orm";
+import { and, desc, eq, inArray, isNotNull, isNull, lt, or, sql } from "drizzle-orm";
 import { DomainError, invalid, notFound } from "../core/errors.js";
 import { byTimeAndId, keysetAfter, type Position, pageOf } from "../core/paging.js";
 import type { Db } from "../db/database.js";
@@ -12,6 +12,14 @@ export const tokenPrefix = "mw_";
 /** A new secret: 256 random bits, base64url, with the prefix. */
 export function newSecret(): string {
   return `${tokenPrefix}${randomBytes(32).toString("base64url")}`;
+}
+
+/**
+ * Whether `secret` has the shape of a token `newSecret` makes: the prefix
+ * and 43 base64url characters. Anything else is refused without a lookup.
+ */
+export function isTokenShaped(secret: string): boolean {
+  return /^mw_[A-Za-z0-9_-]{43}$/.test(secret);
 }
 
 /** What is stored of a secret: its SHA-256, hex. */
@@ -79,6 +87,16 @@ export function createTokenStore(db: Db) {
     async findByDigest(digest: string): Promise<TokenRow | undefined> {
       const [row] = await byDigest().execute({ digest });
       return row;
+    },
+
+    /** Which of these token ids are revoked (for the streams they hold open: revocation.ts). */
+    async revokedAmong(ids: string[]): Promise<string[]> {
+      if (ids.length === 0) return [];
+      const rows = await db
+        .select({ id: tokens.id })
+        .from(tokens)
+        .where(and(inArray(tokens.id, ids), isNotNull(tokens.revokedAt)));
+      return rows.map((r) => r.id);
     },
 
     /** One page, newest first. */

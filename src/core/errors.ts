@@ -9,7 +9,8 @@ export type ErrorKind =
   | "already_exists"
   | "aborted"
   | "failed_precondition"
-  | "resource_exhausted";
+  | "resource_exhausted"
+  | "unavailable";
 
 /**
  * The one error type of the domain: a refusal a client may see. Validators

@@ -121,7 +121,7 @@ export function byteRoutes(app: App): PlainRoute[] {
       roles: ["worker"],
       what: "upload a task's artifact",
       actsFor: (req) => [header(req, "x-worker-id")],
-      async handle({ req, res, match }) {
+      async handle({ req, res, match, body }) {
         const [, taskId = "", rawName = ""] = match;
         let filename: string;
         try {
@@ -151,7 +151,7 @@ export function byteRoutes(app: App): PlainRoute[] {
             sha256: header(req, "x-content-sha256").toLowerCase(),
             sizeBytes: size === "" ? undefined : Number(size),
           },
-          req as AsyncIterable<Uint8Array>,
+          body,
         );
         const ref = toArtifactRefJson(row, app.config.publicUrl);
         res.setHeader("location", ref.uri);

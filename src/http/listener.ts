@@ -1,6 +1,7 @@
 import * as http from "node:http";
 import * as http2 from "node:http2";
 import * as net from "node:net";
+import { sourceOf } from "./source.js";
 
 type Handler = (
   req: http.IncomingMessage | http2.Http2ServerRequest,
@@ -20,6 +21,8 @@ export interface ListenerLimits {
   maxConcurrentStreams: number;
   /** Request header block, HTTP/1.1 and HTTP/2. */
   maxHeaderBytes: number;
+  /** Open connections one source address (an IPv6 /64) may hold; 0 = no limit. */
+  maxConnectionsPerSource: number;
 }
 
 export interface ListenerOptions {
@@ -28,11 +31,17 @@ export interface ListenerOptions {
   limits: ListenerLimits;
 }
 
+/**
+ * The flow-control window of each HTTP/2 stream: what a client may send on
+ * one stream before the server has read any of it. Sized for artifact
+ * streams: with the 64 KiB default, a streamed upload stalls on
+ * WINDOW_UPDATE round trips.
+ */
+export const h2StreamWindow = 4 * 1024 * 1024;
+
 function h2Settings(limits: ListenerLimits): http2.Settings {
   return {
-    // Flow-control windows sized for artifact streams: with the 64 KiB
-    // defaults, a streamed upload stalls on WINDOW_UPDATE round trips.
-    initialWindowSize: 4 * 1024 * 1024,
+    initialWindowSize: h2StreamWindow,
     // Streams one connection may have open at once: each is a handler, a
     // body buffer and maybe a database call, so one client cannot start
     // unbounded work on one connection (a client that opens more than it was
@@ -129,9 +138,35 @@ function http1Limits(limits: ListenerLimits) {
  * The limits are set here (README: Security); message sizes, compression and
  * deadlines are the Connect adapter's (server.ts).
  */
+/**
+ * Counts each source's open connections and closes at once, before a byte
+ * is read, a connection beyond `max` (0 = no limit): one client cannot hold
+ * every socket, however many streams or bodies it leaves hanging.
+ */
+function connectionsPerSource(max: number): (socket: net.Socket) => boolean {
+  const open = new Map<string, number>();
+  return (socket) => {
+    if (max === 0) return true;
+    const source = sourceOf(socket.remoteAddress);
+    const n = open.get(source) ?? 0;
+    if (n >= max) {
+      socket.destroy();
+      return false;
+    }
+    open.set(source, n + 1);
+    socket.once("close", () => {
+      const left = (open.get(source) ?? 1) - 1;
+      if (left === 0) open.delete(source);
+      else open.set(source, left);
+    });
+    return true;
+  };
+}
+
 export function createListener(serve: Handler, options: ListenerOptions): net.Server {
   const { limits } = options;
   const handler = refuseLargeHeaders(serve, limits.maxHeaderBytes);
+  const admit = connectionsPerSource(limits.maxConnectionsPerSource);
   if (options.tls) {
     const server = http2.createSecureServer(
       {
@@ -148,6 +183,10 @@ export function createListener(serve: Handler, options: ListenerOptions): net.Se
     // http.Server; they are set before listen() starts the checking interval.
     Object.assign(server, http1Limits(limits));
     server.on("session", onSession(limits));
+    // Before the handshake: a refused connection costs no TLS work.
+    server.prependListener("connection", (socket: net.Socket) => {
+      admit(socket);
+    });
     server.on("secureConnection", (socket: net.Socket) => socket.setNoDelay(true));
     return server;
   }
@@ -160,6 +199,7 @@ export function createListener(serve: Handler, options: ListenerOptions): net.Se
   const h2 = http2.createServer({ settings: h2Settings(limits) }, handler);
   h2.on("session", onSession(limits));
   const server = net.createServer({ noDelay: true }, (socket) => {
+    if (!admit(socket)) return;
     socket.setNoDelay(true);
     socket.on("error", () => socket.destroy());
     // A connection that sends nothing, or less than the HTTP/2 preface, would

@@ -3,11 +3,16 @@ import type * as http2 from "node:http2";
 import { ErrorInfoSchema } from "../../gen/meshwork/v1/errors_pb.js";
 import type { Guard } from "../auth/guard.js";
 import { anonymousAdmin, type Principal } from "../auth/principal.js";
+import { DomainError } from "../core/errors.js";
 import type { TokenRoleName } from "../db/schema/index.js";
 import type { Logger } from "../log.js";
 import type { Correlation } from "../rpc/context.js";
 import { codeName, httpStatusOfCode, type ToClientError } from "../rpc/errors.js";
+import { guardedBody } from "./body-guard.js";
+import type { ConnectionTrust } from "./connection-trust.js";
 import { sendJson } from "./json.js";
+import { askerOf } from "./source.js";
+import type { Tarpit } from "./tarpit.js";
 
 export type Request = http.IncomingMessage | http2.Http2ServerRequest;
 export type Response = http.ServerResponse | http2.Http2ServerResponse;
@@ -31,6 +36,8 @@ export interface PlainRoute {
     match: RegExpExecArray;
     principal: Principal;
     correlation: Correlation;
+    /** The request body, to be read from here: a client that stops sending is ended (body-guard.ts). */
+    body: AsyncIterable<Uint8Array>;
   }): Promise<void>;
 }
 
@@ -41,8 +48,9 @@ export function header(req: Request, name: string): string {
 }
 
 /**
- * Dispatches plain HTTP routes. Before a route runs: the bearer token, the
- * role, the rate limit and worker ownership (guard.ts), exactly as for RPCs.
+ * Dispatches plain HTTP routes. Before a route runs, from the headers alone
+ * and before any of the body is read: the bearer token, the role, the rate
+ * limit and worker ownership (guard.ts), exactly as for RPCs.
  * Errors answer `{"error": "<code>", "message": "...", "reason": "..."}`
  * (reason when there is one, e.g. FOREIGN_WORKER) with the status of
  * the error table (docs/protocol.md#errors); nothing internal is shown.
@@ -53,8 +61,18 @@ export function createPlainRouter(
   guard: Guard,
   toClientError: ToClientError,
   log: Logger,
-  /** Called when a route matches, before its checks (metrics: http/metrics.ts). */
-  onRoute?: (route: PlainRoute, req: Request, res: Response) => void,
+  options: {
+    /** A body that makes no progress for this long while read is ended (body-guard.ts). */
+    bodyIdleMs: number;
+    /** The HTTP/2 stream window: what a request can buffer unread while its token is looked up. */
+    h2Window: number;
+    /** Called when a route matches, before its checks (metrics: http/metrics.ts). */
+    onRoute?: (route: PlainRoute, req: Request, res: Response) => void;
+    /** Where the refusals of a source past its budget of failed authentications wait (tarpit.ts). */
+    tarpit?: Tarpit;
+    /** Closes connections that only ever fail to authenticate (connection-trust.ts). */
+    trust?: ConnectionTrust;
+  },
 ) {
   function sendError(res: Response, error: unknown, correlation: Correlation): void {
     const { error: e, unexpected } = toClientError(error);
@@ -96,20 +114,23 @@ export function createPlainRouter(
       }
     }
     if (!route || !found) return false;
-    onRoute?.(route, req, res);
+    options.onRoute?.(route, req, res);
+    const asker = askerOf(req, options.h2Window, options.trust);
     (async () => {
       let principal = anonymousAdmin;
       if (route.roles !== "open") {
-        principal = await guard.authenticate(header(req, "authorization"));
+        principal = await guard.authenticate(header(req, "authorization"), asker);
         guard.authorize(principal, route.roles, route.what);
         guard.rateLimit(principal);
         if (route.actsFor) await guard.actsFor(principal, route.actsFor(req));
       }
-      await route.handle({ req, res, match: found, principal, correlation });
+      const body = guardedBody(req, res, { idleMs: options.bodyIdleMs });
+      await route.handle({ req, res, match: found, principal, correlation, body });
     })().catch((error: unknown) => {
-      sendError(res, error, correlation);
-      // Stop reading a refused upload.
-      if (!req.readableEnded) req.resume();
+      // What is left of a refused body is dropped once the answer is sent (closeUnread).
+      const answer = () => sendError(res, error, correlation);
+      const throttled = error instanceof DomainError && error.reason === "AUTH_THROTTLED";
+      if (!(throttled && options.tarpit?.hold(asker.source, res, answer))) answer();
     });
     return true;
   };

@@ -127,6 +127,17 @@ export function createMetrics(deps: MetricsDeps) {
     help: "Artifact bytes sent (DownloadArtifact and the HTTP byte routes).",
     registers,
   });
+  const authFailures = new Counter({
+    name: "meshwork_auth_failures_total",
+    help: "Requests refused before their body was read because of their credentials: why is missing, malformed, invalid (unknown or revoked), throttled (the source failed too often: 429) or busy (too many lookups pending: 503).",
+    labelNames: ["why"] as const,
+    registers,
+  });
+  const corruptBlobs = new Counter({
+    name: "meshwork_artifact_corrupt_total",
+    help: "Stored artifact bytes found not to hash to their SHA-256 when read (a download ended with an error, or meshwork artifact verify).",
+    registers,
+  });
   const statementDuration = new Histogram({
     name: "meshwork_db_statement_duration_seconds",
     help: "Database statement duration by statement name (a transaction is observed as a whole).",
@@ -264,6 +275,8 @@ export function createMetrics(deps: MetricsDeps) {
     sweeperDuration,
     artifactBytesIn,
     artifactBytesOut,
+    authFailures,
+    corruptBlobs,
   };
 }
 

@@ -1,5 +1,4 @@
 import { DomainError, invalid } from "../core/errors.js";
-import type { Request } from "../http/routes.js";
 
 /** A JSON object as a REST client sent it. */
 export type JsonBody = Record<string, unknown>;
@@ -12,17 +11,17 @@ export type JsonBody = Record<string, unknown>;
  * `known`: a misspelt field is an error, never silently dropped.
  */
 export async function readJson(
-  req: Request,
+  source: AsyncIterable<Uint8Array>,
   maxBytes: number,
   known: readonly string[] | "any",
   { optional = false } = {},
 ): Promise<JsonBody> {
-  const chunks: Buffer[] = [];
+  const chunks: Uint8Array[] = [];
   let size = 0;
-  for await (const chunk of req as AsyncIterable<Buffer>) {
-    size += chunk.length;
+  for await (const chunk of source) {
+    size += chunk.byteLength;
     if (size > maxBytes) {
-      req.resume();
+      // The rest of the body is dropped once the refusal is sent (http/body-guard.ts, closeUnread).
       throw new DomainError(
         "resource_exhausted",
         "MESSAGE_TOO_LARGE",

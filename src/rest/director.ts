@@ -66,6 +66,7 @@ function session(
   principal: Principal,
   correlation: Correlation,
   res: Response,
+  body: AsyncIterable<Uint8Array>,
 ) {
   const caller = { principal, correlation, signal: signalOf(res) };
   const clients = {
@@ -147,7 +148,10 @@ function session(
     };
   }
 
-  return { ...clients, peerOf, workerOf, taskJson };
+  /** The request's JSON body (body.ts, readJson). */
+  const json = (known: readonly string[] | "any", options?: { optional?: boolean }) =>
+    readJson(body, deps.maxBodyBytes, known, options);
+  return { ...clients, peerOf, workerOf, taskJson, json };
 }
 
 type Session = ReturnType<typeof session>;
@@ -191,7 +195,7 @@ const reportable: Record<string, TaskState> = {
  * worker_id). Every answer echoes `X-Ashlar-Correlation-Id`.
  */
 export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
-  const max = deps.maxBodyBytes;
+  const _max = deps.maxBodyBytes;
   const route = (
     methods: string[],
     path: string,
@@ -203,9 +207,9 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
     pattern: new RegExp(`^/api/mesh${path.replaceAll("{id}", "([^/]+)")}$`),
     roles: rolesOf(...rpcs),
     what,
-    async handle({ req, res, match, principal, correlation }) {
+    async handle({ req, res, match, principal, correlation, body }) {
       res.setHeader("x-ashlar-correlation-id", correlation.id);
-      const s = session(deps, principal, correlation, res);
+      const s = session(deps, principal, correlation, res, body);
       try {
         const [status, body] = await handle(s, req, match);
         sendJson(res, status, body);
@@ -267,8 +271,8 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
       "/fleet/nodes",
       ["FleetService/RegisterWorker"],
       "register a fleet node",
-      async (s, req) => {
-        const body = await readJson(req, max, [
+      async (s, _req) => {
+        const body = await s.json([
           "peerId",
           "apiBaseUrl",
           "labels",
@@ -316,8 +320,8 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
       "/fleet/nodes/{id}/heartbeat",
       ["FleetService/Heartbeat"],
       "heartbeat for a fleet node",
-      async (s, req, match) => {
-        const body = await readJson(req, max, ["queueDepth"], { optional: true });
+      async (s, _req, match) => {
+        const body = await s.json(["queueDepth"], { optional: true });
         const worker = await s.workerOf(peerIdOf(match));
         const beat = await s.fleet.heartbeat({
           workerId: worker.workerId,
@@ -339,8 +343,8 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
       "/fleet/nodes/{id}/drain",
       ["FleetService/DrainWorker"],
       "drain a fleet node",
-      async (s, req, match) => {
-        const body = await readJson(req, max, ["drained"], { optional: true });
+      async (s, _req, match) => {
+        const body = await s.json(["drained"], { optional: true });
         const worker = await s.workerOf(peerIdOf(match));
         const { worker: after } = await s.fleet.drainWorker({
           workerId: worker.workerId,
@@ -410,8 +414,8 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
       ];
     }),
 
-    route(["POST"], "/tasks", ["TaskService/CreateTask"], "create a task", async (s, req) => {
-      const body = await readJson(req, max, taskFields);
+    route(["POST"], "/tasks", ["TaskService/CreateTask"], "create a task", async (s, _req) => {
+      const body = await s.json(taskFields);
       const required = field.strings(body, "requiredBrickIds") ?? [];
       const workload = field.string(body, "workload") ?? required[0];
       if (!workload) throw invalid("requiredBrickIds (or workload) must name what runs the task");
@@ -448,8 +452,8 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
         `/tasks/{id}/${op}`,
         [op === "schedule" ? "TaskService/ScheduleTask" : "TaskService/RetryTask"],
         `${op} a task`,
-        async (s, req, m) => {
-          const body = await readJson(req, max, placementFields, { optional: true });
+        async (s, _req, m) => {
+          const body = await s.json(placementFields, { optional: true });
           const placement = {
             taskId: m[1] ?? "",
             scheduleIdempotencyKey: field.string(body, "scheduleIdempotencyKey") ?? "",
@@ -470,8 +474,8 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
       "/tasks/{id}/lease/extend",
       ["LeaseService/RenewLease"],
       "extend a lease",
-      async (s, req, m) => {
-        const body = await readJson(req, max, ["leaseToken", "extendSeconds"]);
+      async (s, _req, m) => {
+        const body = await s.json(["leaseToken", "extendSeconds"]);
         const lease = await leaseRef(m[1] ?? "", field.string(body, "leaseToken"));
         const renewed = await s.leases.renewLease({
           ...lease,
@@ -496,8 +500,8 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
       "/tasks/{id}/migrate-for-checkpoint",
       ["LeaseService/ReleaseTask"],
       "release a task with a checkpoint",
-      async (s, req, m) => {
-        const body = await readJson(req, max, ["leaseToken", "checkpointHandle"]);
+      async (s, _req, m) => {
+        const body = await s.json(["leaseToken", "checkpointHandle"]);
         const lease = await leaseRef(m[1] ?? "", field.string(body, "leaseToken"));
         const { task } = await s.leases.releaseTask({
           ...lease,
@@ -517,8 +521,8 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
         "LeaseService/ReleaseTask",
       ],
       "report a task's status",
-      async (s, req, m) => {
-        const body = await readJson(req, max, [
+      async (s, _req, m) => {
+        const body = await s.json([
           "status",
           "leaseToken",
           "resultSummary",
@@ -598,8 +602,8 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
       "/knowledge/import",
       ["KnowledgeService/ImportKnowledge"],
       "import knowledge",
-      async (s, req) => {
-        const body = await readJson(req, max, "any");
+      async (s, _req) => {
+        const body = await s.json("any");
         return [200, await importKnowledge(s, body)];
       },
     ),

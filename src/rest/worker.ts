@@ -34,8 +34,8 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
       pattern: /^\/workers\/register$/,
       roles: rolesOf("FleetService/RegisterWorker"),
       what: "register a worker",
-      async handle({ req, res, ...caller }) {
-        const body = await readJson(req, maxBodyBytes, [
+      async handle({ res, body: bytes, ...caller }) {
+        const body = await readJson(bytes, maxBodyBytes, [
           "name",
           "capabilities",
           "cpu_count",
@@ -69,8 +69,8 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
       pattern: /^\/tasks\/claim$/,
       roles: rolesOf("LeaseService/ClaimTasks"),
       what: "claim tasks",
-      async handle({ req, res, ...caller }) {
-        const body = await readJson(req, maxBodyBytes, [
+      async handle({ res, body: bytes, ...caller }) {
+        const body = await readJson(bytes, maxBodyBytes, [
           "worker_id",
           "capabilities",
           "max_concurrency",
@@ -99,8 +99,8 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
       pattern: /^\/tasks\/([^/]+)\/heartbeat$/,
       roles: rolesOf("LeaseService/RenewLease"),
       what: "renew a lease",
-      async handle({ req, res, match, ...caller }) {
-        const body = await readJson(req, maxBodyBytes, [...leaseFields, "extend_seconds"]);
+      async handle({ res, match, body: bytes, ...caller }) {
+        const body = await readJson(bytes, maxBodyBytes, [...leaseFields, "extend_seconds"]);
         const renewed = await call(LeaseService, { ...caller, signal: signalOf(res) }).renewLease({
           ...lease(body, match[1] ?? ""),
           extendSeconds: field.int(body, "extend_seconds"),
@@ -118,8 +118,8 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
       pattern: /^\/tasks\/([^/]+)\/result$/,
       roles: rolesOf("LeaseService/CompleteTask"),
       what: "complete a task",
-      async handle({ req, res, match, ...caller }) {
-        const body = await readJson(req, maxBodyBytes, [
+      async handle({ res, match, body: bytes, ...caller }) {
+        const body = await readJson(bytes, maxBodyBytes, [
           ...leaseFields,
           "result",
           "result_summary",
@@ -156,8 +156,8 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
       pattern: /^\/tasks\/([^/]+)\/failure$/,
       roles: rolesOf("LeaseService/FailTask"),
       what: "fail a task",
-      async handle({ req, res, match, ...caller }) {
-        const body = await readJson(req, maxBodyBytes, [
+      async handle({ res, match, body: bytes, ...caller }) {
+        const body = await readJson(bytes, maxBodyBytes, [
           ...leaseFields,
           "error_code",
           "error_message",

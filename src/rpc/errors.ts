@@ -17,6 +17,7 @@ export const codeOfKind: Record<ErrorKind, Code> = {
   aborted: Code.Aborted,
   failed_precondition: Code.FailedPrecondition,
   resource_exhausted: Code.ResourceExhausted,
+  unavailable: Code.Unavailable,
 };
 
 /** HTTP status of a Connect code, for the plain HTTP routes. */

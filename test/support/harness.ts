@@ -64,6 +64,13 @@ export function testConfig(overrides: Partial<Config> = {}): Config {
     idleTimeoutMs: 300_000,
     maxConcurrentStreams: 1000,
     maxHeaderBytes: 16_384,
+    maxConnectionsPerSource: 256,
+    bodyTimeoutMs: 30_000,
+    // Tests send many refused requests from one address on purpose; the
+    // throttle's own tests turn it on.
+    authFailureRate: 0,
+    authFailureBurst: 1,
+    maxPendingAuthBytes: 64 * 1024 * 1024,
     ...overrides,
   };
 }

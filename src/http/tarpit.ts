@@ -1,0 +1,48 @@
+import type { EventEmitter } from "node:events";
+
+/**
+ * Slows down a source that keeps failing to authenticate: its refusals
+ * (429, `AUTH_THROTTLED`) are answered after `delayMs` instead of at once,
+ * so that each of its connections makes one guess a `delayMs`, and a flood
+ * costs the coordinator a timer per request instead of a request's work
+ * many thousand times a second. Bounded: at most `perSource` refusals of
+ * one source and `total` of all wait at once; beyond either the refusal is
+ * answered at once, so holding them never grows memory without bound.
+ */
+export function createTarpit(options: { delayMs: number; perSource: number; total: number }) {
+  const held = new Map<string, number>();
+  let total = 0;
+  return {
+    /**
+     * Runs `answer` after the delay and returns true, or returns false
+     * (answer now) when the bounds are reached. A response that closes
+     * meanwhile (the client left) is let go without an answer.
+     */
+    hold(source: string | undefined, res: EventEmitter, answer: () => void): boolean {
+      if (options.delayMs <= 0 || source === undefined) return false;
+      const mine = held.get(source) ?? 0;
+      if (mine >= options.perSource || total >= options.total) return false;
+      held.set(source, mine + 1);
+      total++;
+      let released = false;
+      const release = () => {
+        if (released) return;
+        released = true;
+        clearTimeout(timer);
+        res.off("close", release);
+        total--;
+        const left = (held.get(source) ?? 1) - 1;
+        if (left === 0) held.delete(source);
+        else held.set(source, left);
+      };
+      const timer = setTimeout(() => {
+        release();
+        answer();
+      }, options.delayMs);
+      res.once("close", release);
+      return true;
+    },
+  };
+}
+
+export type Tarpit = ReturnType<typeof createTarpit>;
