@@ -41,7 +41,7 @@ export function createAuthFailures(options: {
         why: [...t.why].sort(),
         seconds: Math.round((now() - t.started) / 1000),
       },
-      "failed authentications",
+      "more failed authentications",
     );
   }
 
