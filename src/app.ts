@@ -10,7 +10,7 @@ import { createHeartbeatBuffer } from "./fleet/heartbeats.js";
 import { createBatcher } from "./leases/batcher.js";
 import type { Completion } from "./leases/store.js";
 import { createSweeper } from "./leases/sweeper.js";
-import { createClaimWakeups } from "./leases/wakeup.js";
+import { createClaimWakeups, readyCounts } from "./leases/wakeup.js";
 import type { Logger } from "./log.js";
 import { createMetrics } from "./metrics/metrics.js";
 import { createStores, createWithTx } from "./stores.js";
@@ -49,6 +49,8 @@ export function createApp(
   // connection on PostgreSQL), so it keeps running while requests exhaust
   // the pool. Buffered heartbeats are written by the sweeper: the same.
   const housekeeping = createStores(database.housekeeping, config);
+  // Renewals, stream messages and completions on the pool's urgent lane.
+  const urgent = createStores(database.urgent, config);
   const heartbeats = createHeartbeatBuffer(housekeeping.fleet);
   const workerCache = createWorkerCache(fleet);
   const guard = createGuard({
@@ -75,7 +77,7 @@ export function createApp(
   });
   // Concurrent CompleteTask calls share one statement (group commit).
   // A completion is safe to run again: an identical repeat is accepted.
-  const completeOne = createBatcher((items: Completion[]) => leases.complete(items), {
+  const completeOne = createBatcher((items: Completion[]) => urgent.leases.complete(items), {
     retryable: isTransientDatabaseError,
   });
   const sweeper = createSweeper(
@@ -108,6 +110,8 @@ export function createApp(
     config,
     log,
     ...stores,
+    /** The lease and fleet stores on the database's urgent lane (db/database.ts). */
+    urgent: { leases: urgent.leases, fleet: urgent.fleet },
     /** The stores bound to one transaction, for changes that commit together. */
     withTx: createWithTx(database.db, config),
     blobs,
@@ -130,7 +134,9 @@ export function createApp(
     shutdownSignal: shutdown.signal as AbortSignal,
     /** Subscribes to task-ready notifications and starts the sweeper and retention. */
     async start(options: { sweeper?: boolean } = {}): Promise<void> {
-      unlisten = await database.listen("meshwork_task_ready", () => wakeups.notify());
+      unlisten = await database.listen("meshwork_task_ready", (payload) =>
+        wakeups.notify(readyCounts(payload)),
+      );
       if (options.sweeper !== false) {
         sweeper.start();
         retention.start();

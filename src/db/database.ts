@@ -28,8 +28,15 @@ export interface Database {
    * the pool; on PGlite the same handle as `db`.
    */
   readonly housekeeping: Db;
+  /**
+   * The handle of lease renewals, stream messages and completions: on
+   * PostgreSQL the request pool with connections kept for it alone
+   * (pool-gate.ts, the urgent lane), so that a burst of claims or reads
+   * cannot make a worker lose a lease it holds; on PGlite the same as `db`.
+   */
+  readonly urgent: Db;
   /** Subscribes to a NOTIFY channel; resolves once listening. Returns the unsubscribe. */
-  listen(channel: string, onNotify: () => void): Promise<() => Promise<void>>;
+  listen(channel: string, onNotify: (payload: string) => void): Promise<() => Promise<void>>;
   /** Throws when the database cannot answer. */
   ping(): Promise<void>;
   /** Each statement sent, for metrics and traces (observe.ts). */
@@ -125,8 +132,9 @@ async function openPglite(dataDir: string, progress: (step: string) => void): Pr
     // One connection, serialized by PGlite itself: there is no pool to
     // exhaust, so no gate and nothing to reserve.
     housekeeping: db as unknown as Db,
+    urgent: db as unknown as Db,
     async listen(channel, onNotify) {
-      const unsubscribe = await client.listen(channel, () => onNotify());
+      const unsubscribe = await client.listen(channel, (payload) => onNotify(payload));
       return unsubscribe;
     },
     async ping() {
@@ -174,9 +182,15 @@ async function openPostgres(
   // Requests wait at most acquireTimeoutMs for a pool connection, then fail
   // fast with `unavailable` (pool-gate.ts): postgres.js itself would queue
   // them until a connection frees, however long that takes.
-  const gate = createPoolGate(o.poolSize, o.acquireTimeoutMs);
+  // A quarter of the pool, at most 2, is kept for the urgent lane.
+  const gate = createPoolGate(
+    o.poolSize,
+    o.acquireTimeoutMs,
+    Math.min(2, Math.floor(o.poolSize / 4)),
+  );
   const statements = createStatementEvents();
   const db = drizzlePostgres({ client: gatedClient(client, gate, statements), schema });
+  const urgent = drizzlePostgres({ client: gatedClient(client, gate.urgent, statements), schema });
   // The sweeper's own connection, outside the pool and the gate: it runs
   // one statement at a time, and must keep expiring leases while request
   // traffic holds every pool connection.
@@ -213,8 +227,9 @@ async function openPostgres(
     },
     db: db as unknown as Db,
     housekeeping: housekeeping as unknown as Db,
+    urgent: urgent as unknown as Db,
     async listen(channel, onNotify) {
-      const sub = await client.listen(channel, () => onNotify());
+      const sub = await client.listen(channel, (payload) => onNotify(payload));
       return () => sub.unlisten();
     },
     // Through the gate on purpose: /readyz says whether a request would get

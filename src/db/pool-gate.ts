@@ -19,14 +19,24 @@ export class PoolExhaustedError extends Error {
  * A counting semaphore with FIFO waiters and a bound on the wait: at most
  * `capacity` holders; a caller that waits longer than `timeoutMs` for a
  * slot is refused with PoolExhaustedError instead of queueing forever.
+ *
+ * `reserved` of the slots are kept for the urgent lane (`run(fn, true)`):
+ * lease renewals, stream messages and completions, which a worker needs to
+ * keep what it holds. Other work (claims, creates, reads) takes a slot only
+ * while more than `reserved` are free, so a burst of it can never leave a
+ * renewal waiting until its lease runs out. A freed slot goes to an urgent
+ * waiter first.
  */
-export function createPoolGate(capacity: number, timeoutMs: number) {
+export function createPoolGate(capacity: number, timeoutMs: number, reserved = 0) {
   let free = capacity;
-  // Insertion-ordered: the first waiter is served first.
-  const waiters = new Set<() => void>();
+  // Insertion-ordered: the first waiter of each lane is served first.
+  const urgent = new Set<() => void>();
+  const other = new Set<() => void>();
+  const lane = (isUrgent: boolean) => (isUrgent ? urgent : other);
+  const grantable = (isUrgent: boolean) => (isUrgent ? free > 0 : free > reserved);
 
-  function acquire(): Promise<void> {
-    if (free > 0 && waiters.size === 0) {
+  function acquire(isUrgent: boolean): Promise<void> {
+    if (grantable(isUrgent) && lane(isUrgent).size === 0) {
       free--;
       return Promise.resolve();
     }
@@ -36,41 +46,47 @@ export function createPoolGate(capacity: number, timeoutMs: number) {
         resolve();
       };
       const timer = setTimeout(() => {
-        waiters.delete(grant);
+        lane(isUrgent).delete(grant);
         reject(
           new PoolExhaustedError(
             `no database connection became free within ${timeoutMs} ms (all ${capacity} busy)`,
           ),
         );
       }, timeoutMs);
-      waiters.add(grant);
+      lane(isUrgent).add(grant);
     });
   }
 
   function release(): void {
-    const [next] = waiters;
-    if (next) {
-      // The slot passes straight to the next waiter: `free` stays as it is.
-      waiters.delete(next);
-      next();
-    } else {
-      free++;
+    free++;
+    for (const isUrgent of [true, false]) {
+      const waiting = lane(isUrgent);
+      for (const next of waiting) {
+        if (!grantable(isUrgent)) break;
+        waiting.delete(next);
+        free--;
+        next();
+      }
+    }
+  }
+
+  async function run<T>(fn: () => PromiseLike<T>, isUrgent = false): Promise<T> {
+    await acquire(isUrgent);
+    try {
+      return await fn();
+    } finally {
+      release();
     }
   }
 
   return {
-    /** Runs `fn` holding one slot; waits at most the timeout for it. */
-    async run<T>(fn: () => PromiseLike<T>): Promise<T> {
-      await acquire();
-      try {
-        return await fn();
-      } finally {
-        release();
-      }
-    },
+    /** Runs `fn` holding one slot (any free one, when `isUrgent`); waits at most the timeout for it. */
+    run,
+    /** The urgent lane of this gate, as a gate of its own (for gatedClient). */
+    urgent: { run: <T>(fn: () => PromiseLike<T>) => run(fn, true) },
     /** Slots free and callers waiting, for tests and logs. */
     stats(): { free: number; waiting: number } {
-      return { free, waiting: waiters.size };
+      return { free, waiting: urgent.size + other.size };
     },
   };
 }

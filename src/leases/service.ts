@@ -16,6 +16,7 @@ import type { ArtifactStore } from "../artifacts/store.js";
 import type { Config } from "../config.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { type LeaseRef, leaseToken, parseLeaseRef } from "../core/lease-ref.js";
+import { linkedSignal } from "../core/signals.js";
 import { attemptField, intInRange, isUuid, stringList, text, uuidField } from "../core/validate.js";
 import type { ArtifactRefJson } from "../db/schema/index.js";
 import type { WorkerCache } from "../fleet/cache.js";
@@ -27,18 +28,27 @@ import { toTask } from "../tasks/convert.js";
 import { toClaim } from "./convert.js";
 import { sanitizeMessage } from "./sanitize.js";
 import type { ClaimAnswer, Completion, LeaseStore, Outcome, Progress } from "./store.js";
-import type { ClaimWakeups } from "./wakeup.js";
+import type { Baton, ClaimWakeups } from "./wakeup.js";
 
 /** What LeaseService uses. */
 export interface LeaseServiceDeps {
   config: Pick<Config, "publicUrl">;
   leases: LeaseStore;
+  /**
+   * The lease store on the database's urgent lane (db/pool-gate.ts): the
+   * renewals and completions of what workers hold, which a burst of claims
+   * must not hold up. Also `fleet`'s read of the drained flag on a stream.
+   */
+  urgent: {
+    leases: Pick<LeaseStore, "renew" | "renewMany" | "complete">;
+    fleet: Pick<FleetStore, "get">;
+  };
   /** CompleteTask calls made together share one statement (group commit). */
   completeOne(completion: Completion): Promise<Outcome>;
   fleet: Pick<FleetStore, "get">;
   workerCache: Pick<WorkerCache, "get">;
   heartbeats: Pick<HeartbeatBuffer, "touch">;
-  wakeups: Pick<ClaimWakeups, "arm">;
+  wakeups: Pick<ClaimWakeups, "arm" | "passOn">;
   events: { emit(taskIds: Iterable<string>): void };
   artifacts: Pick<ArtifactStore, "get">;
   shutdownSignal: AbortSignal;
@@ -189,25 +199,43 @@ export function createLeaseService(
       };
       const nothing: ClaimAnswer = { rows: [], slots: undefined };
       if (worker.drained) return answer(nothing);
-      const signal = AbortSignal.any([ctx.signal, app.shutdownSignal]);
+      const linked = linkedSignal(ctx.signal, app.shutdownSignal);
+      const { signal } = linked;
       const deadline = Date.now() + waitSeconds * 1000;
-      for (;;) {
-        // Armed before the claim: a task created while it runs still wakes us.
-        const armed = app.wakeups.arm(deadline - Date.now(), signal);
-        const claimed = await app.leases.claimCounted(claiming, max);
-        if (claimed.rows.length > 0 || Date.now() >= deadline || signal.aborted) {
-          armed.cancel();
-          return answer(claimed);
+      const claimer = { capabilities: claiming.capabilities, max };
+      // Why the last wake-up came; handed on when this claim found nothing.
+      let baton: Baton | undefined;
+      const handOn = (got: number) => {
+        if (baton && got === 0) app.wakeups.passOn(baton);
+        baton = undefined;
+      };
+      try {
+        for (;;) {
+          // Armed before the claim: a task created while it runs still wakes us.
+          const armed = app.wakeups.arm(deadline - Date.now(), signal, claimer);
+          const claimed = await app.leases.claimCounted(claiming, max);
+          handOn(claimed.rows.length);
+          if (claimed.rows.length > 0 || Date.now() >= deadline || signal.aborted) {
+            armed.cancel();
+            return answer(claimed);
+          }
+          baton = await armed.fired;
+          // The caller gave up (it cancelled the call, or its deadline passed):
+          // whatever were claimed now would go to nobody and sit leased until
+          // its lease ran out.
+          if (ctx.signal.aborted) {
+            handOn(0);
+            return answer(nothing);
+          }
+          if (Date.now() >= deadline || signal.aborted) {
+            // One last look, so that a wake-up at the deadline is not wasted.
+            const last = await app.leases.claimCounted(claiming, max);
+            handOn(last.rows.length);
+            return answer(last);
+          }
         }
-        await armed.fired;
-        // The caller gave up (it cancelled the call, or its deadline passed):
-        // whatever were claimed now would go to nobody and sit leased until
-        // its lease ran out.
-        if (ctx.signal.aborted) return answer(nothing);
-        if (Date.now() >= deadline || signal.aborted) {
-          // One last look, so that a wake-up at the deadline is not wasted.
-          return answer(await app.leases.claimCounted(claiming, max));
-        }
+      } finally {
+        linked.dispose();
       }
     },
 
@@ -227,7 +255,7 @@ export function createLeaseService(
           : intInRange("extend_seconds", req.extendSeconds, 60, 86_400);
       const progress = progressOf(req.progress);
       app.heartbeats.touch(lease.workerId);
-      const renewed = await app.leases.renew(lease, extend, progress);
+      const renewed = await app.urgent.leases.renew(lease, extend, progress);
       if (progress) app.events.emit([lease.taskId]);
       return {
         leaseExpiresAt: timestampFromDate(renewed.expiresAt),
@@ -239,51 +267,56 @@ export function createLeaseService(
       let workerId: string | undefined;
       let drained = false;
       let drainedReadAt = 0;
-      const signal = AbortSignal.any([ctx.signal, app.shutdownSignal]);
-      for await (const req of requests) {
-        if (signal.aborted) return;
-        const id = uuidField("worker_id", req.workerId);
-        if (workerId !== undefined && id !== workerId) {
-          throw invalid("worker_id must stay the same on one stream");
-        }
-        if (req.leases.length > 1000) throw invalid("leases must hold at most 1000 entries");
-        const queueDepth =
-          req.queueDepth === undefined
-            ? undefined
-            : intInRange("queue_depth", req.queueDepth, 0, 2_000_000_000);
-        if (workerId === undefined || Date.now() - drainedReadAt > drainedRecheckMs) {
-          drained = (await app.fleet.get(id)).drained;
-          drainedReadAt = Date.now();
-          workerId = id;
-        }
-        app.heartbeats.touch(id, queueDepth);
-        const items = req.leases.map((l, i) => ({
-          taskId: uuidField(`leases[${i}].task_id`, l.taskId),
-          attempt: attemptField(`leases[${i}].attempt`, l.attempt),
-          token: leaseToken(`leases[${i}].lease_token`, l.leaseToken),
-          progress: progressOf(l.progress),
-        }));
-        const outcomes = await app.leases.renewMany(id, items);
-        const leases: LeaseUpdate[] = outcomes.map((o, i) => {
-          const { taskId, attempt } = items[i] as (typeof items)[number];
-          if ("ok" in o) {
+      const linked = linkedSignal(ctx.signal, app.shutdownSignal);
+      const { signal } = linked;
+      try {
+        for await (const req of requests) {
+          if (signal.aborted) return;
+          const id = uuidField("worker_id", req.workerId);
+          if (workerId !== undefined && id !== workerId) {
+            throw invalid("worker_id must stay the same on one stream");
+          }
+          if (req.leases.length > 1000) throw invalid("leases must hold at most 1000 entries");
+          const queueDepth =
+            req.queueDepth === undefined
+              ? undefined
+              : intInRange("queue_depth", req.queueDepth, 0, 2_000_000_000);
+          if (workerId === undefined || Date.now() - drainedReadAt > drainedRecheckMs) {
+            drained = (await app.fleet.get(id)).drained;
+            drainedReadAt = Date.now();
+            workerId = id;
+          }
+          app.heartbeats.touch(id, queueDepth);
+          const items = req.leases.map((l, i) => ({
+            taskId: uuidField(`leases[${i}].task_id`, l.taskId),
+            attempt: attemptField(`leases[${i}].attempt`, l.attempt),
+            token: leaseToken(`leases[${i}].lease_token`, l.leaseToken),
+            progress: progressOf(l.progress),
+          }));
+          const outcomes = await app.urgent.leases.renewMany(id, items);
+          const leases: LeaseUpdate[] = outcomes.map((o, i) => {
+            const { taskId, attempt } = items[i] as (typeof items)[number];
+            if ("ok" in o) {
+              return create(LeaseUpdateSchema, {
+                taskId,
+                attempt,
+                status: LeaseStatus.RENEWED,
+                expiresAt: timestampFromDate(o.ok),
+              });
+            }
+            const canceled = o.error.reason === "TASK_CANCELED";
             return create(LeaseUpdateSchema, {
               taskId,
               attempt,
-              status: LeaseStatus.RENEWED,
-              expiresAt: timestampFromDate(o.ok),
+              status: canceled ? LeaseStatus.CANCELED : LeaseStatus.LOST,
+              reason: o.error.reason,
             });
-          }
-          const canceled = o.error.reason === "TASK_CANCELED";
-          return create(LeaseUpdateSchema, {
-            taskId,
-            attempt,
-            status: canceled ? LeaseStatus.CANCELED : LeaseStatus.LOST,
-            reason: o.error.reason,
           });
-        });
-        app.events.emit(items.filter((i) => i.progress).map((i) => i.taskId));
-        yield { leases, drained };
+          app.events.emit(items.filter((i) => i.progress).map((i) => i.taskId));
+          yield { leases, drained };
+        }
+      } finally {
+        linked.dispose();
       }
     },
 
@@ -308,7 +341,7 @@ export function createLeaseService(
         }
       });
       const valid = parsed.filter((p): p is Completion => !(p instanceof DomainError));
-      const outcomes = await app.leases.complete(valid);
+      const outcomes = await app.urgent.leases.complete(valid);
       let next = 0;
       const results = parsed.map((p) => {
         if (p instanceof DomainError) return errorResult(p);

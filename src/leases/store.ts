@@ -105,6 +105,15 @@ export function createLeaseStore(db: Db) {
     throw leaseRefusal(row, l);
   }
 
+  /**
+   * How many PENDING tasks, by workload, had their not_before pass within
+   * the last `windowMs` (database clock): retries that just became claimable.
+   */
+  async function dueRetries(windowMs: number): Promise<Map<string, number>> {
+    const rows = await q.retriesDueByWorkload().execute({ ms: Math.round(windowMs) });
+    return new Map(rows.map((r) => [r.workload, Number(r.n)]));
+  }
+
   return {
     /**
      * Leases up to `max` claimable tasks to the worker, best first (the
@@ -143,6 +152,8 @@ export function createLeaseStore(db: Db) {
       const rows = await q.failPastDeadline().execute({ limit });
       return rows.map((r) => r.id);
     },
+
+    dueRetries,
 
     /**
      * Whether a PENDING task's not_before passed within the last `windowMs`

@@ -37,14 +37,13 @@ export function createSweeper(deps: SweeperDeps, intervalMs: number) {
       deps.events.emit(changed);
       deps.log.info({ expired: expired.length, deadline: overdue.length }, "sweeper moved tasks");
     }
-    // The window overlaps the previous sweep's: a spurious wake-up costs one
+    // Tasks put back to PENDING wake parked claims through their update's
+    // NOTIFY (migration 0014); a retry whose not_before passes changes no
+    // row, so the sweeper wakes claims for those, counted by workload. The
+    // window overlaps the previous sweep's: a spurious wake-up costs one
     // empty claim, a missed one a whole long poll.
-    if (
-      expired.some((r) => r.state === "PENDING") ||
-      (await deps.leases.retriesDue(2 * intervalMs))
-    ) {
-      deps.wakeups.notify();
-    }
+    const due = await deps.leases.dueRetries(2 * intervalMs);
+    if (due.size > 0) deps.wakeups.notify(due);
   }
 
   return {

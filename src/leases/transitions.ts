@@ -48,6 +48,13 @@ const expiredLease = and(stateIs("ASSIGNED", "RUNNING"), sql`${tasks.leaseExpire
 /** The prepared transition statements of one database handle. */
 export function createTransitions(db: Db) {
   const columns = getTableColumns(tasks);
+  /** PENDING with a not_before that passed within the last `ms` milliseconds (database clock). */
+  const retryDueWithin = and(
+    stateIs("PENDING"),
+    sql`${tasks.notBefore} > now() - make_interval(secs => ${p("ms")}::int / 1000.0)`,
+    sql`${tasks.notBefore} <= now()`,
+  );
+
   return {
     row: lazy(() =>
       db
@@ -240,15 +247,20 @@ export function createTransitions(db: Db) {
       db
         .select({ id: tasks.id })
         .from(tasks)
-        .where(
-          and(
-            stateIs("PENDING"),
-            sql`${tasks.notBefore} > now() - make_interval(secs => ${p("ms")}::int / 1000.0)`,
-            sql`${tasks.notBefore} <= now()`,
-          ),
-        )
+        .where(retryDueWithin)
         .limit(1)
         .prepare("meshwork_retry_due"),
+    ),
+
+    /** The PENDING tasks whose not_before passed within the last `ms` milliseconds, counted by workload. */
+    retriesDueByWorkload: lazy(() =>
+      db
+        .select({ workload: tasks.workload, n: sql<number>`count(*)::int` })
+        .from(tasks)
+        .where(retryDueWithin)
+        .groupBy(tasks.workload)
+        .limit(1000)
+        .prepare("meshwork_retries_due_by_workload"),
     ),
   };
 }

@@ -3,6 +3,7 @@ import {
   type Health,
   HealthCheckResponse_ServingStatus as Status,
 } from "../../gen/grpc/health/v1/health_pb.js";
+import { linkedSignal } from "../core/signals.js";
 
 /**
  * grpc.health.v1.Health. The overall status ("") and each named service are
@@ -25,25 +26,28 @@ export function createHealthService(
       return { status: await status(req.service) };
     },
     async *watch(req, ctx) {
-      const signal = AbortSignal.any([ctx.signal, shutdownSignal]);
+      const linked = linkedSignal(ctx.signal, shutdownSignal);
+      const { signal } = linked;
       let last: Status | undefined;
-      while (!signal.aborted) {
-        const now = known.has(req.service) ? await status(req.service) : Status.SERVICE_UNKNOWN;
-        if (now !== last) {
-          last = now;
-          yield { status: now };
-        }
-        await new Promise<void>((resolve) => {
-          const timer = setTimeout(resolve, 5000);
-          signal.addEventListener(
-            "abort",
-            () => {
+      try {
+        while (!signal.aborted) {
+          const now = known.has(req.service) ? await status(req.service) : Status.SERVICE_UNKNOWN;
+          if (now !== last) {
+            last = now;
+            yield { status: now };
+          }
+          await new Promise<void>((resolve) => {
+            const done = () => {
               clearTimeout(timer);
+              signal.removeEventListener("abort", done);
               resolve();
-            },
-            { once: true },
-          );
-        });
+            };
+            const timer = setTimeout(done, 5000);
+            signal.addEventListener("abort", done, { once: true });
+          });
+        }
+      } finally {
+        linked.dispose();
       }
     },
   };

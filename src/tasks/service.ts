@@ -13,6 +13,7 @@ import type { Config } from "../config.js";
 import { canonicalJson } from "../core/canonical-json.js";
 import { invalid } from "../core/errors.js";
 import { decodeCursor, decodePageToken, pageSize } from "../core/paging.js";
+import { linkedSignal } from "../core/signals.js";
 import { terminalStates } from "../core/task-sql.js";
 import { intInRange, text, uuidField } from "../core/validate.js";
 import type { ArtifactRefJson, TaskRow } from "../db/schema/index.js";
@@ -38,7 +39,6 @@ export interface TaskServiceDeps extends UploadDeps {
   artifacts: Pick<ArtifactStore, "checkLease" | "insert" | "get" | "removeUnusedInputs">;
   events: TaskEvents;
   /** Wakes long-polling claimers on this replica (others are woken by NOTIFY). */
-  wakeups: { notify(): void };
   shutdownSignal: AbortSignal;
   metrics: Pick<Metrics, "tasksCreated" | "artifactBytesIn">;
 }
@@ -193,8 +193,8 @@ export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typ
         task: fromCreateRequest(t, origin, `tasks[${i}].`),
         field: `tasks[${i}].`,
       }));
+      // Parked claims are woken by the insert's NOTIFY (with its counts), on every replica.
       const rows = await createWithInputs(app, entries);
-      app.wakeups.notify();
       return { tasks: rows.map((r) => toTask(r)) };
     },
 
@@ -228,7 +228,8 @@ export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typ
 
     async *watchTask(req, ctx) {
       const id = uuidField("task_id", req.taskId);
-      const signal = AbortSignal.any([ctx.signal, app.shutdownSignal]);
+      const linked = linkedSignal(ctx.signal, app.shutdownSignal);
+      const { signal } = linked;
       let changed = false;
       let wake: (() => void) | undefined;
       const unsubscribe = app.events.subscribe(id, () => {
@@ -261,6 +262,7 @@ export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typ
         }
       } finally {
         unsubscribe();
+        linked.dispose();
       }
     },
 

@@ -39,3 +39,37 @@ describe("the pool gate", () => {
     expect(await gate.run(async () => 1)).toBe(1);
   });
 });
+
+describe("the pool gate's urgent lane", () => {
+  it("keeps `reserved` slots for urgent work, which a burst of other work cannot take", async () => {
+    const gate = createPoolGate(3, 1000, 1);
+    const order: string[] = [];
+    const hold = (name: string, isUrgent = false) =>
+      gate.run(async () => {
+        order.push(name);
+        await later(30);
+      }, isUrgent);
+    const runs = [hold("a"), hold("b"), hold("c")];
+    await later(5);
+    // Two of three slots taken by other work: the third is the urgent lane's.
+    expect(order).toEqual(["a", "b"]);
+    runs.push(hold("renewal", true));
+    await later(5);
+    expect(order).toEqual(["a", "b", "renewal"]);
+    await Promise.all(runs);
+    expect(order).toEqual(["a", "b", "renewal", "c"]);
+  });
+
+  it("serves a waiting urgent caller before the other waiters when a slot frees", async () => {
+    const gate = createPoolGate(1, 1000, 0);
+    const order: string[] = [];
+    const hold = (name: string, isUrgent = false) =>
+      gate.run(async () => {
+        order.push(name);
+        await later(20);
+      }, isUrgent);
+    const runs = [hold("first"), hold("claim"), hold("claim2"), hold("renewal", true)];
+    await Promise.all(runs);
+    expect(order).toEqual(["first", "renewal", "claim", "claim2"]);
+  });
+});
