@@ -41,7 +41,7 @@ export function createApp(
     pool: () => database.pool(),
     liveTasks: () => stores.tasks.liveByWorkload(),
   });
-  const { fleet, leases } = stores;
+  const { fleet } = stores;
   const blobs = createBlobStore(config, database, s3);
   const events = createTaskEvents();
   const wakeups = createClaimWakeups();
