@@ -49,7 +49,7 @@ export function createApp(
   // connection on PostgreSQL), so it keeps running while requests exhaust
   // the pool. Buffered heartbeats are written by the sweeper: the same.
   const housekeeping = createStores(database.housekeeping, config);
-  // Renewals, stream messages and completions on the pool's urgent lane.
+  // Renewals, stream messages, completions and the fleet's status on the pool's urgent lane.
   const urgent = createStores(database.urgent, config);
   const heartbeats = createHeartbeatBuffer(housekeeping.fleet);
   const workerCache = createWorkerCache(fleet);
@@ -110,8 +110,8 @@ export function createApp(
     config,
     log,
     ...stores,
-    /** The lease and fleet stores on the database's urgent lane (db/database.ts). */
-    urgent: { leases: urgent.leases, fleet: urgent.fleet },
+    /** Stores on the database's urgent lane (db/database.ts): renewals, completions, the fleet's status. */
+    urgent: { leases: urgent.leases, fleet: urgent.fleet, tasks: urgent.tasks },
     /** The stores bound to one transaction, for changes that commit together. */
     withTx: createWithTx(database.db, config),
     blobs,

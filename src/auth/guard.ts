@@ -222,13 +222,16 @@ export function createGuard(options: GuardOptions) {
       const r = decide(authorization, asker);
       if (r instanceof DomainError) throw r;
       if (!("digest" in r)) return r;
-      const reserve = asker.mayBuffer ?? 0;
+      // A lookup is paid for by the request that starts it: requests with the
+      // same digest that arrive meanwhile wait for it at no cost.
+      const joined = inFlight.get(r.digest);
+      const reserve = joined ? 0 : (asker.mayBuffer ?? 0);
       if (maxPending > 0 && reserve > 0 && pending + reserve > maxPending) {
         throw failed("busy", asker, busy);
       }
       // A token not known to be valid is charged to its source before the
       // lookup, so that many at once cannot overdraw the budget.
-      const charged = !r.known;
+      const charged = !r.known && !joined;
       if (charged) {
         const wait = failures.charge(source);
         if (wait > 0) throw failed("throttled", asker, throttled(wait), true);
@@ -236,7 +239,7 @@ export function createGuard(options: GuardOptions) {
       pending += reserve;
       let row: TokenRow | undefined;
       try {
-        row = await lookUp(r.digest);
+        row = await (joined ?? lookUp(r.digest));
       } finally {
         pending -= reserve;
       }
@@ -289,6 +292,8 @@ export function createGuard(options: GuardOptions) {
      * revocation on any replica (revocation.ts). Release it when the stream ends.
      */
     watch: revocation.watch,
+    /** Streams held open for tokens now (tests: each one's registration ends with it). */
+    heldStreams: revocation.open,
 
     /** Stops the revocation checks and flushes the failure log (the app's stop). */
     stop(): void {

@@ -67,6 +67,13 @@ export function createStreamRevocation(options: {
       };
     },
 
+    /** Streams registered now (tests). */
+    open(): number {
+      let n = 0;
+      for (const set of open.values()) n += set.size;
+      return n;
+    },
+
     stop(): void {
       stopped = true;
       clearTimeout(timer);

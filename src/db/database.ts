@@ -29,10 +29,11 @@ export interface Database {
    */
   readonly housekeeping: Db;
   /**
-   * The handle of lease renewals, stream messages and completions: on
-   * PostgreSQL the request pool with connections kept for it alone
-   * (pool-gate.ts, the urgent lane), so that a burst of claims or reads
-   * cannot make a worker lose a lease it holds; on PGlite the same as `db`.
+   * The handle of lease renewals, stream messages, completions and the
+   * fleet's status: on PostgreSQL the request pool with connections kept
+   * for it alone (pool-gate.ts, the urgent lane), so that a burst of claims
+   * or reads cannot make a worker lose a lease it holds, nor hide the
+   * fleet from its operator; on PGlite the same as `db`.
    */
   readonly urgent: Db;
   /** Subscribes to a NOTIFY channel; resolves once listening. Returns the unsubscribe. */

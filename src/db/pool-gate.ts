@@ -22,7 +22,8 @@ export class PoolExhaustedError extends Error {
  *
  * `reserved` of the slots are kept for the urgent lane (`run(fn, true)`):
  * lease renewals, stream messages and completions, which a worker needs to
- * keep what it holds. Other work (claims, creates, reads) takes a slot only
+ * keep what it holds, and the fleet's status, which its operator needs to
+ * see what happens. Other work (claims, creates, reads) takes a slot only
  * while more than `reserved` are free, so a burst of it can never leave a
  * renewal waiting until its lease runs out. A freed slot goes to an urgent
  * waiter first.

@@ -10,11 +10,17 @@ import type { FleetStore, WorkerView } from "./store.js";
  */
 export function createWorkerCache(fleet: FleetStore, ttlMs = 1000) {
   const entries = new Map<string, { view: WorkerView; at: number }>();
+  // Reads of one worker made together (its streams and claims) share one query.
+  const reading = new Map<string, Promise<WorkerView>>();
   return {
     async get(id: string): Promise<WorkerView> {
       const hit = entries.get(id);
       if (hit && Date.now() - hit.at < ttlMs) return hit.view;
-      const view = await fleet.get(id);
+      const pending = reading.get(id);
+      if (pending) return pending;
+      const read = fleet.get(id).finally(() => reading.delete(id));
+      reading.set(id, read);
+      const view = await read;
       if (entries.size > 100_000) entries.clear();
       entries.set(id, { view, at: Date.now() });
       return view;

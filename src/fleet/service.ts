@@ -73,6 +73,12 @@ export interface FleetServiceDeps {
   config: Pick<Config, "heartbeatIntervalSeconds">;
   fleet: FleetStore;
   tasks: Pick<TaskStore, "countByState" | "backlog">;
+  /**
+   * The stores on the database's urgent lane (db/pool-gate.ts): the fleet's
+   * status is read there, so that an operator sees it during a burst that
+   * holds the rest of the pool.
+   */
+  urgent: { fleet: Pick<FleetStore, "all">; tasks: Pick<TaskStore, "countByState" | "backlog"> };
   workerCache: Pick<WorkerCache, "forget">;
   events: { emit(taskIds: Iterable<string>): void };
   withTx: WithTx<{
@@ -160,9 +166,9 @@ export function createFleetService(app: FleetServiceDeps): ServiceImpl<typeof Fl
 
     async getFleetStatus() {
       const [counts, backlog, workers] = await Promise.all([
-        app.tasks.countByState(),
-        app.tasks.backlog(),
-        app.fleet.all(),
+        app.urgent.tasks.countByState(),
+        app.urgent.tasks.backlog(),
+        app.urgent.fleet.all(),
       ]);
       return {
         taskCounts: allStates.map((s) =>

@@ -18,10 +18,10 @@ import { DomainError, invalid } from "../core/errors.js";
 import { type LeaseRef, leaseToken, parseLeaseRef } from "../core/lease-ref.js";
 import { linkedSignal } from "../core/signals.js";
 import { attemptField, intInRange, isUuid, stringList, text, uuidField } from "../core/validate.js";
+import { isTransientDatabaseError } from "../db/faults.js";
 import type { ArtifactRefJson } from "../db/schema/index.js";
 import type { WorkerCache } from "../fleet/cache.js";
 import type { HeartbeatBuffer } from "../fleet/heartbeats.js";
-import type { FleetStore } from "../fleet/store.js";
 import type { Metrics } from "../metrics/metrics.js";
 import { codeName, codeOfKind } from "../rpc/errors.js";
 import { toTask } from "../tasks/convert.js";
@@ -37,15 +37,11 @@ export interface LeaseServiceDeps {
   /**
    * The lease store on the database's urgent lane (db/pool-gate.ts): the
    * renewals and completions of what workers hold, which a burst of claims
-   * must not hold up. Also `fleet`'s read of the drained flag on a stream.
+   * must not hold up.
    */
-  urgent: {
-    leases: Pick<LeaseStore, "renew" | "renewMany" | "complete">;
-    fleet: Pick<FleetStore, "get">;
-  };
+  urgent: { leases: Pick<LeaseStore, "renew" | "renewMany" | "complete"> };
   /** CompleteTask calls made together share one statement (group commit). */
   completeOne(completion: Completion): Promise<Outcome>;
-  fleet: Pick<FleetStore, "get">;
   workerCache: Pick<WorkerCache, "get">;
   heartbeats: Pick<HeartbeatBuffer, "touch">;
   wakeups: Pick<ClaimWakeups, "arm" | "passOn">;
@@ -53,6 +49,25 @@ export interface LeaseServiceDeps {
   artifacts: Pick<ArtifactStore, "get">;
   shutdownSignal: AbortSignal;
   metrics: Pick<Metrics, "claims" | "completions" | "failures">;
+}
+
+/**
+ * Runs `fn` again after a transient database failure (a pool exhausted for
+ * a moment, a failover), twice at most, 250 ms and then 750 ms later: a
+ * stream's renewals are safe to send again, and a worker whose stream ends
+ * must open another before its leases run out. What still fails ends the
+ * stream with `unavailable`.
+ */
+async function retryTransient<T>(fn: () => Promise<T>): Promise<T> {
+  for (const pause of [250, 750]) {
+    try {
+      return await fn();
+    } catch (error) {
+      if (!isTransientDatabaseError(error)) throw error;
+      await new Promise((r) => setTimeout(r, pause));
+    }
+  }
+  return fn();
 }
 
 /** How long a StreamLeases stream trusts the drained flag it last read. */
@@ -281,10 +296,20 @@ export function createLeaseService(
             req.queueDepth === undefined
               ? undefined
               : intInRange("queue_depth", req.queueDepth, 0, 2_000_000_000);
-          if (workerId === undefined || Date.now() - drainedReadAt > drainedRecheckMs) {
-            drained = (await app.fleet.get(id)).drained;
+          if (workerId === undefined) {
+            drained = (await app.workerCache.get(id)).drained;
             drainedReadAt = Date.now();
             workerId = id;
+          } else if (Date.now() - drainedReadAt > drainedRecheckMs) {
+            // From the worker cache, shared with the worker's claims and its
+            // other streams. A read that fails keeps the last answer rather
+            // than ending the stream (and its leases); the next message tries again.
+            try {
+              drained = (await app.workerCache.get(id)).drained;
+              drainedReadAt = Date.now();
+            } catch (error) {
+              if (!isTransientDatabaseError(error)) throw error;
+            }
           }
           app.heartbeats.touch(id, queueDepth);
           const items = req.leases.map((l, i) => ({
@@ -293,7 +318,7 @@ export function createLeaseService(
             token: leaseToken(`leases[${i}].lease_token`, l.leaseToken),
             progress: progressOf(l.progress),
           }));
-          const outcomes = await app.urgent.leases.renewMany(id, items);
+          const outcomes = await retryTransient(() => app.urgent.leases.renewMany(id, items));
           const leases: LeaseUpdate[] = outcomes.map((o, i) => {
             const { taskId, attempt } = items[i] as (typeof items)[number];
             if ("ok" in o) {

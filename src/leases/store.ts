@@ -54,6 +54,35 @@ export function completionHash(c: Completion): string {
 }
 
 /**
+ * Items in task id order: statements that update several tasks lock them in
+ * the order they meet them, and two such statements (a worker's renewals,
+ * a batch of completions) that met the same tasks in opposite orders
+ * deadlocked. In one order, they queue instead.
+ */
+function byTaskId<T extends { taskId: string }>(items: readonly T[]): T[] {
+  return [...items].sort((a, b) => (a.taskId < b.taskId ? -1 : a.taskId > b.taskId ? 1 : 0));
+}
+
+/** SQLSTATE 40P01 anywhere in the cause chain. */
+function isDeadlock(error: unknown): boolean {
+  for (let e = error, depth = 0; depth < 6 && e && typeof e === "object"; depth++) {
+    if ((e as { code?: unknown }).code === "40P01") return true;
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
+
+/** Runs `fn`, and once more when it fails with an error `again` accepts. */
+async function retryOnce<T>(again: (error: unknown) => boolean, fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (error) {
+    if (!again(error)) throw error;
+    return fn();
+  }
+}
+
+/**
  * Every lease transition: claims, renewals, completions, failures,
  * releases, expiry. The statements are prepared once per store (claim.ts,
  * transitions.ts); a refused request costs one more read, to name why.
@@ -196,7 +225,7 @@ export function createLeaseStore(db: Db) {
     ): Promise<Outcome<Date>[]> {
       if (items.length === 0) return [];
       const json = JSON.stringify(
-        items.map((i) => ({
+        byTaskId(items).map((i) => ({
           id: i.taskId,
           attempt: i.attempt,
           token: i.token,
@@ -204,7 +233,11 @@ export function createLeaseStore(db: Db) {
           message: i.progress?.message ?? null,
         })),
       );
-      const renewed = await q.renewMany().execute({ items: json, worker: workerId });
+      // A renewal is safe to send again; a deadlock victim is retried once
+      // rather than ending the worker's stream (its lease would run out).
+      const renewed = await retryOnce(isDeadlock, () =>
+        q.renewMany().execute({ items: json, worker: workerId }),
+      );
       const byId = new Map(renewed.map((r) => [r.id, r]));
       const lost = items.filter((i) => byId.get(i.taskId)?.attempt !== i.attempt);
       const rows = await rowsById([...new Set(lost.map((i) => i.taskId))]);
@@ -223,8 +256,9 @@ export function createLeaseStore(db: Db) {
     async complete(items: Completion[]): Promise<Outcome[]> {
       if (items.length === 0) return [];
       const hashes = items.map(completionHash);
+      const hashOf = new Map(items.map((c, i) => [c, hashes[i]]));
       const json = JSON.stringify(
-        items.map((c, i) => ({
+        byTaskId(items).map((c) => ({
           id: c.taskId,
           attempt: c.attempt,
           worker_id: c.workerId,
@@ -232,7 +266,7 @@ export function createLeaseStore(db: Db) {
           result: c.result,
           summary: c.summary,
           metrics: c.metrics,
-          hash: hashes[i],
+          hash: hashOf.get(c),
         })),
       );
       const done = await q.complete().execute({ items: json });

@@ -1,4 +1,10 @@
-import { Code, type Interceptor, type StreamRequest, type UnaryRequest } from "@connectrpc/connect";
+import {
+  Code,
+  ConnectError,
+  type Interceptor,
+  type StreamRequest,
+  type UnaryRequest,
+} from "@connectrpc/connect";
 import { invalid } from "../core/errors.js";
 import { nulPath } from "../core/validate.js";
 import type { Logger } from "../log.js";
@@ -65,6 +71,15 @@ export function createRpcInterceptor(
         rpcLog.debug({ code: "ok", ms }, "rpc");
         return undefined;
       }
+      if (req.signal.aborted || clientLeft(error)) {
+        // The client cancelled, went away or let its deadline pass: normal,
+        // and nobody is left to tell. One line, no stack.
+        const code =
+          req.signal.reason instanceof ConnectError ? req.signal.reason.code : Code.Canceled;
+        span?.end(codeName(code));
+        rpcLog.debug({ code: codeName(code), ms }, "rpc ended: the client went away");
+        return new ConnectError("the client went away", code);
+      }
       const mapped = toClientError(error);
       span?.end(codeName(mapped.error.code));
       if (mapped.unexpected) rpcLog.error({ err: error, code: "internal", ms }, "rpc failed");
@@ -97,6 +112,23 @@ export function createRpcInterceptor(
       })(),
     } as typeof res;
   };
+}
+
+/** Node's errors for writing to a stream or socket the client has closed. */
+const clientGoneCodes = new Set([
+  "ERR_HTTP2_INVALID_STREAM",
+  "ERR_HTTP2_STREAM_ERROR",
+  "ERR_STREAM_DESTROYED",
+  "ERR_STREAM_PREMATURE_CLOSE",
+  "ERR_STREAM_WRITE_AFTER_END",
+  "EPIPE",
+  "ECONNRESET",
+]);
+
+/** Whether `error` says the response could not be written because the client went away. */
+function clientLeft(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  return typeof code === "string" && clientGoneCodes.has(code);
 }
 
 /**
