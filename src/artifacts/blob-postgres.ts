@@ -6,6 +6,7 @@ import type { Db } from "../db/database.js";
 import { blobChunks, blobs, blobUploads } from "../db/schema/index.js";
 import { rowsOf } from "../db/values.js";
 import type { BlobStore } from "./blob-store.js";
+import { isStorageFull, storageFull } from "./blob-unavailable.js";
 
 /** Tuning of the PostgreSQL blob store; the defaults suit production. */
 export interface PostgresBlobStoreOptions {
@@ -262,6 +263,7 @@ export function createPostgresBlobStore(
  * parameters, here a chunk of bytes. Other errors pass as they are.
  */
 function failure(what: string, error: unknown): Error {
+  if (isStorageFull(error)) return storageFull();
   if (!(error instanceof DrizzleQueryError)) {
     return error instanceof Error ? error : new Error(String(error));
   }

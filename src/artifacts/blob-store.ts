@@ -4,6 +4,7 @@ import { mkdir, open, readdir, rename, rm, stat } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import type { Readable } from "node:stream";
 import { DomainError } from "../core/errors.js";
+import { storageFailure } from "./blob-unavailable.js";
 
 /** Bytes hashed into a temporary place, not yet in the content-addressed store. */
 export interface StagedBlob {
@@ -73,14 +74,20 @@ export function createFileBlobStore(root: string): BlobStore {
   return {
     async stage(source, maxBytes) {
       const tempPath = join(tmp, randomUUID());
-      const fh = await open(tempPath, "wx", 0o600);
+      const fh = await open(tempPath, "wx", 0o600).catch((error: unknown) => {
+        throw storageFailure("creating a temporary file", error);
+      });
       const hash = createHash("sha256");
       let size = 0;
       const writeAll = async (chunk: Uint8Array) => {
         let written = 0;
-        while (written < chunk.byteLength) {
-          const { bytesWritten } = await fh.write(chunk, written, chunk.byteLength - written);
-          written += bytesWritten;
+        try {
+          while (written < chunk.byteLength) {
+            const { bytesWritten } = await fh.write(chunk, written, chunk.byteLength - written);
+            written += bytesWritten;
+          }
+        } catch (error) {
+          throw storageFailure("writing", error);
         }
       };
       // One write in flight while the next chunk is received and hashed:
@@ -104,7 +111,9 @@ export function createFileBlobStore(root: string): BlobStore {
           writing.catch(() => {});
         }
         await writing;
-        await fh.sync();
+        await fh.sync().catch((error: unknown) => {
+          throw storageFailure("syncing", error);
+        });
       } catch (error) {
         await writing.catch(() => {});
         await fh.close().catch(() => {});
@@ -118,13 +127,17 @@ export function createFileBlobStore(root: string): BlobStore {
         size,
         async commit() {
           const target = pathOf(sha256);
-          if (await exists(target)) {
-            await rm(tempPath, { force: true });
-            return;
+          try {
+            if (await exists(target)) {
+              await rm(tempPath, { force: true });
+              return;
+            }
+            await mkdir(dirname(target), { recursive: true });
+            await rename(tempPath, target);
+            await fsyncDir(dirname(target));
+          } catch (error) {
+            throw storageFailure("storing", error);
           }
-          await mkdir(dirname(target), { recursive: true });
-          await rename(tempPath, target);
-          await fsyncDir(dirname(target));
         },
         discard: () => rm(tempPath, { force: true }),
       };

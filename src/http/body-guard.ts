@@ -34,7 +34,7 @@ export function guardedBody(
   const { idleMs } = options;
   return {
     [Symbol.asyncIterator]() {
-      const it = (req as AsyncIterable<Uint8Array>)[Symbol.asyncIterator]();
+      const it = reader(req);
       // Bytes still owed to the envelope being read: its prefix (5) and then its message.
       let prefix = Buffer.alloc(0);
       let owed = 0;
@@ -77,7 +77,7 @@ export function guardedBody(
           }
         },
         async return(): Promise<IteratorResult<Uint8Array>> {
-          await it.return?.();
+          it.detach();
           return { done: true, value: undefined };
         },
       };
@@ -86,6 +86,71 @@ export function guardedBody(
         return r;
       }
     },
+  };
+}
+
+/**
+ * Reads a request body chunk by chunk, the way `for await` would, but
+ * without destroying the request when the reader gives up early: `detach`
+ * only lets go of it, so that what is left can still be read and dropped
+ * (closeUnread) and an HTTP/1.1 connection serve its next request. (A
+ * stream's own async iterator destroys it on return, which left the
+ * connection's socket paused half-way through the body.)
+ */
+function reader(stream: Request) {
+  let ended = false;
+  let failed: unknown;
+  let waiting: (() => void) | undefined;
+  const wake = () => {
+    const w = waiting;
+    waiting = undefined;
+    w?.();
+  };
+  const onEnd = () => {
+    ended = true;
+    wake();
+  };
+  const onError = (error: unknown) => {
+    failed ??= error;
+    wake();
+  };
+  const onClose = () => {
+    if (!ended) {
+      failed ??= Object.assign(new Error("the request closed before its body ended"), {
+        code: "ERR_STREAM_PREMATURE_CLOSE",
+      });
+    }
+    wake();
+  };
+  stream.on("readable", wake);
+  stream.on("end", onEnd);
+  stream.on("error", onError);
+  stream.on("close", onClose);
+  const detach = () => {
+    stream.off("readable", wake);
+    stream.off("end", onEnd);
+    stream.off("error", onError);
+    stream.off("close", onClose);
+  };
+  return {
+    async next(): Promise<IteratorResult<Uint8Array>> {
+      for (;;) {
+        if (failed !== undefined) {
+          detach();
+          throw failed;
+        }
+        const chunk = stream.read() as Uint8Array | null;
+        if (chunk !== null) return { done: false, value: chunk };
+        if (ended || stream.readableEnded) {
+          detach();
+          return { done: true, value: undefined };
+        }
+        await new Promise<void>((resolve) => {
+          waiting = resolve;
+        });
+      }
+    },
+    detach,
   };
 }
 
@@ -139,7 +204,17 @@ export function closeUnread(req: Request, socket = req.socket): void {
     return;
   }
   if (req.complete || !socket || socket.destroyed) return;
-  const timer = setTimeout(() => socket.destroy(), unreadGraceMs);
+  // Destroyed half-way by someone else: the rest can no longer be read.
+  if (req.destroyed) {
+    socket.destroy();
+    return;
+  }
+  // `complete` rather than only 'end': a body whose reading was given up
+  // mid-way (its stream destroyed) ends without 'end', while the parser
+  // still reads it to the end and the connection serves the next request.
+  const timer = setTimeout(() => {
+    if (!req.complete) socket.destroy();
+  }, unreadGraceMs);
   timer.unref();
   const done = () => {
     clearTimeout(timer);

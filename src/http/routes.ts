@@ -7,7 +7,7 @@ import { DomainError } from "../core/errors.js";
 import type { TokenRoleName } from "../db/schema/index.js";
 import type { Logger } from "../log.js";
 import type { Correlation } from "../rpc/context.js";
-import { codeName, httpStatusOfCode, type ToClientError } from "../rpc/errors.js";
+import { codeName, httpStatusOf, type ToClientError } from "../rpc/errors.js";
 import { guardedBody } from "./body-guard.js";
 import type { ConnectionTrust } from "./connection-trust.js";
 import { sendJson } from "./json.js";
@@ -95,7 +95,10 @@ export function createPlainRouter(
     if (retryAfter) res.setHeader("retry-after", retryAfter);
     if (e.code === 16) res.setHeader("www-authenticate", 'Bearer realm="meshwork"');
     const reason = e.findDetails(ErrorInfoSchema)[0]?.reason;
-    sendJson(res, httpStatusOfCode[e.code] ?? 500, {
+    if (reason === "STORAGE_FULL") {
+      log.warn({ correlation_id: correlation.id, reason }, "refused: the storage is full");
+    }
+    sendJson(res, httpStatusOf(e.code, reason), {
       error: codeName(e.code),
       message: e.rawMessage,
       ...(reason && reason !== "INVALID_ARGUMENT" && { reason }),

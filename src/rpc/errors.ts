@@ -2,7 +2,7 @@ import { create, type Message } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { ErrorInfoSchema } from "../../gen/meshwork/v1/errors_pb.js";
 import { type Task, TaskSchema } from "../../gen/meshwork/v1/task_pb.js";
-import { BlobStoreUnavailable } from "../artifacts/blob-unavailable.js";
+import { BlobStoreUnavailable, isStorageFull, storageFull } from "../artifacts/blob-unavailable.js";
 import { DomainError, type ErrorKind } from "../core/errors.js";
 import { isTransientDatabaseError } from "../db/faults.js";
 import type { TaskRow } from "../db/schema/index.js";
@@ -35,6 +35,15 @@ export const httpStatusOfCode: Partial<Record<Code, number>> = {
   [Code.Canceled]: 499,
   [Code.DeadlineExceeded]: 504,
 };
+
+/**
+ * The HTTP status of a refusal on the plain routes: the table above, but
+ * 507 (Insufficient Storage) for an upload the storage had no room for.
+ */
+export function httpStatusOf(code: Code, reason: string | undefined): number {
+  if (reason === "STORAGE_FULL") return 507;
+  return httpStatusOfCode[code] ?? 500;
+}
 
 /** Connect's lower_snake name of a code, e.g. `already_exists`. */
 export function codeName(code: Code): string {
@@ -152,6 +161,10 @@ export function createErrorMapper(encodeTask: TaskEncoder) {
     }
     if (isTransientDatabaseError(error)) {
       return { error: databaseUnavailable(), unexpected: false };
+    }
+    // The database's disk is full (SQLSTATE 53100): nothing was written.
+    if (isStorageFull(error)) {
+      return { error: connectErrorOf(storageFull("the database")), unexpected: false };
     }
     if (isUndecodableRequest(error)) {
       // Streaming RPCs decode their messages while the handler reads them.

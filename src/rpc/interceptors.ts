@@ -5,7 +5,7 @@ import {
   type StreamRequest,
   type UnaryRequest,
 } from "@connectrpc/connect";
-import { invalid } from "../core/errors.js";
+import { DomainError, invalid } from "../core/errors.js";
 import { nulPath } from "../core/validate.js";
 import type { Logger } from "../log.js";
 import { newSpanId, type TraceContext, traceFromHeaders } from "../tracing/context.js";
@@ -85,6 +85,11 @@ export function createRpcInterceptor(
       if (mapped.unexpected) rpcLog.error({ err: error, code: "internal", ms }, "rpc failed");
       else if (mapped.error.code === Code.Unavailable)
         rpcLog.warn({ err: error, code: "unavailable", ms }, "rpc failed: unavailable");
+      else if (error instanceof DomainError && error.reason === "STORAGE_FULL")
+        rpcLog.warn(
+          { code: "resource_exhausted", reason: "STORAGE_FULL", ms },
+          "rpc refused: the storage is full",
+        );
       else
         rpcLog.info({ code: mapped.error.code, reason: mapped.error.message, ms }, "rpc refused");
       return mapped.error;

@@ -1,0 +1,132 @@
+import { execFileSync } from "node:child_process";
+import { mkdirSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { create } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  ArtifactService,
+  type UploadArtifactRequest,
+  UploadArtifactRequestSchema,
+} from "../../gen/meshwork/v1/artifact_pb.js";
+import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
+import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
+import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
+import { BlobStoreUnavailable, storageFailure } from "../../src/artifacts/blob-unavailable.js";
+import { DomainError } from "../../src/core/errors.js";
+import { listen, type RunningServer } from "../../src/server.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { outcome } from "../support/errors.js";
+import { appOn, claimOne, testBlobStore, uniqueWorkload } from "../support/harness.js";
+
+describe("storage failures as clients see them", () => {
+  it("out of space (ENOSPC, EDQUOT) is resource_exhausted STORAGE_FULL; other failures unavailable", () => {
+    for (const code of ["ENOSPC", "EDQUOT"]) {
+      const e = storageFailure("writing", Object.assign(new Error("full"), { code }));
+      expect(e).toBeInstanceOf(DomainError);
+      expect((e as DomainError).kind).toBe("resource_exhausted");
+      expect((e as DomainError).reason).toBe("STORAGE_FULL");
+    }
+    for (const code of ["EIO", "EROFS", "EACCES"]) {
+      expect(storageFailure("writing", Object.assign(new Error("io"), { code }))).toBeInstanceOf(
+        BlobStoreUnavailable,
+      );
+    }
+  });
+});
+
+/** A 1 MiB tmpfs, where this machine lets us mount one (root, Linux): a real full disk. */
+function mountSmallDisk(): string | undefined {
+  if (process.platform !== "linux" || process.getuid?.() !== 0) return undefined;
+  const dir = mkdtempSync(join(tmpdir(), "meshwork-full-"));
+  try {
+    execFileSync("mount", ["-t", "tmpfs", "-o", "size=1m", "tmpfs", dir], { stdio: "ignore" });
+    return dir;
+  } catch {
+    rmSync(dir, { recursive: true, force: true });
+    return undefined;
+  }
+}
+
+const disk = testBlobStore.kind === "fs" ? mountSmallDisk() : undefined;
+
+describe.skipIf(!disk)("a full disk under the file blob store", () => {
+  let tdb: TestDatabase;
+  let server: RunningServer;
+  const blobDir = join(disk ?? "", "blobs");
+  beforeAll(async () => {
+    mkdirSync(blobDir, { recursive: true });
+    tdb = await createTestDatabase();
+    server = await listen(appOn(tdb.database, { blobDir }), "127.0.0.1:0");
+  });
+  afterAll(async () => {
+    await server?.close();
+    await tdb?.drop();
+    if (disk) {
+      execFileSync("umount", [disk]);
+      rmSync(disk, { recursive: true, force: true });
+    }
+  });
+
+  const transport = () => createGrpcTransport({ baseUrl: server.url });
+  async function claimed() {
+    const workload = uniqueWorkload();
+    const { workerId } = await createClient(FleetService, transport()).registerWorker({
+      capabilities: [workload],
+    });
+    await createClient(TaskService, transport()).createTask({ workload });
+    const claim = await claimOne({ leases: createClient(LeaseService, transport()) }, workerId);
+    return { claim, workerId };
+  }
+  const temporaryFiles = () => readdirSync(join(blobDir, "tmp"));
+  const bigger = Buffer.alloc(3 * 1024 * 1024, 7);
+
+  it("PUT: 507 with resource_exhausted STORAGE_FULL, nothing kept, and a small upload works after", async () => {
+    const { claim, workerId } = await claimed();
+    const put = (body: Buffer, name: string) =>
+      fetch(`${server.url}/tasks/${claim.taskId}/artifacts/${name}`, {
+        method: "PUT",
+        headers: { "x-worker-id": workerId, "x-task-attempt": String(claim.attempt) },
+        body,
+      });
+    const res = await put(bigger, "big.bin");
+    expect(res.status).toBe(507);
+    expect(await res.json()).toMatchObject({ error: "resource_exhausted", reason: "STORAGE_FULL" });
+    expect(temporaryFiles()).toEqual([]);
+    const artifacts = await createClient(ArtifactService, transport()).listArtifacts({
+      taskId: claim.taskId,
+    });
+    expect(artifacts.artifacts).toEqual([]);
+    expect((await put(Buffer.from("fits"), "small.txt")).status).toBe(201);
+  });
+
+  it("UploadArtifact: resource_exhausted, nothing kept", async () => {
+    const { claim, workerId } = await claimed();
+    async function* messages(): AsyncGenerator<UploadArtifactRequest> {
+      yield create(UploadArtifactRequestSchema, {
+        payload: {
+          case: "header",
+          value: {
+            taskId: claim.taskId,
+            workerId,
+            attempt: claim.attempt,
+            leaseToken: claim.leaseToken,
+            filename: "big.bin",
+          },
+        },
+      });
+      for (let at = 0; at < bigger.length; at += 256 * 1024) {
+        yield create(UploadArtifactRequestSchema, {
+          payload: { case: "chunk", value: bigger.subarray(at, at + 256 * 1024) },
+        });
+      }
+    }
+    const refused = await outcome(
+      createClient(ArtifactService, transport()).uploadArtifact(messages()),
+    );
+    expect(refused).toMatchObject({ code: "ResourceExhausted", reason: "STORAGE_FULL" });
+    expect(temporaryFiles()).toEqual([]);
+  });
+});
