@@ -122,3 +122,37 @@ export function nulPath(message: unknown): string | undefined {
   }
   return undefined;
 }
+
+/**
+ * The deepest a JSON value (a task's parameters, a knowledge entry's value)
+ * may nest. In protobuf every level is two messages (Struct, then Value),
+ * and protobuf's usual limit on nested messages is 100 (protobuf-es, C++,
+ * Python, Java): a value of 48 levels, inside its Task and its response, is
+ * the deepest that every client reads back with its library's defaults,
+ * whatever its protocol. Every protocol and both REST contracts are held to
+ * it, and refuse a deeper value by its field's name.
+ */
+export const maxJsonDepth = 48;
+
+/** How deep `value` nests (a scalar: 0; `{}` or `[]`: 1), counted without recursion. */
+export function jsonDepth(value: unknown): number {
+  let deepest = 0;
+  const stack: [unknown, number][] = [[value, 0]];
+  while (stack.length > 0) {
+    const [v, depth] = stack.pop() as [unknown, number];
+    if (v === null || typeof v !== "object") continue;
+    const here = depth + 1;
+    if (here > deepest) deepest = here;
+    if (deepest > maxJsonDepth + 1) return deepest;
+    for (const child of Array.isArray(v) ? v : Object.values(v)) stack.push([child, here]);
+  }
+  return deepest;
+}
+
+/** Refuses a JSON value nested deeper than maxJsonDepth, naming the field. */
+export function shallowJson<T>(field: string, value: T): T {
+  if (jsonDepth(value) > maxJsonDepth) {
+    throw invalid(`${field} is nested deeper than ${maxJsonDepth} levels`);
+  }
+  return value;
+}

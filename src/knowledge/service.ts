@@ -10,7 +10,7 @@ import {
 } from "../../gen/meshwork/v1/knowledge_pb.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { decodePageToken, type Position, pageOf, pageSize } from "../core/paging.js";
-import { isStorableTime, text, timeField } from "../core/validate.js";
+import { isStorableTime, shallowJson, text, timeField } from "../core/validate.js";
 import type { KnowledgeRow } from "../db/schema/index.js";
 import type { KnowledgeStore } from "./store.js";
 
@@ -47,7 +47,7 @@ function fromEntry(e: KnowledgeEntry, now: Date): KnowledgeRow | { reason: strin
     return {
       kind: text("kind", e.kind),
       key: text("key", e.key),
-      value: (e.value ?? {}) as Record<string, unknown>,
+      value: shallowJson("value", (e.value ?? {}) as Record<string, unknown>),
       version,
       updatedAt,
       origin: e.origin,
@@ -74,7 +74,7 @@ export function createKnowledgeService(app: {
       const row = await store.put(
         text("kind", req.kind),
         text("key", req.key),
-        (req.value ?? {}) as Record<string, unknown>,
+        shallowJson("value", (req.value ?? {}) as Record<string, unknown>),
         version,
       );
       return { entry: toEntry(row) };

@@ -1,4 +1,5 @@
 import { DomainError, invalid } from "../core/errors.js";
+import { shallowJson } from "../core/validate.js";
 
 /** A JSON object as a REST client sent it. */
 export type JsonBody = Record<string, unknown>;
@@ -44,7 +45,11 @@ export async function readJson(
   if (typeof body !== "object" || body === null || Array.isArray(body)) {
     throw invalid("the body must be a JSON object");
   }
-  for (const key of Object.keys(body)) {
+  for (const [key, value] of Object.entries(body)) {
+    // Before anything converts it (a Struct, then protobuf): every field's
+    // value nests at most as deep as an RPC accepts, and a deeper one is
+    // refused by name, whatever its depth.
+    shallowJson(JSON.stringify(key.slice(0, 64)), value);
     if (known !== "any" && !known.includes(key)) {
       throw invalid(
         `unknown field ${JSON.stringify(key.slice(0, 64))}; known: ${known.join(", ")}`,

@@ -16,7 +16,14 @@ import {
   TaskState,
 } from "../../gen/meshwork/v1/task_pb.js";
 import { invalid } from "../core/errors.js";
-import { intInRange, isStorableTime, stringList, stringMap, text } from "../core/validate.js";
+import {
+  intInRange,
+  isStorableTime,
+  shallowJson,
+  stringList,
+  stringMap,
+  text,
+} from "../core/validate.js";
 import type { ArtifactRefJson, TaskEventRow, TaskRow, TaskStateName } from "../db/schema/index.js";
 import type { NewTask } from "./store.js";
 
@@ -148,7 +155,9 @@ export function fromCreateRequest(
     affinity: stringMap(`${field}affinity`, req.affinity),
     priority: req.priority,
     deadline: req.deadline ? validTimestamp(`${field}deadline`, req.deadline) : null,
-    parameters: (req.parameters as Record<string, unknown> | undefined) ?? null,
+    parameters:
+      shallowJson(`${field}parameters`, req.parameters as Record<string, unknown> | undefined) ??
+      null,
     steps:
       req.steps === undefined ? null : intInRange(`${field}steps`, req.steps, 0, 1_000_000_000),
     maxAttempts:
