@@ -153,13 +153,21 @@ export function createPostgresBlobStore(
       return {
         sha256,
         size,
-        async commit() {
+        async commit(options = {}) {
           await db.transaction(async (tx) => {
             const [held] = await tx
               .delete(blobUploads)
               .where(eq(blobUploads.id, uploadId))
               .returning({ id: blobUploads.id });
             if (!held) throw expired();
+            if (options.replace) {
+              // The corrupt copy goes, chunks and all; these bytes take its name.
+              const [old] = await tx
+                .delete(blobs)
+                .where(eq(blobs.sha256, sha256))
+                .returning({ uploadId: blobs.uploadId });
+              if (old) await tx.delete(blobChunks).where(eq(blobChunks.uploadId, old.uploadId));
+            }
             // A concurrent commit of the same bytes waits here on the primary
             // key until the first commits, then finds the row: both succeed.
             const [named] = await tx

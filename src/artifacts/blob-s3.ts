@@ -293,10 +293,10 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
       return {
         sha256,
         size,
-        async commit() {
+        async commit(options = {}) {
           const target = keyOf(sha256);
-          // The same bytes stored before: keep that copy.
-          if (!(await exists(target))) await copy(tempKey, target, size);
+          // The same bytes stored before: keep that copy (unless it is corrupt).
+          if (options.replace || !(await exists(target))) await copy(tempKey, target, size);
           await deleteObject(tempKey);
         },
         async discard() {

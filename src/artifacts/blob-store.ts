@@ -10,8 +10,13 @@ import { storageFailure } from "./blob-unavailable.js";
 export interface StagedBlob {
   sha256: string;
   size: number;
-  /** Makes the bytes durable under their hash (for files: fsync, rename, fsync of the directory). */
-  commit(): Promise<void>;
+  /**
+   * Makes the bytes durable under their hash (for files: fsync, rename,
+   * fsync of the directory). Bytes stored under the hash already are kept
+   * as they are, unless `replace` (they were found corrupt: these good
+   * bytes take their place).
+   */
+  commit(options?: { replace?: boolean }): Promise<void>;
   /** Removes the temporary copy. */
   discard(): Promise<void>;
 }
@@ -125,10 +130,10 @@ export function createFileBlobStore(root: string): BlobStore {
       return {
         sha256,
         size,
-        async commit() {
+        async commit(options = {}) {
           const target = pathOf(sha256);
           try {
-            if (await exists(target)) {
+            if (!options.replace && (await exists(target))) {
               await rm(tempPath, { force: true });
               return;
             }

@@ -5,7 +5,13 @@ import { leaseHeld, leaseParams, leaseRefusal } from "../core/lease-check.js";
 import type { LeaseRef } from "../core/lease-ref.js";
 import { byTimeAndId, keysetAfter, type Position, pageOf } from "../core/paging.js";
 import type { Db } from "../db/database.js";
-import { type ArtifactKindName, type ArtifactRow, artifacts, tasks } from "../db/schema/index.js";
+import {
+  type ArtifactKindName,
+  type ArtifactRow,
+  artifacts,
+  corruptBlobs,
+  tasks,
+} from "../db/schema/index.js";
 
 export interface NewArtifact {
   taskId: string | null;
@@ -65,6 +71,8 @@ export function createArtifactStore(db: Db) {
       bytesPresent?: () => Promise<boolean>,
     ): Promise<ArtifactRow> {
       return db.transaction(async (tx) => {
+        // Good bytes were just stored under this hash (replacing a corrupt copy).
+        await tx.delete(corruptBlobs).where(eq(corruptBlobs.sha256, a.sha256));
         if (lease) await assertLease(tx, lease, true);
         if (bytesPresent) {
           await tx.execute(lockBlob(a.sha256, "shared"));
@@ -103,6 +111,47 @@ export function createArtifactStore(db: Db) {
             sql`not exists (select 1 from ${tasks} t where t.input->>'artifactId' = ${artifacts.id}::text)`,
           ),
         );
+    },
+
+    /** Whether the bytes under this hash were found corrupt (and not uploaded again since). */
+    async isCorrupt(sha256: string): Promise<boolean> {
+      const [row] = await db
+        .select({ sha256: corruptBlobs.sha256 })
+        .from(corruptBlobs)
+        .where(eq(corruptBlobs.sha256, sha256));
+      return row !== undefined;
+    },
+
+    /** Records that the bytes under this hash do not hash to it. */
+    async markCorrupt(sha256: string): Promise<void> {
+      await db.insert(corruptBlobs).values({ sha256 }).onConflictDoNothing();
+    },
+
+    /** Forgets a corrupt mark (the bytes read back good again). */
+    async clearCorrupt(sha256: string): Promise<void> {
+      await db.delete(corruptBlobs).where(eq(corruptBlobs.sha256, sha256));
+    },
+
+    /**
+     * The distinct non-empty blobs artifacts name, by hash after `after`, at
+     * most `limit`: with their size and the ids of the artifacts that hold them.
+     */
+    async blobs(
+      after: string,
+      limit: number,
+    ): Promise<{ sha256: string; sizeBytes: number; artifactIds: string[] }[]> {
+      const rows = await db
+        .select({
+          sha256: artifacts.sha256,
+          sizeBytes: sql<number>`max(${artifacts.sizeBytes})`,
+          artifactIds: sql<string[]>`array_agg(${artifacts.id}::text order by ${artifacts.id})`,
+        })
+        .from(artifacts)
+        .where(and(sql`${artifacts.sha256} > ${after}`, sql`${artifacts.sizeBytes} > 0`))
+        .groupBy(artifacts.sha256)
+        .orderBy(asc(artifacts.sha256))
+        .limit(limit);
+      return rows.map((r) => ({ ...r, sizeBytes: Number(r.sizeBytes) }));
     },
 
     async get(id: string): Promise<ArtifactRow> {

@@ -10,7 +10,9 @@ import type { ArtifactStore } from "./store.js";
 /** What storing an upload uses. */
 export interface UploadDeps {
   config: Pick<Config, "maxArtifactBytes">;
-  artifacts: Pick<ArtifactStore, "checkLease" | "insert">;
+  /** `isCorrupt`: whether stored bytes of the same hash are to be replaced (verify.ts). */
+  artifacts: Pick<ArtifactStore, "checkLease" | "insert"> &
+    Partial<Pick<ArtifactStore, "isCorrupt">>;
   blobs: Pick<BlobStore, "stage" | "has">;
   /** Where a temporary copy that could not be removed is mentioned. */
   log?: Pick<Logger, "warn">;
@@ -104,7 +106,9 @@ export async function storeUpload(
         "SIZE_MISMATCH",
       );
     }
-    await staged.commit();
+    // Bytes found corrupt under this hash are replaced by these good ones.
+    const replace = staged.size > 0 && ((await app.artifacts.isCorrupt?.(staged.sha256)) ?? false);
+    await staged.commit({ replace });
     committed = true;
     const row = await app.artifacts.insert(
       {

@@ -79,6 +79,8 @@ export const policy: Record<string, MethodRule> = {
   "meshwork.v1.ArtifactService/DownloadArtifact": { roles: anyRole },
   "meshwork.v1.ArtifactService/GetArtifact": { roles: anyRole },
   "meshwork.v1.ArtifactService/ListArtifacts": { roles: anyRole },
+  // Reads every stored blob: admin only.
+  "meshwork.v1.ArtifactService/VerifyArtifacts": { roles: [] },
   // Knowledge: clients (directors).
   "meshwork.v1.KnowledgeService/PutEntry": { roles: client },
   "meshwork.v1.KnowledgeService/GetEntry": { roles: client },

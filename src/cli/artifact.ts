@@ -11,6 +11,7 @@ import {
   ArtifactSchema,
   ArtifactService,
   type UploadArtifactRequest,
+  VerifyArtifactsResponseSchema,
 } from "../../gen/meshwork/v1/artifact_pb.js";
 import {
   endpointHelp,
@@ -29,6 +30,7 @@ import { record, when } from "./table.js";
 const usage = `Usage:
   meshwork artifact get ARTIFACT_ID [-o FILE]
   meshwork artifact put FILE [--content-type TYPE] [--filename NAME]
+  meshwork artifact verify
 
 'get' downloads an artifact (DownloadArtifact) to FILE, or to stdout without
 -o, and checks its SHA-256 and size against the coordinator's record: on a
@@ -41,6 +43,12 @@ prints its id alone on stdout; pass it to 'meshwork task create
 --input-artifact ID', or use 'task create --input FILE' to do both at once.
 Outputs and checkpoints of a task can only be uploaded by the worker holding
 its lease, so 'put' takes no --task.
+
+'verify' (admin token) has the coordinator read every stored blob and check
+that it hashes to its SHA-256 (VerifyArtifacts). It prints each corrupt blob
+with the artifacts that hold it, then the counts; the exit code is 1 when any
+is corrupt. A corrupt blob is refused to downloads until the same bytes are
+uploaded again. With --json, one JSON line per message.
 
 ${endpointHelp}`;
 
@@ -179,6 +187,34 @@ export async function artifactCommand(argv: string[], io: Io = stdio): Promise<n
         io.err.write(describe(artifact));
       }
       return 0;
+    }
+    if (sub === "verify") {
+      const { values, positionals } = parse(rest, endpointOptions);
+      if (values.help) return help(io);
+      positionalsOf(positionals, []);
+      const client = createClient(ArtifactService, transportFor(endpointOf(values)));
+      let corrupt = 0;
+      for await (const res of client.verifyArtifacts({})) {
+        if (values.json) {
+          io.out.write(`${JSON.stringify(toJson(VerifyArtifactsResponseSchema, res))}
+`);
+        }
+        if (res.result.case === "corrupt") {
+          corrupt++;
+          const c = res.result.value;
+          if (!values.json) {
+            io.out.write(
+              `corrupt  ${c.sha256}  ${c.sizeBytes} bytes, reads as ${c.actualSha256 || "(unreadable)"}; artifacts ${c.artifactIds.join(", ")}\n`,
+            );
+          }
+        } else if (res.result.case === "summary" && !values.json) {
+          const t = res.result.value;
+          io.err.write(
+            `checked ${t.checked} blobs (${t.bytes} bytes): ${t.corrupt} corrupt, ${t.missing} missing from this coordinator's store\n`,
+          );
+        }
+      }
+      return corrupt > 0 ? 1 : 0;
     }
     throw new UsageError(`unknown subcommand ${JSON.stringify(sub)}`);
   });

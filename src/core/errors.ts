@@ -10,7 +10,8 @@ export type ErrorKind =
   | "aborted"
   | "failed_precondition"
   | "resource_exhausted"
-  | "unavailable";
+  | "unavailable"
+  | "data_loss";
 
 /**
  * The one error type of the domain: a refusal a client may see. Validators

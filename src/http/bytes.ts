@@ -4,6 +4,7 @@ import type { App } from "../app.js";
 import { toArtifactRefJson } from "../artifacts/convert.js";
 import { assertReachable } from "../artifacts/reachable.js";
 import { storeUpload } from "../artifacts/uploads.js";
+import { assertNotCorrupt, verifiedRead } from "../artifacts/verify.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { isUuid } from "../core/validate.js";
 import type { ArtifactRow } from "../db/schema/index.js";
@@ -42,6 +43,7 @@ async function sendArtifact(
   row: ArtifactRow,
 ): Promise<void> {
   await assertReachable(app.blobs, row);
+  await assertNotCorrupt(app, row);
   const etag = `"${row.sha256}"`;
   const headers: Record<string, string | number> = {
     "content-type": row.contentType || "application/octet-stream",
@@ -78,7 +80,8 @@ async function sendArtifact(
     return;
   }
   const length = range ? range.end - range.start + 1 : row.sizeBytes;
-  await pipeline(app.blobs.read(row.sha256, range), res as http.ServerResponse).then(
+  // Hashed as it goes: corrupt bytes end the response short of its length (verify.ts).
+  await pipeline(verifiedRead(app, row, range), res as http.ServerResponse).then(
     () => app.metrics.artifactBytesOut.inc(length),
     (error: unknown) => {
       // The client went away mid-download (the response closed before the

@@ -18,6 +18,7 @@ export const codeOfKind: Record<ErrorKind, Code> = {
   failed_precondition: Code.FailedPrecondition,
   resource_exhausted: Code.ResourceExhausted,
   unavailable: Code.Unavailable,
+  data_loss: Code.DataLoss,
 };
 
 /** HTTP status of a Connect code, for the plain HTTP routes. */
@@ -34,6 +35,7 @@ export const httpStatusOfCode: Partial<Record<Code, number>> = {
   [Code.Unavailable]: 503,
   [Code.Canceled]: 499,
   [Code.DeadlineExceeded]: 504,
+  [Code.DataLoss]: 500,
 };
 
 /**

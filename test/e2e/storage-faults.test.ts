@@ -1,7 +1,9 @@
 import { execFileSync } from "node:child_process";
-import { mkdirSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { createHash } from "node:crypto";
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { Writable } from "node:stream";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
@@ -14,7 +16,9 @@ import {
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
 import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
+import type { App } from "../../src/app.js";
 import { BlobStoreUnavailable, storageFailure } from "../../src/artifacts/blob-unavailable.js";
+import { artifactCommand, uploadInput } from "../../src/cli/artifact.js";
 import { DomainError } from "../../src/core/errors.js";
 import { listen, type RunningServer } from "../../src/server.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
@@ -130,3 +134,100 @@ describe.skipIf(!disk)("a full disk under the file blob store", () => {
     expect(temporaryFiles()).toEqual([]);
   });
 });
+
+describe.skipIf(testBlobStore.kind !== "fs")("stored bytes that changed on disk", () => {
+  let tdb: TestDatabase;
+  let app: App;
+  let server: RunningServer;
+  const blobDir = mkdtempSync(join(tmpdir(), "meshwork-rot-"));
+  beforeAll(async () => {
+    tdb = await createTestDatabase();
+    app = appOn(tdb.database, { blobDir });
+    server = await listen(app, "127.0.0.1:0");
+  });
+  afterAll(async () => {
+    await server?.close();
+    await tdb?.drop();
+  });
+
+  const transport = () => createGrpcTransport({ baseUrl: server.url });
+  const data = Buffer.from(Uint8Array.from({ length: 1_000_000 }, (_, i) => (i * 13) & 0xff));
+  const sha256 = createHash("sha256").update(data).digest("hex");
+  const fileOf = (hash: string) =>
+    join(blobDir, "sha256", hash.slice(0, 2), hash.slice(2, 4), hash);
+  const put = () => uploadInput({ url: server.url, token: "" }, writeTemp(data));
+  const writeTemp = (bytes: Buffer) => {
+    const path = join(mkdtempSync(join(tmpdir(), "meshwork-in-")), "in.bin");
+    writeFileSync(path, bytes);
+    return path;
+  };
+  /** A download's status and how many bytes came before it ended (or failed). */
+  async function download(id: string, range?: string) {
+    const res = await fetch(`${server.url}/artifacts/${id}/download`, {
+      headers: range ? { range } : {},
+    });
+    let got = 0;
+    let failed = false;
+    try {
+      for await (const c of res.body as unknown as AsyncIterable<Uint8Array>) got += c.byteLength;
+    } catch {
+      failed = true;
+    }
+    return { status: res.status, got, failed };
+  }
+
+  it("is never served as good: the download is cut, later ones refused, verify reports it, the same bytes uploaded repair it", async () => {
+    const artifact = await put();
+    expect(artifact.sha256).toBe(sha256);
+    expect(await download(artifact.artifactId)).toMatchObject({ status: 200, got: data.length });
+    // One byte flipped on disk, behind the coordinator's back.
+    const path = fileOf(sha256);
+    const onDisk = readFileSync(path);
+    onDisk[500_000] = ((onDisk[500_000] ?? 0) + 1) % 256;
+    writeFileSync(path, onDisk);
+
+    const cut = await download(artifact.artifactId);
+    expect(cut.status).toBe(200);
+    expect(cut.failed || cut.got < data.length).toBe(true);
+    // Known now: refused at once, whole or ranged, over HTTP and RPC.
+    const refused = await fetch(`${server.url}/artifacts/${artifact.artifactId}/download`, {
+      headers: { range: "bytes=0-9" },
+    });
+    expect(refused.status).toBe(500);
+    expect(await refused.json()).toMatchObject({ error: "data_loss", reason: "ARTIFACT_CORRUPT" });
+    const rpc = createClient(ArtifactService, transport());
+    const streamed = await outcome(
+      (async () => {
+        for await (const _ of rpc.downloadArtifact({ artifactId: artifact.artifactId }));
+      })(),
+    );
+    expect(streamed).toMatchObject({ code: "DataLoss", reason: "ARTIFACT_CORRUPT" });
+    expect(await app.metrics.scrape()).toMatch(/^meshwork_artifact_corrupt_total 1$/m);
+
+    const io = capture();
+    expect(await artifactCommand(["verify", "--url", server.url, "--token", "x"], io)).toBe(1);
+    expect(io.text()).toContain(`corrupt  ${sha256}`);
+    expect(io.text()).toContain(artifact.artifactId);
+    expect(io.text()).toMatch(/checked \d+ blobs .*: 1 corrupt/);
+
+    // The same bytes again: the good copy takes the corrupt one's place.
+    await put();
+    expect(await download(artifact.artifactId)).toMatchObject({ status: 200, got: data.length });
+    expect(readFileSync(path).equals(data)).toBe(true);
+    const after = capture();
+    expect(await artifactCommand(["verify", "--url", server.url, "--token", "x"], after)).toBe(0);
+    expect(after.text()).toMatch(/: 0 corrupt/);
+  });
+});
+
+/** An Io that keeps what a command writes. */
+function capture() {
+  let text = "";
+  const sink = new Writable({
+    write(chunk, _enc, done) {
+      text += String(chunk);
+      done();
+    },
+  });
+  return { out: sink, err: sink, text: () => text };
+}

@@ -2,6 +2,7 @@ import { createHash } from "node:crypto";
 import type { Readable } from "node:stream";
 import { expect, it } from "vitest";
 import type { BlobStore } from "../../src/artifacts/blob-store.js";
+import { verifiedRead } from "../../src/artifacts/verify.js";
 
 /** A blob store under test and what it left behind outside its committed blobs. */
 export interface BlobStoreUnderTest {
@@ -123,5 +124,57 @@ export function blobStoreContract(setup: () => Promise<BlobStoreUnderTest>): voi
     expect(await store.has(missing)).toBe(false);
     const stream = store.read(missing); // returned, not thrown
     await expect(readAll(stream)).rejects.toThrow();
+  });
+}
+
+/**
+ * Reads verified against their hash (src/artifacts/verify.ts), on a store
+ * whose stored copy `damage` changes behind its back (one byte flipped):
+ * whole and ranged reads fail with `data_loss` without giving the last
+ * chunk, the blob is marked, and a commit of the same bytes with `replace`
+ * stores a good copy that reads back whole.
+ */
+export function verifiedReadContract(
+  setup: () => Promise<{ store: BlobStore; damage(sha256: string): Promise<void> }>,
+  size = 300_000,
+): void {
+  it("refuses damaged bytes on every read, marks them, and takes a good copy with replace", async () => {
+    const { store, damage } = await setup();
+    const data = Buffer.alloc(300_000, 0).map((_, i) => (i * 7) & 0xff);
+    const staged = await store.stage(
+      chunks(data.subarray(0, 100_000), data.subarray(100_000)),
+      1e6,
+    );
+    await staged.commit();
+    const marked = new Set<string>();
+    const deps = {
+      blobs: store,
+      artifacts: {
+        isCorrupt: async (s: string) => marked.has(s),
+        markCorrupt: async (s: string) => {
+          marked.add(s);
+        },
+      },
+    };
+    const bytes = { id: "a1", sha256: staged.sha256, sizeBytes: data.length };
+    expect(await readAll(verifiedRead(deps, bytes))).toEqual(Buffer.from(data));
+    await damage(staged.sha256);
+    for (const range of [undefined, { start: 0, end: 10 }, { start: size - 10, end: size - 1 }]) {
+      const got: Buffer[] = [];
+      const failure = await (async () => {
+        for await (const c of verifiedRead(deps, bytes, range)) got.push(c as Buffer);
+      })().then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect(failure).toMatchObject({ kind: "data_loss", reason: "ARTIFACT_CORRUPT" });
+      // What was given is never all of it.
+      const expected = range ? range.end - range.start + 1 : data.length;
+      expect(Buffer.concat(got).length).toBeLessThan(expected);
+    }
+    expect(marked.has(staged.sha256)).toBe(true);
+    const again = await store.stage(chunks(data), 1e6);
+    await again.commit({ replace: true });
+    expect(await readAll(verifiedRead(deps, bytes))).toEqual(Buffer.from(data));
   });
 }

@@ -1,6 +1,7 @@
 import { randomBytes, randomUUID } from "node:crypto";
 import { createServer, type Socket } from "node:net";
 import type { Readable } from "node:stream";
+import { GetObjectCommand, PutObjectCommand } from "@aws-sdk/client-s3";
 import { Code } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import {
@@ -13,7 +14,13 @@ import {
 import { BlobStoreUnavailable } from "../../src/artifacts/blob-unavailable.js";
 import { createErrorMapper } from "../../src/rpc/errors.js";
 import { toTask } from "../../src/tasks/convert.js";
-import { blobStoreContract, chunks, readAll, sha } from "../support/blob-store-contract.js";
+import {
+  blobStoreContract,
+  chunks,
+  readAll,
+  sha,
+  verifiedReadContract,
+} from "../support/blob-store-contract.js";
 import { startS3, type TestS3 } from "../support/s3.js";
 
 const MiB = 1024 * 1024;
@@ -105,6 +112,25 @@ function ending(stream: Readable): Promise<unknown> {
 describe("S3 blob store", () => {
   describe("the blob store contract", () => {
     blobStoreContract(async () => storeOf());
+    verifiedReadContract(async () => {
+      const t = storeOf();
+      return {
+        store: t.store,
+        // Another writer puts different bytes under the blob's key.
+        async damage(hash: string) {
+          const key = `${t.prefix}sha256/${hash}`;
+          const client = s3.client();
+          const got = await client.send(new GetObjectCommand({ Bucket: s3.bucket, Key: key }));
+          const body = Buffer.from(
+            await (
+              got.Body as { transformToByteArray(): Promise<Uint8Array> }
+            ).transformToByteArray(),
+          );
+          body[12_345] = ((body[12_345] ?? 0) + 1) % 256;
+          await client.send(new PutObjectCommand({ Bucket: s3.bucket, Key: key, Body: body }));
+        },
+      };
+    });
   });
 
   it("keys a committed blob <prefix>sha256/<hex>, and uploads it with one PutObject when it fits one part", async () => {

@@ -18,6 +18,7 @@ import { type BlobStore, createFileBlobStore, leftovers } from "../../src/artifa
 import type { Database } from "../../src/db/database.js";
 import { isTransientDatabaseError } from "../../src/db/faults.js";
 import { rowsOf } from "../../src/db/values.js";
+import { verifiedReadContract } from "../support/blob-store-contract.js";
 import { engines } from "../support/engines.js";
 
 async function* chunks(...parts: (string | Uint8Array)[]) {
@@ -41,6 +42,8 @@ interface Subject {
   leftovers(): Promise<number>;
   /** Bytes held for committed blobs (equal bytes stored twice count once). */
   stored(): Promise<number>;
+  /** Flips a byte of a committed blob's stored copy behind the store's back. */
+  damage(sha256: string): Promise<void>;
 }
 
 /** Bytes per chunk of the PostgreSQL store in the contract: small, so that every test crosses chunks. */
@@ -51,8 +54,16 @@ async function count(database: Database, query: ReturnType<typeof sql>): Promise
   return Number(row?.n ?? 0);
 }
 
+const databases = new WeakMap<Subject, Database>();
+/** The database a PostgreSQL subject is on. */
+const postgresOf = (subject: Subject): Database => {
+  const database = databases.get(subject);
+  if (!database) throw new Error("not a PostgreSQL subject");
+  return database;
+};
+
 function postgresSubject(database: Database, chunkBytes = smallChunk): Subject {
-  return {
+  const subject: Subject = {
     store: createPostgresBlobStore(database.db, { chunkBytes }),
     // Staged uploads, and chunks that belong to no upload and no blob.
     leftovers: async () =>
@@ -65,7 +76,14 @@ function postgresSubject(database: Database, chunkBytes = smallChunk): Subject {
       )),
     stored: () =>
       count(database, sql`select coalesce(sum(length(data)), 0)::bigint as n from blob_chunks`),
+    async damage(sha256) {
+      await database.db.execute(sql`update blob_chunks c
+        set data = set_byte(c.data, 0, (get_byte(c.data, 0) + 1) % 256)
+        from blobs b where b.sha256 = ${sha256} and c.upload_id = b.upload_id and c.seq = 1`);
+    },
   };
+  databases.set(subject, database);
+  return subject;
 }
 
 function fileSubject(): Subject {
@@ -82,6 +100,12 @@ function fileSubject(): Subject {
     store: createFileBlobStore(root),
     leftovers: async () => (await leftovers(root)).length,
     stored: async () => size(join(root, "sha256")),
+    async damage(sha256) {
+      const path = join(root, "sha256", sha256.slice(0, 2), sha256.slice(2, 4), sha256);
+      const b = readFileSync(path);
+      b[1234] = ((b[1234] ?? 0) + 1) % 256;
+      writeFileSync(path, b);
+    },
   };
 }
 
@@ -104,6 +128,11 @@ describe.each(kinds)("blob store contract: %s", (kind) => {
     drop = opened.drop;
   });
   afterAll(() => drop());
+
+  // With chunks of 16 KiB on the PostgreSQL store (4 bytes in the rest of the contract).
+  verifiedReadContract(async () =>
+    kind === "fs" ? subject : postgresSubject(postgresOf(subject), 16 * 1024),
+  );
 
   it("hashes and counts while staging, shows the bytes only after commit, and reads them back", async () => {
     const { store } = subject;

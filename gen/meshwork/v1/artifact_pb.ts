@@ -12,7 +12,144 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file meshwork/v1/artifact.proto.
  */
 export const file_meshwork_v1_artifact: GenFile = /*@__PURE__*/
-  fileDesc("ChptZXNod29yay92MS9hcnRpZmFjdC5wcm90bxILbWVzaHdvcmsudjEiaQoLQXJ0aWZhY3RSZWYSEwoLYXJ0aWZhY3RfaWQYASABKAkSCwoDdXJpGAIgASgJEg4KBnNoYTI1NhgDIAEoCRISCgpzaXplX2J5dGVzGAQgASgDEhQKDGNvbnRlbnRfdHlwZRgFIAEoCSKGAgoIQXJ0aWZhY3QSEwoLYXJ0aWZhY3RfaWQYASABKAkSCwoDdXJpGAIgASgJEg4KBnNoYTI1NhgDIAEoCRISCgpzaXplX2J5dGVzGAQgASgDEhQKDGNvbnRlbnRfdHlwZRgFIAEoCRIPCgd0YXNrX2lkGAYgASgJEg8KB2F0dGVtcHQYByABKAUSEQoJd29ya2VyX2lkGAggASgJEhAKCGZpbGVuYW1lGAkgASgJEicKBGtpbmQYCiABKA4yGS5tZXNod29yay52MS5BcnRpZmFjdEtpbmQSLgoKY3JlYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiaAoVVXBsb2FkQXJ0aWZhY3RSZXF1ZXN0EjMKBmhlYWRlchgBIAEoCzIhLm1lc2h3b3JrLnYxLlVwbG9hZEFydGlmYWN0SGVhZGVySAASDwoFY2h1bmsYAiABKAxIAEIJCgdwYXlsb2FkIukBChRVcGxvYWRBcnRpZmFjdEhlYWRlchIPCgd0YXNrX2lkGAEgASgJEhEKCXdvcmtlcl9pZBgCIAEoCRIPCgdhdHRlbXB0GAMgASgFEhMKC2xlYXNlX3Rva2VuGAQgASgJEhAKCGZpbGVuYW1lGAUgASgJEhQKDGNvbnRlbnRfdHlwZRgGIAEoCRInCgRraW5kGAcgASgOMhkubWVzaHdvcmsudjEuQXJ0aWZhY3RLaW5kEg4KBnNoYTI1NhgIIAEoCRIXCgpzaXplX2J5dGVzGAkgASgDSACIAQFCDQoLX3NpemVfYnl0ZXMiQQoWVXBsb2FkQXJ0aWZhY3RSZXNwb25zZRInCghhcnRpZmFjdBgBIAEoCzIVLm1lc2h3b3JrLnYxLkFydGlmYWN0Ik0KF0Rvd25sb2FkQXJ0aWZhY3RSZXF1ZXN0EhMKC2FydGlmYWN0X2lkGAEgASgJEg4KBm9mZnNldBgCIAEoAxINCgVsaW1pdBgDIAEoAyJSChhEb3dubG9hZEFydGlmYWN0UmVzcG9uc2USJwoIYXJ0aWZhY3QYASABKAsyFS5tZXNod29yay52MS5BcnRpZmFjdBINCgVjaHVuaxgCIAEoDCIpChJHZXRBcnRpZmFjdFJlcXVlc3QSEwoLYXJ0aWZhY3RfaWQYASABKAkiPgoTR2V0QXJ0aWZhY3RSZXNwb25zZRInCghhcnRpZmFjdBgBIAEoCzIVLm1lc2h3b3JrLnYxLkFydGlmYWN0Ik4KFExpc3RBcnRpZmFjdHNSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiWgoVTGlzdEFydGlmYWN0c1Jlc3BvbnNlEigKCWFydGlmYWN0cxgBIAMoCzIVLm1lc2h3b3JrLnYxLkFydGlmYWN0EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSp+CgxBcnRpZmFjdEtpbmQSHQoZQVJUSUZBQ1RfS0lORF9VTlNQRUNJRklFRBAAEhcKE0FSVElGQUNUX0tJTkRfSU5QVVQQARIYChRBUlRJRkFDVF9LSU5EX09VVFBVVBACEhwKGEFSVElGQUNUX0tJTkRfQ0hFQ0tQT0lOVBADMooDCg9BcnRpZmFjdFNlcnZpY2USWwoOVXBsb2FkQXJ0aWZhY3QSIi5tZXNod29yay52MS5VcGxvYWRBcnRpZmFjdFJlcXVlc3QaIy5tZXNod29yay52MS5VcGxvYWRBcnRpZmFjdFJlc3BvbnNlKAESZgoQRG93bmxvYWRBcnRpZmFjdBIkLm1lc2h3b3JrLnYxLkRvd25sb2FkQXJ0aWZhY3RSZXF1ZXN0GiUubWVzaHdvcmsudjEuRG93bmxvYWRBcnRpZmFjdFJlc3BvbnNlIgOQAgEwARJVCgtHZXRBcnRpZmFjdBIfLm1lc2h3b3JrLnYxLkdldEFydGlmYWN0UmVxdWVzdBogLm1lc2h3b3JrLnYxLkdldEFydGlmYWN0UmVzcG9uc2UiA5ACARJbCg1MaXN0QXJ0aWZhY3RzEiEubWVzaHdvcmsudjEuTGlzdEFydGlmYWN0c1JlcXVlc3QaIi5tZXNod29yay52MS5MaXN0QXJ0aWZhY3RzUmVzcG9uc2UiA5ACAWIGcHJvdG8z", [file_google_protobuf_timestamp]);
+  fileDesc("ChptZXNod29yay92MS9hcnRpZmFjdC5wcm90bxILbWVzaHdvcmsudjEiGAoWVmVyaWZ5QXJ0aWZhY3RzUmVxdWVzdCKIAQoXVmVyaWZ5QXJ0aWZhY3RzUmVzcG9uc2USKwoHY29ycnVwdBgBIAEoCzIYLm1lc2h3b3JrLnYxLkNvcnJ1cHRCbG9iSAASNgoHc3VtbWFyeRgCIAEoCzIjLm1lc2h3b3JrLnYxLlZlcmlmeUFydGlmYWN0c1N1bW1hcnlIAEIICgZyZXN1bHQiXgoLQ29ycnVwdEJsb2ISDgoGc2hhMjU2GAEgASgJEhUKDWFjdHVhbF9zaGEyNTYYAiABKAkSEgoKc2l6ZV9ieXRlcxgDIAEoAxIUCgxhcnRpZmFjdF9pZHMYBCADKAkiWgoWVmVyaWZ5QXJ0aWZhY3RzU3VtbWFyeRIPCgdjaGVja2VkGAEgASgDEg8KB2NvcnJ1cHQYAiABKAMSDwoHbWlzc2luZxgDIAEoAxINCgVieXRlcxgEIAEoAyJpCgtBcnRpZmFjdFJlZhITCgthcnRpZmFjdF9pZBgBIAEoCRILCgN1cmkYAiABKAkSDgoGc2hhMjU2GAMgASgJEhIKCnNpemVfYnl0ZXMYBCABKAMSFAoMY29udGVudF90eXBlGAUgASgJIoYCCghBcnRpZmFjdBITCgthcnRpZmFjdF9pZBgBIAEoCRILCgN1cmkYAiABKAkSDgoGc2hhMjU2GAMgASgJEhIKCnNpemVfYnl0ZXMYBCABKAMSFAoMY29udGVudF90eXBlGAUgASgJEg8KB3Rhc2tfaWQYBiABKAkSDwoHYXR0ZW1wdBgHIAEoBRIRCgl3b3JrZXJfaWQYCCABKAkSEAoIZmlsZW5hbWUYCSABKAkSJwoEa2luZBgKIAEoDjIZLm1lc2h3b3JrLnYxLkFydGlmYWN0S2luZBIuCgpjcmVhdGVkX2F0GAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJoChVVcGxvYWRBcnRpZmFjdFJlcXVlc3QSMwoGaGVhZGVyGAEgASgLMiEubWVzaHdvcmsudjEuVXBsb2FkQXJ0aWZhY3RIZWFkZXJIABIPCgVjaHVuaxgCIAEoDEgAQgkKB3BheWxvYWQi6QEKFFVwbG9hZEFydGlmYWN0SGVhZGVyEg8KB3Rhc2tfaWQYASABKAkSEQoJd29ya2VyX2lkGAIgASgJEg8KB2F0dGVtcHQYAyABKAUSEwoLbGVhc2VfdG9rZW4YBCABKAkSEAoIZmlsZW5hbWUYBSABKAkSFAoMY29udGVudF90eXBlGAYgASgJEicKBGtpbmQYByABKA4yGS5tZXNod29yay52MS5BcnRpZmFjdEtpbmQSDgoGc2hhMjU2GAggASgJEhcKCnNpemVfYnl0ZXMYCSABKANIAIgBAUINCgtfc2l6ZV9ieXRlcyJBChZVcGxvYWRBcnRpZmFjdFJlc3BvbnNlEicKCGFydGlmYWN0GAEgASgLMhUubWVzaHdvcmsudjEuQXJ0aWZhY3QiTQoXRG93bmxvYWRBcnRpZmFjdFJlcXVlc3QSEwoLYXJ0aWZhY3RfaWQYASABKAkSDgoGb2Zmc2V0GAIgASgDEg0KBWxpbWl0GAMgASgDIlIKGERvd25sb2FkQXJ0aWZhY3RSZXNwb25zZRInCghhcnRpZmFjdBgBIAEoCzIVLm1lc2h3b3JrLnYxLkFydGlmYWN0Eg0KBWNodW5rGAIgASgMIikKEkdldEFydGlmYWN0UmVxdWVzdBITCgthcnRpZmFjdF9pZBgBIAEoCSI+ChNHZXRBcnRpZmFjdFJlc3BvbnNlEicKCGFydGlmYWN0GAEgASgLMhUubWVzaHdvcmsudjEuQXJ0aWZhY3QiTgoUTGlzdEFydGlmYWN0c1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJaChVMaXN0QXJ0aWZhY3RzUmVzcG9uc2USKAoJYXJ0aWZhY3RzGAEgAygLMhUubWVzaHdvcmsudjEuQXJ0aWZhY3QSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJKn4KDEFydGlmYWN0S2luZBIdChlBUlRJRkFDVF9LSU5EX1VOU1BFQ0lGSUVEEAASFwoTQVJUSUZBQ1RfS0lORF9JTlBVVBABEhgKFEFSVElGQUNUX0tJTkRfT1VUUFVUEAISHAoYQVJUSUZBQ1RfS0lORF9DSEVDS1BPSU5UEAMy6gMKD0FydGlmYWN0U2VydmljZRJbCg5VcGxvYWRBcnRpZmFjdBIiLm1lc2h3b3JrLnYxLlVwbG9hZEFydGlmYWN0UmVxdWVzdBojLm1lc2h3b3JrLnYxLlVwbG9hZEFydGlmYWN0UmVzcG9uc2UoARJmChBEb3dubG9hZEFydGlmYWN0EiQubWVzaHdvcmsudjEuRG93bmxvYWRBcnRpZmFjdFJlcXVlc3QaJS5tZXNod29yay52MS5Eb3dubG9hZEFydGlmYWN0UmVzcG9uc2UiA5ACATABElUKC0dldEFydGlmYWN0Eh8ubWVzaHdvcmsudjEuR2V0QXJ0aWZhY3RSZXF1ZXN0GiAubWVzaHdvcmsudjEuR2V0QXJ0aWZhY3RSZXNwb25zZSIDkAIBElsKDUxpc3RBcnRpZmFjdHMSIS5tZXNod29yay52MS5MaXN0QXJ0aWZhY3RzUmVxdWVzdBoiLm1lc2h3b3JrLnYxLkxpc3RBcnRpZmFjdHNSZXNwb25zZSIDkAIBEl4KD1ZlcmlmeUFydGlmYWN0cxIjLm1lc2h3b3JrLnYxLlZlcmlmeUFydGlmYWN0c1JlcXVlc3QaJC5tZXNod29yay52MS5WZXJpZnlBcnRpZmFjdHNSZXNwb25zZTABYgZwcm90bzM", [file_google_protobuf_timestamp]);
+
+/**
+ * VerifyArtifactsRequest asks to check every stored blob.
+ *
+ * @generated from message meshwork.v1.VerifyArtifactsRequest
+ */
+export type VerifyArtifactsRequest = Message<"meshwork.v1.VerifyArtifactsRequest"> & {
+};
+
+/**
+ * Describes the message meshwork.v1.VerifyArtifactsRequest.
+ * Use `create(VerifyArtifactsRequestSchema)` to create a new message.
+ */
+export const VerifyArtifactsRequestSchema: GenMessage<VerifyArtifactsRequest> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_artifact, 0);
+
+/**
+ * VerifyArtifactsResponse is one finding of VerifyArtifacts, or its summary
+ * (the last message).
+ *
+ * @generated from message meshwork.v1.VerifyArtifactsResponse
+ */
+export type VerifyArtifactsResponse = Message<"meshwork.v1.VerifyArtifactsResponse"> & {
+  /**
+   * result is a corrupt blob or the summary.
+   *
+   * @generated from oneof meshwork.v1.VerifyArtifactsResponse.result
+   */
+  result: {
+    /**
+     * corrupt is a blob whose bytes do not hash to their sha256.
+     *
+     * @generated from field: meshwork.v1.CorruptBlob corrupt = 1;
+     */
+    value: CorruptBlob;
+    case: "corrupt";
+  } | {
+    /**
+     * summary holds the counts, once every blob was read.
+     *
+     * @generated from field: meshwork.v1.VerifyArtifactsSummary summary = 2;
+     */
+    value: VerifyArtifactsSummary;
+    case: "summary";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message meshwork.v1.VerifyArtifactsResponse.
+ * Use `create(VerifyArtifactsResponseSchema)` to create a new message.
+ */
+export const VerifyArtifactsResponseSchema: GenMessage<VerifyArtifactsResponse> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_artifact, 1);
+
+/**
+ * CorruptBlob is stored bytes that do not hash to their sha256.
+ *
+ * @generated from message meshwork.v1.CorruptBlob
+ */
+export type CorruptBlob = Message<"meshwork.v1.CorruptBlob"> & {
+  /**
+   * sha256 is what the bytes should hash to (the artifacts' sha256).
+   *
+   * @generated from field: string sha256 = 1;
+   */
+  sha256: string;
+
+  /**
+   * actual_sha256 is what they hash to now; empty when they could not be read to the end.
+   *
+   * @generated from field: string actual_sha256 = 2;
+   */
+  actualSha256: string;
+
+  /**
+   * size_bytes is the artifacts' size.
+   *
+   * @generated from field: int64 size_bytes = 3;
+   */
+  sizeBytes: bigint;
+
+  /**
+   * artifact_ids are the artifacts that hold these bytes.
+   *
+   * @generated from field: repeated string artifact_ids = 4;
+   */
+  artifactIds: string[];
+};
+
+/**
+ * Describes the message meshwork.v1.CorruptBlob.
+ * Use `create(CorruptBlobSchema)` to create a new message.
+ */
+export const CorruptBlobSchema: GenMessage<CorruptBlob> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_artifact, 2);
+
+/**
+ * VerifyArtifactsSummary counts what VerifyArtifacts found.
+ *
+ * @generated from message meshwork.v1.VerifyArtifactsSummary
+ */
+export type VerifyArtifactsSummary = Message<"meshwork.v1.VerifyArtifactsSummary"> & {
+  /**
+   * checked is the number of distinct blobs read.
+   *
+   * @generated from field: int64 checked = 1;
+   */
+  checked: bigint;
+
+  /**
+   * corrupt is how many of them do not hash to their sha256.
+   *
+   * @generated from field: int64 corrupt = 2;
+   */
+  corrupt: bigint;
+
+  /**
+   * missing is how many are named by artifacts but absent from this coordinator's blob store.
+   *
+   * @generated from field: int64 missing = 3;
+   */
+  missing: bigint;
+
+  /**
+   * bytes is the number of bytes read.
+   *
+   * @generated from field: int64 bytes = 4;
+   */
+  bytes: bigint;
+};
+
+/**
+ * Describes the message meshwork.v1.VerifyArtifactsSummary.
+ * Use `create(VerifyArtifactsSummarySchema)` to create a new message.
+ */
+export const VerifyArtifactsSummarySchema: GenMessage<VerifyArtifactsSummary> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_artifact, 3);
 
 /**
  * ArtifactRef points at coordinator-owned bytes.
@@ -61,7 +198,7 @@ export type ArtifactRef = Message<"meshwork.v1.ArtifactRef"> & {
  * Use `create(ArtifactRefSchema)` to create a new message.
  */
 export const ArtifactRefSchema: GenMessage<ArtifactRef> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_artifact, 0);
+  messageDesc(file_meshwork_v1_artifact, 4);
 
 /**
  * Artifact is an ArtifactRef with where it came from.
@@ -152,7 +289,7 @@ export type Artifact = Message<"meshwork.v1.Artifact"> & {
  * Use `create(ArtifactSchema)` to create a new message.
  */
 export const ArtifactSchema: GenMessage<Artifact> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_artifact, 1);
+  messageDesc(file_meshwork_v1_artifact, 5);
 
 /**
  * UploadArtifactRequest is one message of an upload: a header first, then chunks.
@@ -189,7 +326,7 @@ export type UploadArtifactRequest = Message<"meshwork.v1.UploadArtifactRequest">
  * Use `create(UploadArtifactRequestSchema)` to create a new message.
  */
 export const UploadArtifactRequestSchema: GenMessage<UploadArtifactRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_artifact, 2);
+  messageDesc(file_meshwork_v1_artifact, 6);
 
 /**
  * UploadArtifactHeader describes an artifact about to be uploaded.
@@ -266,7 +403,7 @@ export type UploadArtifactHeader = Message<"meshwork.v1.UploadArtifactHeader"> &
  * Use `create(UploadArtifactHeaderSchema)` to create a new message.
  */
 export const UploadArtifactHeaderSchema: GenMessage<UploadArtifactHeader> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_artifact, 3);
+  messageDesc(file_meshwork_v1_artifact, 7);
 
 /**
  * UploadArtifactResponse returns the stored artifact.
@@ -287,7 +424,7 @@ export type UploadArtifactResponse = Message<"meshwork.v1.UploadArtifactResponse
  * Use `create(UploadArtifactResponseSchema)` to create a new message.
  */
 export const UploadArtifactResponseSchema: GenMessage<UploadArtifactResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_artifact, 4);
+  messageDesc(file_meshwork_v1_artifact, 8);
 
 /**
  * DownloadArtifactRequest asks for an artifact's bytes.
@@ -322,7 +459,7 @@ export type DownloadArtifactRequest = Message<"meshwork.v1.DownloadArtifactReque
  * Use `create(DownloadArtifactRequestSchema)` to create a new message.
  */
 export const DownloadArtifactRequestSchema: GenMessage<DownloadArtifactRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_artifact, 5);
+  messageDesc(file_meshwork_v1_artifact, 9);
 
 /**
  * DownloadArtifactResponse carries a run of the artifact's bytes.
@@ -350,7 +487,7 @@ export type DownloadArtifactResponse = Message<"meshwork.v1.DownloadArtifactResp
  * Use `create(DownloadArtifactResponseSchema)` to create a new message.
  */
 export const DownloadArtifactResponseSchema: GenMessage<DownloadArtifactResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_artifact, 6);
+  messageDesc(file_meshwork_v1_artifact, 10);
 
 /**
  * GetArtifactRequest names an artifact.
@@ -371,7 +508,7 @@ export type GetArtifactRequest = Message<"meshwork.v1.GetArtifactRequest"> & {
  * Use `create(GetArtifactRequestSchema)` to create a new message.
  */
 export const GetArtifactRequestSchema: GenMessage<GetArtifactRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_artifact, 7);
+  messageDesc(file_meshwork_v1_artifact, 11);
 
 /**
  * GetArtifactResponse returns an artifact's metadata.
@@ -392,7 +529,7 @@ export type GetArtifactResponse = Message<"meshwork.v1.GetArtifactResponse"> & {
  * Use `create(GetArtifactResponseSchema)` to create a new message.
  */
 export const GetArtifactResponseSchema: GenMessage<GetArtifactResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_artifact, 8);
+  messageDesc(file_meshwork_v1_artifact, 12);
 
 /**
  * ListArtifactsRequest lists the artifacts of a task.
@@ -427,7 +564,7 @@ export type ListArtifactsRequest = Message<"meshwork.v1.ListArtifactsRequest"> &
  * Use `create(ListArtifactsRequestSchema)` to create a new message.
  */
 export const ListArtifactsRequestSchema: GenMessage<ListArtifactsRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_artifact, 9);
+  messageDesc(file_meshwork_v1_artifact, 13);
 
 /**
  * ListArtifactsResponse is one page of artifacts.
@@ -455,7 +592,7 @@ export type ListArtifactsResponse = Message<"meshwork.v1.ListArtifactsResponse">
  * Use `create(ListArtifactsResponseSchema)` to create a new message.
  */
 export const ListArtifactsResponseSchema: GenMessage<ListArtifactsResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_artifact, 10);
+  messageDesc(file_meshwork_v1_artifact, 14);
 
 /**
  * ArtifactKind says what an artifact is for.
@@ -525,6 +662,12 @@ export const ArtifactService: GenService<{
   },
   /**
    * DownloadArtifact streams an artifact's bytes, optionally a range of them.
+   * The bytes are hashed as they are read and must hash to the artifact's
+   * sha256: stored bytes that do not (a disk fault) end the stream with
+   * `data_loss` before its last chunk, so that corrupt bytes are never
+   * delivered as good; the blob is marked corrupt and refused (`data_loss`)
+   * until the same bytes are uploaded again. A ranged read reads the whole
+   * blob to check it.
    *
    * @generated from rpc meshwork.v1.ArtifactService.DownloadArtifact
    */
@@ -552,6 +695,20 @@ export const ArtifactService: GenService<{
     methodKind: "unary";
     input: typeof ListArtifactsRequestSchema;
     output: typeof ListArtifactsResponseSchema;
+  },
+  /**
+   * VerifyArtifacts reads every stored blob and checks that it hashes to its
+   * sha256 (admin only; `meshwork artifact verify`). It streams one message
+   * per corrupt blob found (marking it corrupt, as a download would), then a
+   * summary. A blob that is marked corrupt and now reads back good is
+   * unmarked.
+   *
+   * @generated from rpc meshwork.v1.ArtifactService.VerifyArtifacts
+   */
+  verifyArtifacts: {
+    methodKind: "server_streaming";
+    input: typeof VerifyArtifactsRequestSchema;
+    output: typeof VerifyArtifactsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_meshwork_v1_artifact, 0);

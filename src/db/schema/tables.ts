@@ -249,6 +249,17 @@ export const blobs = pgTable("blobs", {
 });
 
 /**
+ * Stored bytes found not to hash to their SHA-256 (bit rot, a disk fault, a
+ * hand that edited a blob file), whichever blob store holds them. A
+ * download of them is refused until the same bytes are uploaded again,
+ * which replaces the copy and removes the row (artifacts/verify.ts).
+ */
+export const corruptBlobs = pgTable("corrupt_blobs", {
+  sha256: text("sha256").primaryKey(),
+  foundAt: timestamptz("found_at").notNull().defaultNow(),
+});
+
+/**
  * Versioned knowledge entries ("adaptations", "patterns") that coordinators
  * sync. Merge order: version, then updated_at, then origin.
  */
