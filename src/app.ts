@@ -95,9 +95,10 @@ export function createApp(
   setMaxListeners(0, shutdown.signal);
   let unlisten: (() => Promise<void>) | undefined;
   let blobSweep: NodeJS.Timeout | undefined;
-  // A store shared by replicas (--blob-store postgres) cannot clear its
-  // leftovers at start-up: another replica may be uploading. It removes
-  // uploads idle for long instead, now and then.
+  // What crashed uploads left in the blob store (temporary files, chunks,
+  // objects, multipart uploads) is removed once an hour old, now and then,
+  // while the coordinator runs: a store shared by replicas cannot clear
+  // them at start-up, another replica may be uploading.
   const removeAbandonedBlobs = () =>
     blobs.removeAbandoned?.().then(
       (removed) => {

@@ -10,6 +10,8 @@ import {
   GetObjectCommand,
   HeadBucketCommand,
   HeadObjectCommand,
+  ListMultipartUploadsCommand,
+  ListObjectsV2Command,
   PutObjectCommand,
   S3Client,
   type S3ClientConfig,
@@ -30,6 +32,8 @@ const fiveGiB = 5 * 1024 * MiB;
 export interface S3BlobStoreOptions {
   /** The client of every call but GetObject. */
   client: S3Client;
+  /** How old an upload's leftovers under `tmp/` must be for removeAbandoned to take them (1 hour). */
+  abandonedAfterMs?: number;
   /**
    * The client of GetObject (default `client`). Give it its own sockets
    * (`createS3Clients`): a download holds its socket while its reader is
@@ -79,8 +83,9 @@ export interface S3BlobStoreOptions {
  *
  * Unlike the file store nothing is cleared at start-up: replicas share the
  * bucket, and another one's upload may be in flight. What a crash leaves
- * under `tmp/` (or an unfinished multipart upload) is for a bucket
- * lifecycle rule to expire (docs/protocol.md, S3).
+ * under `tmp/` (or an unfinished multipart upload) is removed by
+ * removeAbandoned once an hour old (the app runs it every ten minutes); a
+ * bucket lifecycle rule may expire them as well.
  */
 export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
   const { client, bucket, prefix } = options;
@@ -92,6 +97,7 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
   const readIdleMs = options.readIdleMs ?? 60_000;
   /** For the calls without a body: a deadline, the wait for a socket included. */
   const deadline = () => ({ abortSignal: AbortSignal.timeout(requestTimeoutMs) });
+  const abandonedAfterMs = options.abandonedAfterMs ?? 60 * 60 * 1000;
   const keyOf = (sha: string) => `${prefix}sha256/${sha}`;
 
   /** Runs one S3 call; any failure becomes BlobStoreUnavailable naming the operation. */
@@ -395,6 +401,65 @@ export function createS3BlobStore(options: S3BlobStoreOptions): BlobStore {
     },
 
     has: (sha256) => exists(keyOf(sha256)),
+    /**
+     * What uploads a crash abandoned left: multipart uploads under `tmp/`
+     * begun, and temporary objects written, over an hour ago (a live upload
+     * of any replica is younger: its object is written when it completes,
+     * and a multipart upload within the body timeout of its last part).
+     */
+    async removeAbandoned() {
+      const cutoff = Date.now() - abandonedAfterMs;
+      let removed = 0;
+      let marker: { key?: string; upload?: string } = {};
+      do {
+        const page = await send("ListMultipartUploads", () =>
+          client.send(
+            new ListMultipartUploadsCommand({
+              Bucket: bucket,
+              Prefix: `${prefix}tmp/`,
+              KeyMarker: marker.key,
+              UploadIdMarker: marker.upload,
+            }),
+            deadline(),
+          ),
+        );
+        for (const u of page.Uploads ?? []) {
+          if (!u.Key?.startsWith(`${prefix}tmp/`) || !u.UploadId) continue;
+          if ((u.Initiated?.getTime() ?? 0) > cutoff) continue;
+          await send("AbortMultipartUpload", () =>
+            client.send(
+              new AbortMultipartUploadCommand({ Bucket: bucket, Key: u.Key, UploadId: u.UploadId }),
+              deadline(),
+            ),
+          );
+          removed++;
+        }
+        marker = page.IsTruncated
+          ? { key: page.NextKeyMarker, upload: page.NextUploadIdMarker }
+          : {};
+      } while (marker.key);
+      let token: string | undefined;
+      do {
+        const page = await send("ListObjectsV2", () =>
+          client.send(
+            new ListObjectsV2Command({
+              Bucket: bucket,
+              Prefix: `${prefix}tmp/`,
+              ContinuationToken: token,
+            }),
+            deadline(),
+          ),
+        );
+        for (const o of page.Contents ?? []) {
+          if (!o.Key?.startsWith(`${prefix}tmp/`)) continue;
+          if ((o.LastModified?.getTime() ?? 0) > cutoff) continue;
+          await deleteObject(o.Key);
+          removed++;
+        }
+        token = page.IsTruncated ? page.NextContinuationToken : undefined;
+      } while (token);
+      return removed;
+    },
 
     async remove(sha256) {
       await deleteObject(keyOf(sha256));

@@ -58,9 +58,14 @@ export interface BlobStore {
 /**
  * Content-addressed files under `root`: `sha256/ab/cd/<hex>`, written through
  * `tmp/` (cleared at start-up, so a crash leaves nothing half-written in the
- * tree). The same bytes stored twice are kept once.
+ * tree, and swept of files an hour old while running: removeAbandoned). The
+ * same bytes stored twice are kept once.
  */
-export function createFileBlobStore(root: string): BlobStore {
+export function createFileBlobStore(
+  root: string,
+  options: { abandonedAfterMs?: number } = {},
+): BlobStore {
+  const abandonedAfterMs = options.abandonedAfterMs ?? 60 * 60 * 1000;
   const tmp = join(root, "tmp");
   // Synchronous, once at start-up: whatever a crash left half-written goes.
   rmSync(tmp, { recursive: true, force: true });
@@ -152,6 +157,26 @@ export function createFileBlobStore(root: string): BlobStore {
     },
     has: (sha256) => exists(pathOf(sha256)),
     remove: (sha256) => rm(pathOf(sha256), { force: true }),
+    /**
+     * Temporary files untouched for an hour: an upload a crash of another
+     * process on the same directory abandoned (a live one writes as bytes
+     * come, and a body that stops is ended within the body timeout).
+     */
+    async removeAbandoned() {
+      const cutoff = Date.now() - abandonedAfterMs;
+      let removed = 0;
+      for (const name of await readdir(tmp).catch(() => [] as string[])) {
+        const path = join(tmp, name);
+        const modified = await stat(path).then(
+          (st) => st.mtimeMs,
+          () => Number.POSITIVE_INFINITY,
+        );
+        if (modified > cutoff) continue;
+        await rm(path, { force: true });
+        removed++;
+      }
+      return removed;
+    },
   };
 }
 

@@ -44,6 +44,11 @@ export interface RetentionRun {
   blobs: number;
   /** Blobs whose removal failed: left in the store as orphan bytes. */
   blobsFailed: number;
+  /**
+   * Of `artifacts`, the INPUT artifacts no task named, deleted once older
+   * than the retention (in batches of their own, not in `batches`).
+   */
+  orphanInputs: number;
   batches: number;
 }
 
@@ -65,6 +70,8 @@ export const retentionLockKey = 7263550102;
  *   an INPUT artifact (uploaded without a task) while any remaining task
  *   names it; bytes while any artifact row names them (artifacts are
  *   content-addressed: equal bytes are stored once for many rows).
+ * - Orphan inputs: an INPUT artifact no task names, older than the
+ *   retention, goes too (uploaded and never used, or outliving its tasks).
  * - Bytes go after the rows are committed: a crash in between leaves
  *   orphan bytes in the blob store, never a row without bytes.
  */
@@ -153,6 +160,40 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
   }
 
   /**
+   * Deletes one batch of orphan inputs: INPUT artifacts uploaded without a
+   * task, older than the retention, that no task names (an input uploaded
+   * and never used, or whose tasks were all deleted before it aged); returns
+   * the bytes they named. A task naming one is checked in the DELETE itself.
+   */
+  async function deleteOrphanInputs(): Promise<{ artifacts: number; shas: string[] }> {
+    const [row] = await deps.db.transaction(async (tx) => {
+      await tx.execute(sql`set local enable_seqscan = off`);
+      return rowsOf<{ artifacts: number | string; shas: string }>(
+        tx as unknown as Db,
+        // Oldest first through artifacts_task_idx (task_id is null), by
+        // primary key from there; a task's reference by tasks_input_artifact_idx.
+        sql`with doomed as materialized (
+            select a.id from artifacts a
+            where a.task_id is null and a.kind = 'INPUT'
+              and a.created_at < now() - make_interval(secs => ${secs}::float8)
+              and not exists (
+                select 1 from tasks t
+                where t.input is not null and t.input->>'artifactId' = a.id::text)
+            order by a.created_at
+            limit ${batchSize}::int
+            for update of a skip locked
+          ),
+          gone as (
+            delete from artifacts where id = any(array(select id from doomed)) returning sha256
+          )
+          select (select count(*) from gone)::int as artifacts,
+            coalesce((select string_agg(distinct sha256, ',') from gone), '') as shas`,
+      );
+    });
+    return { artifacts: Number(row?.artifacts ?? 0), shas: row?.shas ? row.shas.split(",") : [] };
+  }
+
+  /**
    * Removes the bytes of `shas` that no artifact row names; returns how many
    * went and failed. Each under its blob's lock, exclusive: an upload that
    * found the same bytes stored and commits its row meanwhile either commits
@@ -200,6 +241,7 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
       artifacts: 0,
       blobs: 0,
       blobsFailed: 0,
+      orphanInputs: 0,
       batches: 0,
     };
     if (options.retentionMs <= 0) return done;
@@ -219,14 +261,25 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
         done.blobsFailed += blobs.failed;
         if (batch.tasks < batchSize) break;
       }
+      // Then inputs no task names any more, older than the retention (batches of their own).
+      for (let n = 0; n < maxBatches && !stopping; n++) {
+        const orphans = await deleteOrphanInputs();
+        done.artifacts += orphans.artifacts;
+        done.orphanInputs += orphans.artifacts;
+        const blobs = await removeBlobs(orphans.shas);
+        done.blobs += blobs.removed;
+        done.blobsFailed += blobs.failed;
+        if (orphans.artifacts < batchSize) break;
+      }
     } finally {
       // On a connection lost meanwhile the lock went with its session.
       await rowsOf(deps.db, sql`select pg_advisory_unlock(${retentionLockKey}::bigint)`).catch(
         () => {},
       );
     }
-    const { ran: _, ...counts } = done;
-    const level = done.tasks > 0 || done.blobsFailed > 0 ? "info" : "debug";
+    const { ran: _, orphanInputs, ...counts } = done;
+    if (orphanInputs > 0) Object.assign(counts, { orphanInputs });
+    const level = done.tasks > 0 || done.artifacts > 0 || done.blobsFailed > 0 ? "info" : "debug";
     deps.log[level](counts, "retention: deleted finished tasks");
     return done;
   }

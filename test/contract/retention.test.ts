@@ -373,3 +373,34 @@ describe.skipIf(!onPostgres)("retention on PostgreSQL replicas", () => {
     }
   });
 });
+
+describeEachEngine("retention of inputs no task names", (database) => {
+  it("deletes an INPUT artifact no task names once older than the retention, with its bytes; keeps a younger one and a named one", async () => {
+    const blobs = createFileBlobStore(mkdtempSync(join(tmpdir(), "meshwork-orphans-")));
+    const w = world(database().db, blobs);
+    const aged = async (a: { id: string }, ageMs: number) =>
+      database()
+        .db.update(artifacts)
+        .set({ createdAt: sql`now() - make_interval(secs => ${ageMs / 1000}::float8)` })
+        .where(sql`${artifacts.id} = ${a.id}`);
+    const unused = await w.artifact(null, "INPUT", `never used ${randomUUID()}`);
+    const young = await w.artifact(null, "INPUT", `uploaded today ${randomUUID()}`);
+    const named = await w.artifact(null, "INPUT", `still named ${randomUUID()}`);
+    await aged(unused, 8 * day);
+    await aged(named, 8 * day);
+    await aged(young, 1 * day);
+    await w.task("PENDING", 8 * day, refOf(named));
+    const { log } = captureLog();
+    const r = createRetention(
+      { db: database().housekeeping, blobs, log },
+      { retentionMs: 7 * day },
+    );
+    expect(await r.runOnce()).toMatchObject({ orphanInputs: 1, artifacts: 1, blobs: 1 });
+    expect(await w.artifactsLeft([unused.id, young.id, named.id])).toEqual(
+      [young.id, named.id].sort(),
+    );
+    expect(await blobs.has(unused.sha256)).toBe(false);
+    expect(await blobs.has(young.sha256)).toBe(true);
+    expect(await blobs.has(named.sha256)).toBe(true);
+  });
+});

@@ -1,4 +1,4 @@
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -137,6 +137,7 @@ export async function startS3(bucket = "meshwork-test"): Promise<TestS3> {
           Upload: ids.map((id) => ({
             Key: readFileSync(join(dir, id, "key"), "utf8"),
             UploadId: id,
+            Initiated: statSync(join(dir, id)).birthtime.toISOString(),
           })),
         },
       };

@@ -1,7 +1,11 @@
 import { randomBytes, randomUUID } from "node:crypto";
 import { createServer, type Socket } from "node:net";
 import type { Readable } from "node:stream";
-import { GetObjectCommand, PutObjectCommand } from "@aws-sdk/client-s3";
+import {
+  CreateMultipartUploadCommand,
+  GetObjectCommand,
+  PutObjectCommand,
+} from "@aws-sdk/client-s3";
 import { Code } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import {
@@ -131,6 +135,29 @@ describe("S3 blob store", () => {
         },
       };
     });
+  });
+
+  it("removes what crashed uploads left under tmp/ once old enough, and nothing younger", async () => {
+    const young = storeOf();
+    const client = s3.client();
+    const key = `${young.prefix}tmp/crashed`;
+    await client.send(new CreateMultipartUploadCommand({ Bucket: s3.bucket, Key: key }));
+    await client.send(
+      new PutObjectCommand({ Bucket: s3.bucket, Key: `${young.prefix}tmp/half`, Body: "x" }),
+    );
+    expect(await young.store.removeAbandoned?.()).toBe(0);
+    expect((await young.leftovers()).length).toBe(2);
+    const old = storeOf({ abandonedAfterMs: 0 });
+    await client.send(
+      new CreateMultipartUploadCommand({ Bucket: s3.bucket, Key: `${old.prefix}tmp/a` }),
+    );
+    await client.send(
+      new PutObjectCommand({ Bucket: s3.bucket, Key: `${old.prefix}tmp/b`, Body: "x" }),
+    );
+    expect(await old.store.removeAbandoned?.()).toBe(2);
+    expect(await old.leftovers()).toEqual([]);
+    // Another prefix's leftovers are not this store's.
+    expect((await young.leftovers()).length).toBe(2);
   });
 
   it("keys a committed blob <prefix>sha256/<hex>, and uploads it with one PutObject when it fits one part", async () => {

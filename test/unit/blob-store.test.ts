@@ -6,6 +6,7 @@ import {
   readdirSync,
   readFileSync,
   statSync,
+  utimesSync,
   writeFileSync,
 } from "node:fs";
 import { tmpdir } from "node:os";
@@ -249,6 +250,17 @@ describe.each(kinds)("blob store contract: %s", (kind) => {
 });
 
 describe("file blob store", () => {
+  it("removes, while running, temporary files an hour old, and keeps younger ones", async () => {
+    const root = mkdtempSync(join(tmpdir(), "meshwork-blob-"));
+    const store = createFileBlobStore(root);
+    writeFileSync(join(root, "tmp", "crashed"), "partial");
+    writeFileSync(join(root, "tmp", "live"), "partial");
+    const twoHoursAgo = new Date(Date.now() - 2 * 3_600_000);
+    utimesSync(join(root, "tmp", "crashed"), twoHoursAgo, twoHoursAgo);
+    expect(await store.removeAbandoned?.()).toBe(1);
+    expect(await leftovers(root)).toEqual(["live"]);
+  });
+
   it("clears what a crash left in tmp/ when it starts", async () => {
     const root = mkdtempSync(join(tmpdir(), "meshwork-blob-"));
     createFileBlobStore(root);
