@@ -119,6 +119,20 @@ export function blobStoreUnavailable(): ConnectError {
   );
 }
 
+/** The longest refusal message sent or logged, in characters. */
+export const maxMessageLength = 512;
+
+/**
+ * A refusal's message cut to maxMessageLength: messages quote what the
+ * caller sent (a name, a field), and a 5,000-character name must not make a
+ * 5 KB answer and log line.
+ */
+export function bounded(message: string): string {
+  return message.length <= maxMessageLength
+    ? message
+    : `${message.slice(0, maxMessageLength - 1)}…`;
+}
+
 /** The public form of a task, for errors that carry one (given by the caller: tasks/convert.ts). */
 export type TaskEncoder = (row: TaskRow) => Task;
 
@@ -145,7 +159,7 @@ export function createErrorMapper(encodeTask: TaskEncoder) {
       details.push({ desc: TaskSchema, value: encodeTask(error.details.task) });
     const retryAfter = error.details.retryAfterMs;
     return new ConnectError(
-      error.message,
+      bounded(error.message),
       codeOfKind[error.kind],
       retryAfter === undefined
         ? undefined

@@ -349,3 +349,14 @@ describe("bad input: each refused with its code, nothing changed", () => {
     );
   });
 });
+
+describe("refusals that quote what was sent", () => {
+  it("cut the quote: a 5,000-character token name makes no 5 KB answer", async () => {
+    const { TokenService } = await import("../../gen/meshwork/v1/token_pb.js");
+    const tokens = createClient(TokenService, h.transport);
+    const refused = await outcome(tokens.revokeToken({ name: "n".repeat(5000) }));
+    expect(refused.code).toBe("NotFound");
+    expect(refused.message.length).toBeLessThanOrEqual(512);
+    expect(refused.message.endsWith("…")).toBe(true);
+  });
+});
