@@ -46,7 +46,7 @@ function workerInput(req: RegisterWorkerRequest): WorkerInput {
     maxConcurrency:
       req.maxConcurrency === undefined
         ? undefined
-        : intInRange("max_concurrency", req.maxConcurrency, 1, 10_000),
+        : intInRange("max_concurrency", req.maxConcurrency, 0, 10_000),
     peerId: req.peerId === "" ? undefined : peerIdField("peer_id", req.peerId),
   };
 }
@@ -192,7 +192,7 @@ export function createFleetService(app: FleetServiceDeps): ServiceImpl<typeof Fl
           queueDepth: w.queueDepth,
           activeLeases: w.activeLeases,
           maxConcurrency: w.maxConcurrency,
-          freeSlots: Math.max(0, w.maxConcurrency - w.activeLeases),
+          freeSlots: w.maxConcurrency === 0 ? 0 : Math.max(0, w.maxConcurrency - w.activeLeases),
         })),
       };
     },

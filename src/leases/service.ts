@@ -70,6 +70,9 @@ async function retryTransient<T>(fn: () => Promise<T>): Promise<T> {
   return fn();
 }
 
+/** The cap a claim of a worker without a limit is given: above any count of live leases. */
+const noLimit = 2_000_000_000;
+
 /** How long a StreamLeases stream trusts the drained flag it last read. */
 const drainedRecheckMs = 5000;
 
@@ -188,11 +191,14 @@ export function createLeaseService(
           : intInRange("max_concurrency", req.maxConcurrency, 1, 10_000);
       const worker = await app.workerCache.get(workerId);
       app.heartbeats.touch(workerId);
+      // A worker without a limit (max_concurrency 0) claims up to max_tasks:
+      // the claim's cap stands far above any count of leases.
+      const unlimited = maxConcurrency === undefined && worker.maxConcurrency === 0;
       const claiming = {
         id: workerId,
         capabilities: capabilities.length > 0 ? capabilities : worker.capabilities,
         labels: worker.labels,
-        maxConcurrency,
+        maxConcurrency: unlimited ? noLimit : maxConcurrency,
       };
       // The answer, with the cap and the slots left after the claims, which
       // the claim's statement counts (a separate count only when it did not:
@@ -204,6 +210,7 @@ export function createLeaseService(
         app.events.emit(rows.map((r) => r.id));
         for (const r of rows) app.metrics.claims.inc({ workload: r.workload });
         const claims = rows.map(toClaim);
+        if (unlimited) return { claims, maxConcurrency: 0 };
         try {
           const counted = slots ?? (await app.leases.slots(claiming));
           return { claims, freeSlots: counted.free, maxConcurrency: counted.maxConcurrency };

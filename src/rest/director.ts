@@ -169,7 +169,8 @@ function nodeJson(w: Worker) {
     state: w.state === WorkerState.LOST ? "Lost" : "Active",
     queueDepth: w.queueDepth,
     activeLeases: w.activeLeases,
-    maxConcurrency: w.maxConcurrency,
+    // null: no slot limit (a node registered without one).
+    maxConcurrency: w.maxConcurrency === 0 ? null : w.maxConcurrency,
     cpuCount: w.cpuCount,
     memoryMb: Number(w.memoryMb),
     registeredUtc: iso(w.registeredAt),
@@ -291,7 +292,9 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
           apiBaseUrl: field.string(body, "apiBaseUrl") ?? "",
           labels: field.stringMap(body, "labels") ?? {},
           capabilities: field.strings(body, "advertisedBrickIds") ?? [],
-          maxConcurrency: field.int(body, "maxConcurrency"),
+          // A node that states no maxConcurrency is placed greedily, with no
+          // slot limit, as the director contract places (0: no limit).
+          maxConcurrency: field.int(body, "maxConcurrency") ?? 0,
           cpuCount: field.int(body, "cpuCount") ?? 0,
           memoryMb: BigInt(field.int(body, "memoryMb") ?? 0),
         });
@@ -301,6 +304,14 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
         const after = await s.fleet.drainWorker({ workerId: worker.workerId, drained });
         return [200, nodeJson(after.worker ?? worker)];
       },
+    ),
+
+    route(
+      ["GET"],
+      "/fleet/nodes/{id}",
+      ["FleetService/GetWorker"],
+      "read a fleet node",
+      async (s, _req, match) => [200, nodeJson(await s.workerOf(peerIdOf(match)))],
     ),
 
     route(
@@ -384,8 +395,9 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
               drained: w.drained,
               queueDepth: w.queueDepth,
               activeLeases: w.activeLeases,
-              maxConcurrency: w.maxConcurrency,
-              freeSlots: w.freeSlots,
+              // null for a node without a slot limit (maxConcurrency 0 in the RPCs).
+              maxConcurrency: w.maxConcurrency === 0 ? null : w.maxConcurrency,
+              freeSlots: w.maxConcurrency === 0 ? null : w.freeSlots,
             })),
           },
         ];

@@ -39,7 +39,7 @@ export function rejections(w: Candidate, task: TaskRow): string[] {
   for (const c of [task.workload, ...task.requiredCapabilities]) {
     if (!caps.has(c)) why.push(`missing capability ${c}`);
   }
-  if (w.activeLeases >= w.maxConcurrency) {
+  if (w.maxConcurrency !== 0 && w.activeLeases >= w.maxConcurrency) {
     why.push(`no free slot (${w.activeLeases}/${w.maxConcurrency})`);
   }
   return why;
@@ -91,11 +91,14 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
         activeLeases: r.activeLeases,
         lost: r.lost,
       }));
+      // A worker without a limit (max_concurrency 0) has the most free slots.
+      const free = (w: Candidate) =>
+        w.maxConcurrency === 0 ? Number.POSITIVE_INFINITY : w.maxConcurrency - w.activeLeases;
       const fits = all
         .filter((w) => rejections(w, task).length === 0)
         .sort(
           (a, b) =>
-            b.maxConcurrency - b.activeLeases - (a.maxConcurrency - a.activeLeases) ||
+            (free(a) === free(b) ? 0 : free(b) > free(a) ? 1 : -1) ||
             a.queueDepth - b.queueDepth ||
             b.lastHeartbeatAt.getTime() - a.lastHeartbeatAt.getTime(),
         );
@@ -116,7 +119,7 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           .select({ live: liveLeases(workers.id, task.id).mapWith(Number) })
           .from(workers)
           .where(eq(workers.id, w.id));
-        if (now && now.live < w.maxConcurrency) {
+        if (now && (w.maxConcurrency === 0 || now.live < w.maxConcurrency)) {
           chosen = w;
           break;
         }

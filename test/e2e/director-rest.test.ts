@@ -33,7 +33,7 @@ interface FleetNode {
   state: string;
   queueDepth: number;
   activeLeases: number;
-  maxConcurrency: number;
+  maxConcurrency: number | null;
   cpuCount: number;
   memoryMb: number;
   registeredUtc: string;
@@ -423,7 +423,8 @@ describe("director REST contract: fleet nodes", () => {
       state: "Active",
       queueDepth: 0,
       activeLeases: 0,
-      maxConcurrency: 1,
+      // No maxConcurrency stated: no slot limit (placed greedily, as the contract places).
+      maxConcurrency: null,
     });
     expect(node.workerId).toMatch(UUID);
     expect(node.registeredUtc).toMatch(MILLIS_UTC);
@@ -973,6 +974,34 @@ describe("director REST contract: tasks", () => {
 });
 
 describe("director REST contract: placement rules", () => {
+  it("places any number of tasks on a node that states no maxConcurrency, greedily; a stated one still bounds", async () => {
+    const { brick, node } = await nodeWithBrick();
+    for (let i = 0; i < 5; i++) {
+      const task = await createTask({ requiredBrickIds: [brick] });
+      expect((await schedule(task.taskId)).assignedPeerId).toBe(node.peerId);
+    }
+    const got = expectOk(
+      await mesh<FleetNode>("GET", `/fleet/nodes/${node.peerId}`, { token: clientToken }),
+    );
+    expect(got).toMatchObject({ peerId: node.peerId, activeLeases: 5, maxConcurrency: null });
+
+    const bounded = await nodeWithBrick({ maxConcurrency: 1 });
+    await schedule((await createTask({ requiredBrickIds: [bounded.brick] })).taskId);
+    const second = await createTask({ requiredBrickIds: [bounded.brick] });
+    const refused = await mesh("POST", `/tasks/${second.taskId}/schedule`, { token: clientToken });
+    expectRefusal(refused, 400, "failed_precondition", "NO_CANDIDATE");
+  });
+
+  it("GET /fleet/nodes/{peerId} reads one node; an unknown peer is 404", async () => {
+    const { node } = await nodeWithBrick({ maxConcurrency: 3, name: "one" });
+    const got = expectOk(
+      await mesh<FleetNode>("GET", `/fleet/nodes/${node.peerId}`, { token: clientToken }),
+    );
+    expect(got).toEqual({ ...node, lastHeartbeatUtc: got.lastHeartbeatUtc });
+    const missing = await mesh("GET", `/fleet/nodes/peer-${uid()}`, { token: clientToken });
+    expectRefusal(missing, 404, "not_found", "NOT_FOUND");
+  });
+
   it("every affinity entry must equal a node label", async () => {
     const brick = `brick-${uid()}`;
     const region = `region-${uid()}`;
@@ -1991,9 +2020,11 @@ describe("director REST contract: push mode end to end", () => {
       ),
     );
     expect(after.taskCounts.Succeeded).toBe((countsBefore.Succeeded ?? 0) + 1);
+    // Registered without maxConcurrency: no slot limit, so no count of free slots.
     expect(after.workers.find((w) => w.peerId === peerId)).toMatchObject({
       activeLeases: 0,
-      freeSlots: 1,
+      maxConcurrency: null,
+      freeSlots: null,
     });
   });
 });

@@ -549,6 +549,7 @@ function isRestRoute(method: string, p: string): boolean {
     ["POST", `/tasks/${id}/(heartbeat|result|failure)`],
     ["GET", "/api/mesh/(fleet/nodes|elastic/status|tasks|knowledge/export)"],
     ["POST", "/api/mesh/(fleet/nodes|tasks|knowledge/import)"],
+    ["GET", `/api/mesh/fleet/nodes/${id}`],
     ["DELETE", `/api/mesh/fleet/nodes/${id}`],
     ["POST", `/api/mesh/fleet/nodes/${id}/(heartbeat|drain)`],
     ["GET", `/api/mesh/tasks/${id}(/result)?`],

@@ -37,6 +37,26 @@ describe("ClaimTasks reports the cap that bounded it", () => {
     });
   });
 
+  it("max_concurrency 0 is no limit: claims are bounded by max_tasks alone, with cap 0 and no free slots", async () => {
+    const { workerId } = await setUp(30, 0);
+    expect(await claim(workerId, 10)).toEqual({
+      claims: 10,
+      freeSlots: undefined,
+      maxConcurrency: 0,
+    });
+    expect(await claim(workerId, 10)).toEqual({
+      claims: 10,
+      freeSlots: undefined,
+      maxConcurrency: 0,
+    });
+    // A claim that states its own cap is bounded by it, as any other.
+    expect(await claim(workerId, 10, { maxConcurrency: 25 })).toMatchObject({
+      claims: 5,
+      freeSlots: 0,
+      maxConcurrency: 25,
+    });
+  });
+
   it("counts the slots left after the claims: cap 5 holding 2 asked for 10 gets 3 and 0 left", async () => {
     const { workerId } = await setUp(10, 5);
     expect(await claim(workerId, 2)).toMatchObject({ claims: 2, freeSlots: 3, maxConcurrency: 5 });

@@ -73,7 +73,9 @@ export type Worker = Message<"meshwork.v1.Worker"> & {
   apiBaseUrl: string;
 
   /**
-   * max_concurrency bounds the leases the worker holds at once (default 1).
+   * max_concurrency bounds the leases the worker holds at once (default 1);
+   * 0 is no limit: push placement puts any number of tasks on it, and a
+   * claim of it is bounded by max_tasks alone.
    *
    * @generated from field: int32 max_concurrency = 8;
    */
@@ -195,7 +197,9 @@ export type RegisterWorkerRequest = Message<"meshwork.v1.RegisterWorkerRequest">
   apiBaseUrl: string;
 
   /**
-   * max_concurrency bounds the leases held at once (1–10000, default 1).
+   * max_concurrency bounds the leases held at once (0–10000, default 1): 0
+   * is no limit (a director's node placed greedily; a claim is then bounded
+   * by max_tasks alone).
    *
    * @generated from field: optional int32 max_concurrency = 8;
    */
@@ -677,7 +681,8 @@ export type WorkerLoad = Message<"meshwork.v1.WorkerLoad"> & {
   maxConcurrency: number;
 
   /**
-   * free_slots is max_concurrency − active_leases, never below 0.
+   * free_slots is max_concurrency − active_leases, never below 0 (0 for a
+   * worker without a limit, max_concurrency 0).
    *
    * @generated from field: int32 free_slots = 8;
    */

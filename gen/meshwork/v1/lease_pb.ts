@@ -221,7 +221,8 @@ export type ClaimTasksResponse = Message<"meshwork.v1.ClaimTasksResponse"> & {
   freeSlots?: number | undefined;
 
   /**
-   * max_concurrency is the cap that bounded this claim: the request's
+   * max_concurrency is the cap that bounded this claim (0: none, and no
+   * free_slots either: a worker registered without a limit): the request's
    * max_concurrency when set, else the worker's registered max_concurrency
    * (default 1). A max_tasks above it can never be met by one claim.
    *
