@@ -14,7 +14,7 @@
  *
  * `--only kill,replicas,storm,pool,dead-workers,soak` runs some scenarios only.
  */
-import { type ChildProcess, spawn } from "node:child_process";
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
@@ -234,7 +234,19 @@ interface Coordinator {
   exited: Promise<number | null>;
 }
 
-async function startCoordinator(p: Place, port: number, dataDir = p.dataDir): Promise<Coordinator> {
+/**
+ * The bearer token each coordinator (by URL) is called with: only those
+ * started with auth on have one (their data dir's admin.token, or one made
+ * on the database their first replica wrote it to).
+ */
+const tokenOf = new Map<string, string>();
+
+async function startCoordinator(
+  p: Place,
+  port: number,
+  dataDir = p.dataDir,
+  options: { auth?: boolean; token?: string } = {},
+): Promise<Coordinator> {
   const env = { ...process.env };
   delete env.DATABASE_URL;
   if (p.url) env.DATABASE_URL = p.url;
@@ -245,7 +257,7 @@ async function startCoordinator(p: Place, port: number, dataDir = p.dataDir): Pr
       "--listen",
       `127.0.0.1:${port}`,
       "--auth",
-      "off",
+      options.auth ? "on" : "off",
       "--data-dir",
       dataDir,
       "--log-level",
@@ -261,7 +273,13 @@ async function startCoordinator(p: Place, port: number, dataDir = p.dataDir): Pr
       (r) => r.status,
       () => 0,
     );
-    if (status === 200) return { child, url, exited };
+    if (status === 200) {
+      if (options.auth) {
+        const file = join(dataDir, "admin.token");
+        tokenOf.set(url, options.token ?? readFileSync(file, "utf8").trim());
+      }
+      return { child, url, exited };
+    }
     if (child.exitCode !== null) throw new Error(`the coordinator exited with ${child.exitCode}`);
     if (Date.now() > deadline) {
       child.kill("SIGKILL");
@@ -300,9 +318,13 @@ async function rpc<T = Record<string, unknown>>(
 ): Promise<T> {
   let res: Response;
   try {
+    const token = tokenOf.get(url);
     res = await fetch(`${url}/meshwork.v1.${method}`, {
       method: "POST",
-      headers: { "content-type": "application/json" },
+      headers: {
+        "content-type": "application/json",
+        ...(token && { authorization: `Bearer ${token}` }),
+      },
       body: JSON.stringify(body),
       signal: AbortSignal.timeout(timeoutMs),
     });
@@ -1058,6 +1080,181 @@ async function soak(p: Place): Promise<void> {
   check(`${label}: stayed up and stops with exit 0`, up && code === 0, `exit ${code}`);
 }
 
+/**
+ * The PostgreSQL cluster this suite's database lives on, when this process
+ * may restart it: the server is local (127.0.0.1 or localhost), Debian's
+ * pg_ctlcluster is there and we are root. Undefined otherwise (the scenario
+ * is skipped, saying why).
+ */
+function restartablePostgres(): { version: string; cluster: string } | undefined {
+  if (!pgUrl || process.getuid?.() !== 0) return undefined;
+  const host = new URL(pgUrl).hostname;
+  if (host !== "127.0.0.1" && host !== "localhost") return undefined;
+  try {
+    const port = new URL(pgUrl).port || "5432";
+    const line = execFileSync("pg_lsclusters", ["-h"], { encoding: "utf8" })
+      .split("\n")
+      .map((l) => l.trim().split(/\s+/))
+      .find((f) => f[2] === port);
+    return line?.[0] && line[1] ? { version: line[0], cluster: line[1] } : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * 7. The whole PostgreSQL server restarted (pg_ctlcluster restart) during a
+ * drain on 3 replicas with auth on, while a producer keeps creating tasks
+ * and 16 workers claim and complete them in batches. Every create and every
+ * completion the coordinators acknowledged is counted; afterwards every
+ * acknowledged task exists, every acknowledged completion is SUCCEEDED, no
+ * task SUCCEEDED twice, and the replicas rode it out (up, exit 0).
+ */
+async function postgresRestart(p: Place): Promise<void> {
+  const server = restartablePostgres();
+  if (!server) {
+    console.log(
+      "skip postgres restart: needs a local PostgreSQL, pg_ctlcluster and root (DATABASE_URL on 127.0.0.1)",
+    );
+    return;
+  }
+  const target = short ? 2000 : 6000;
+  await installAudit(p);
+  const first = await startCoordinator(p, await freePort(), p.dataDir, { auth: true });
+  const token = tokenOf.get(first.url) ?? "";
+  const coordinators = [
+    first,
+    ...(await Promise.all(
+      [1, 2].map(async () =>
+        startCoordinator(p, await freePort(), p.newDataDir(), { auth: true, token }),
+      ),
+    )),
+  ];
+  const urls = coordinators.map((c) => c.url);
+  const created = new Set<string>();
+  const completed = new Set<string>();
+  let createErrors = 0;
+  let stop = false;
+  let producing = true;
+  const producer = (async () => {
+    let i = 0;
+    while (producing && created.size < target) {
+      const url = urls[i++ % urls.length] ?? "";
+      try {
+        const { tasks = [] } = await rpc<{ tasks?: { taskId: string }[] }>(
+          url,
+          "TaskService/CreateTasks",
+          {
+            tasks: Array.from({ length: 50 }, () => ({
+              workload: "fault",
+              leaseSeconds,
+              maxAttempts: 100,
+            })),
+          },
+        );
+        for (const t of tasks) created.add(t.taskId);
+      } catch {
+        createErrors++;
+        await sleep(200);
+      }
+    }
+  })();
+  let completeErrors = 0;
+  const workers = Array.from({ length: 16 }, async (_, i) => {
+    let workerId = "";
+    while (!stop) {
+      const url = urls[i % urls.length] ?? "";
+      try {
+        if (!workerId) {
+          workerId = (
+            await rpc<{ workerId: string }>(url, "FleetService/RegisterWorker", {
+              capabilities: ["fault"],
+              maxConcurrency: 20,
+            })
+          ).workerId;
+        }
+        const { claims = [] } = await rpc<{ claims?: ClaimJson[] }>(
+          url,
+          "LeaseService/ClaimTasks",
+          { workerId, maxTasks: 10, waitSeconds: 1 },
+        );
+        if (claims.length === 0) continue;
+        const { results = [] } = await rpc<{ results?: { task?: { taskId: string } }[] }>(
+          url,
+          "LeaseService/CompleteTasks",
+          {
+            completions: claims.map((c) => ({
+              taskId: c.taskId,
+              workerId,
+              attempt: c.attempt,
+              leaseToken: c.leaseToken,
+              resultSummary: "done",
+            })),
+          },
+        );
+        for (const r of results) if (r.task) completed.add(r.task.taskId);
+      } catch {
+        completeErrors++;
+        await sleep(300);
+      }
+    }
+  });
+  // Restart the whole server once a third of the target is done.
+  const deadline = Date.now() + (short ? 120_000 : 240_000);
+  while (completed.size < target / 3 && Date.now() < deadline) await sleep(100);
+  const before = { created: created.size, completed: completed.size };
+  const restartAt = Date.now();
+  execFileSync(
+    "pg_ctlcluster",
+    ["--skip-systemctl-redirect", server.version, server.cluster, "restart"],
+    {
+      stdio: "ignore",
+    },
+  );
+  const restartMs = Date.now() - restartAt;
+  while ((producing && created.size < target) || [...created].some((id) => !completed.has(id))) {
+    if (Date.now() > deadline) break;
+    if (created.size >= target) producing = false;
+    await sleep(250);
+  }
+  producing = false;
+  stop = true;
+  await producer;
+  await Promise.all(workers);
+  const up = coordinators.every((c) => c.child.exitCode === null);
+  const codes = await Promise.all(coordinators.map((c) => stopCoordinator(c)));
+  const db = connect(p);
+  const ids = [...created];
+  const [exist] = await db<
+    { n: number }[]
+  >`select count(*)::int as n from tasks where id::text = any(${ids}::text[])`;
+  const [done] = await db<{ n: number }[]>`select count(*)::int as n from tasks
+    where state = 'SUCCEEDED' and id::text = any(${[...completed]}::text[])`;
+  await db.end();
+  const a = await audit(p);
+  const name = `postgres: whole server restarted (${secs(restartMs)}) during a drain on 3 replicas with auth on, at ${before.completed}/${before.created} completed`;
+  check(
+    `${name}: every acknowledged create is there`,
+    exist?.n === created.size,
+    `${exist?.n}/${created.size} acknowledged creates found; ${createErrors} creates refused or cut during the fault (retried)`,
+  );
+  check(
+    `${name}: every acknowledged completion is SUCCEEDED, and every task completed`,
+    done?.n === completed.size && completed.size === created.size,
+    `${done?.n}/${completed.size} acknowledged completions SUCCEEDED, ${completed.size}/${created.size} tasks; ${completeErrors} claim or complete calls failed during the fault (retried)`,
+  );
+  check(
+    `${name}: no task SUCCEEDED twice, no SUCCEEDED row changed, no (task, attempt) leased twice`,
+    a.succeededOnce === a.succeeded && a.changedAfterSuccess === 0 && a.leasedTwice === 0,
+    `${a.byState}; once ${a.succeededOnce}, changed ${a.changedAfterSuccess}, leased twice ${a.leasedTwice}`,
+  );
+  check(
+    `${name}: the replicas stayed up and stop with exit 0`,
+    up && codes.every((c) => c === 0),
+    `exit ${codes.join(", ")}`,
+  );
+}
+
 interface Scenario {
   /** For --only. */
   key: string;
@@ -1082,6 +1279,7 @@ const scenarios: Scenario[] = [
   },
   { key: "dead-workers", engines: ["pglite", "postgres"], run: deadWorkers },
   { key: "soak", engines: ["postgres"], run: soak },
+  { key: "pg-restart", engines: ["postgres"], run: postgresRestart },
 ];
 
 const started = Date.now();
