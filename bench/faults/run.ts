@@ -12,7 +12,8 @@
  * changed again, no (task, attempt) was leased twice, and a lost lease was
  * taken back only after it expired and soon after.
  *
- * `--only kill,replicas,storm,pool,dead-workers,soak` runs some scenarios only.
+ * `--only kill,replicas,storm,pool,dead-workers,soak,pg-restart,flood,bad-tokens,revoke,burst,disk-full,corrupt`
+ * runs some scenarios only.
  */
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
@@ -25,6 +26,15 @@ import { type SQL, sql } from "drizzle-orm";
 import postgres from "postgres";
 import { openDatabase } from "../../src/db/database.js";
 import { rowsOf } from "../../src/db/values.js";
+import {
+  badTokens,
+  burst,
+  corrupt,
+  diskFull,
+  flood,
+  type HostileContext,
+  revoke,
+} from "./hostile.js";
 import { poolExhaustion } from "./pool-exhaustion.js";
 
 type Engine = "pglite" | "postgres";
@@ -1255,6 +1265,19 @@ async function postgresRestart(p: Place): Promise<void> {
   );
 }
 
+/** PostgreSQL when the suite has one, else PGlite: for scenarios of the coordinator's front door. */
+const preferred: Engine = pgUrl ? "postgres" : "pglite";
+
+/** The hostile scenarios' view of a place: its database (run.ts drops it after). */
+function hostile(p: Place): HostileContext {
+  return {
+    check,
+    short,
+    pgUrl,
+    place: async () => ({ url: p.url, drop: async () => {} }),
+  };
+}
+
 interface Scenario {
   /** For --only. */
   key: string;
@@ -1280,6 +1303,13 @@ const scenarios: Scenario[] = [
   { key: "dead-workers", engines: ["pglite", "postgres"], run: deadWorkers },
   { key: "soak", engines: ["postgres"], run: soak },
   { key: "pg-restart", engines: ["postgres"], run: postgresRestart },
+  // Hostile and careless traffic (hostile.ts), with auth on.
+  { key: "flood", engines: [preferred], run: (p) => flood(hostile(p)) },
+  { key: "bad-tokens", engines: [preferred], run: (p) => badTokens(hostile(p)) },
+  { key: "revoke", engines: ["pglite", "postgres"], run: (p) => revoke(hostile(p)) },
+  { key: "burst", engines: ["postgres"], run: (p) => burst(hostile(p)) },
+  { key: "disk-full", engines: ["pglite"], run: (p) => diskFull(hostile(p)) },
+  { key: "corrupt", engines: ["pglite"], run: (p) => corrupt(hostile(p)) },
 ];
 
 const started = Date.now();
