@@ -641,7 +641,10 @@ async function loadedRss() {
   // Every stream and long poll listens on it.
   setMaxListeners(0, abort.signal);
   try {
-    const connections = Array.from({ length: 8 }, () => clients(grpc(co)));
+    // Each worker holds a stream and a long poll: 90 per connection, under
+    // the coordinator's 100 streams per HTTP/2 connection.
+    const connectionCount = Math.max(8, Math.ceil((2 * memoryWorkers) / 90));
+    const connections = Array.from({ length: connectionCount }, () => clients(grpc(co)));
     const workload = `idle-${Date.now()}`;
     const ids: string[] = [];
     for (let i = 0; i < memoryWorkers; i += 50) {
@@ -651,7 +654,9 @@ async function loadedRss() {
           { length: n },
           async (_, j) =>
             (
-              await (connections[(i + j) % 8] as (typeof connections)[0]).fleet.registerWorker({
+              await (
+                connections[(i + j) % connectionCount] as (typeof connections)[0]
+              ).fleet.registerWorker({
                 capabilities: [workload],
               })
             ).workerId,
@@ -665,7 +670,7 @@ async function loadedRss() {
     for (let i = 0; i < ids.length; i += 100) {
       await Promise.all(
         ids.slice(i, i + 100).map(async (workerId, j) => {
-          const c = connections[(i + j) % 8] as (typeof connections)[0];
+          const c = connections[(i + j) % connectionCount] as (typeof connections)[0];
           const queue = requestQueue<RequestInit>();
           queues.push(queue);
           const responses = c.leases
