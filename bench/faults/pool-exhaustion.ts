@@ -1,11 +1,14 @@
 /**
  * Fault scenario: the PostgreSQL pool exhausted. Every connection of a
- * real coordinator's request pool (the default 10) is held by a statement
- * blocked on a row lock another session holds, for several seconds. While
- * it lasts, claims and heartbeats must fail fast with `unavailable` (503,
- * `retry-after`), never hang until the client's deadline, and the sweeper,
- * on its own connection, must keep returning expired leases to PENDING.
- * After the lock goes, the blocked calls complete and the tasks drain.
+ * real coordinator's request pool (the default 10) that ordinary work may
+ * take (all but the 2 of the urgent lane, db/pool-gate.ts) is held by a
+ * statement blocked on a row lock another session holds, for several
+ * seconds. While it lasts, claims and heartbeats must fail fast with
+ * `unavailable` (503, `retry-after`), never hang until the client's
+ * deadline; a worker's lease renewals and its completion, on the urgent
+ * lane, must still be answered; and the sweeper, on its own connection,
+ * must keep returning expired leases to PENDING. After the lock goes, the
+ * blocked calls complete and the tasks drain.
  *
  * PostgreSQL only (PGlite has no pool). Called from run.ts with its helpers.
  */
@@ -24,6 +27,8 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** The shipped defaults (--db-pool-size, --db-acquire-timeout): the scenario runs as deployed. */
 const poolSize = 10;
+/** What ordinary work may hold: the pool less the urgent lane's reserve (db/database.ts). */
+const ordinarySlots = poolSize - Math.min(2, Math.floor(poolSize / 4));
 const acquireTimeoutMs = 3000;
 /** Far above the acquire timeout: a call that queues instead of failing fast ends as 504. */
 const clientDeadlineMs = 15_000;
@@ -56,14 +61,28 @@ export async function poolExhaustion(ctx: PoolExhaustionContext): Promise<void> 
       maxTasks: 10,
     })) as { claims?: { taskId: string }[] };
     const held = (claimed.claims ?? []).map((c) => c.taskId);
+    // The keeper holds one lease and renews it through the exhaustion.
+    const keeper = (await reg("keeper")).workerId;
+    const kept = (
+      (await call(base, "LeaseService/ClaimTasks", { workerId: keeper, maxTasks: 1 })) as {
+        claims: { taskId: string; attempt: number; leaseToken: string }[];
+      }
+    ).claims[0];
+    if (!kept) throw new Error("the keeper claimed nothing");
+    const keptLease = {
+      taskId: kept.taskId,
+      attempt: kept.attempt,
+      leaseToken: kept.leaseToken,
+      workerId: keeper,
+    };
 
-    // Another session locks the blocked worker's row; one Heartbeat per pool
-    // connection waits on it.
+    // Another session locks the blocked worker's row; one Heartbeat per
+    // connection ordinary work may take waits on it.
     const holder = await admin.reserve();
     await holder`begin`;
     await holder`select 1 from workers where id = ${blocked} for update`;
     const stuck = Promise.all(
-      Array.from({ length: poolSize }, () =>
+      Array.from({ length: ordinarySlots }, () =>
         rpc(base, "FleetService/Heartbeat", { workerId: blocked }),
       ),
     );
@@ -73,25 +92,29 @@ export async function poolExhaustion(ctx: PoolExhaustionContext): Promise<void> 
       const [row] = await admin`select count(*)::int as n from pg_stat_activity
         where application_name = 'meshwork' and wait_event_type = 'Lock'`;
       waiting = row?.n ?? 0;
-      if (waiting >= poolSize) break;
+      if (waiting >= ordinarySlots) break;
       await sleep(50);
     }
 
     // Claims and heartbeats of another worker while every connection is busy.
     const answers: { status: number; code: string; retryAfter: string | null; ms: number }[] = [];
+    const renewals: { status: number; code: string }[] = [];
     let readyz = 0;
     while (Date.now() - lockedAt < holdMs) {
-      const [claim, heartbeat, ready] = await Promise.all([
+      const [claim, heartbeat, ready, renewal] = await Promise.all([
         rpc(base, "LeaseService/ClaimTasks", { workerId: victim, maxTasks: 1 }),
         rpc(base, "FleetService/Heartbeat", { workerId: victim }),
         fetch(`${base}/readyz`).then(
           (r) => r.status,
           () => 0,
         ),
+        rpc(base, "LeaseService/RenewLease", keptLease),
       ]);
       answers.push(claim, heartbeat);
+      renewals.push(renewal);
       readyz = ready;
     }
+    const completion = await rpc(base, "LeaseService/CompleteTask", keptLease);
     const [states] = await admin`select count(*)::int as n from tasks
       where id = any(${held}::uuid[]) and state = 'PENDING'`;
     const requeued = states?.n ?? 0;
@@ -101,7 +124,11 @@ export async function poolExhaustion(ctx: PoolExhaustionContext): Promise<void> 
 
     const refused = answers.filter((a) => a.status === 503 && a.code === "unavailable");
     const slowest = Math.max(...answers.map((a) => a.ms));
-    ctx.check(`${label}: every pool connection was held`, waiting >= poolSize, `${waiting}`);
+    ctx.check(
+      `${label}: every pool connection ordinary work may take was held (${ordinarySlots})`,
+      waiting >= ordinarySlots,
+      `${waiting}`,
+    );
     ctx.check(
       `${label}: claims and heartbeats answered unavailable (503)`,
       answers.length > 0 && refused.length === answers.length,
@@ -118,6 +145,11 @@ export async function poolExhaustion(ctx: PoolExhaustionContext): Promise<void> 
     );
     ctx.check(`${label}: /readyz 503 while exhausted`, readyz === 503, `${readyz}`);
     ctx.check(
+      `${label}: a held lease was renewed and completed meanwhile (the urgent lane)`,
+      renewals.length > 0 && renewals.every((r) => r.status === 200) && completion.status === 200,
+      `renewals ${renewals.filter((r) => r.status === 200).length}/${renewals.length}; completion ${completion.status} ${completion.code}`,
+    );
+    ctx.check(
       `${label}: the sweeper returned the ${held.length} expired leases to PENDING meanwhile`,
       held.length === 10 && requeued === held.length,
       `${requeued}/${held.length}`,
@@ -130,7 +162,7 @@ export async function poolExhaustion(ctx: PoolExhaustionContext): Promise<void> 
     // Everything works again: the victim drains all tasks, the requeued ones included.
     const drainedBy = Date.now() + 30_000;
     let done = 0;
-    while (done < n && Date.now() < drainedBy) {
+    while (done < n - 1 && Date.now() < drainedBy) {
       const { claims = [] } = (await call(base, "LeaseService/ClaimTasks", {
         workerId: victim,
         maxTasks: 20,
@@ -150,6 +182,7 @@ export async function poolExhaustion(ctx: PoolExhaustionContext): Promise<void> 
       done += claims.length;
     }
     const [ok] = await admin`select count(*)::int as n from tasks where state = 'SUCCEEDED'`;
+    // The victim drained every task but the keeper's, which it completed itself.
     ctx.check(`${label}: every task SUCCEEDED after`, ok?.n === n, `${ok?.n}/${n}`);
   } catch (error) {
     ctx.check(`${label}: ran to the end`, false, String(error));
