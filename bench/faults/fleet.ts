@@ -13,6 +13,7 @@
  * `{"stats":…}` line whenever it reads a line on stdin, and a last one when
  * stdin ends, after closing everything.
  */
+import { setMaxListeners } from "node:events";
 import { createInterface } from "node:readline";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
@@ -24,6 +25,8 @@ const workers = Number(w);
 const streamsPer = Number(s);
 const pollsPer = Number(p);
 const stop = new AbortController();
+// Every stream and poll of this process listens on it: thousands, on purpose.
+setMaxListeners(0, stop.signal);
 const stats = {
   streamsOpen: 0,
   /** Streams the coordinator ended (an error before we closed them), by code. */

@@ -506,12 +506,21 @@ export async function burst(ctx: HostileContext): Promise<void> {
         status,
       );
     }
+    // RSS follows V8's heap high-water mark, which moves with when the
+    // collector happens to run: in the short suite's smaller rounds that
+    // noise (±50 MiB) is as large as what is measured, so it is checked in
+    // the full suite only, as the timings are.
     const [r1, r2] = rounds;
-    ctx.check(
-      `${label}: a second identical round does not grow RSS further (≤ 32 MiB)`,
-      r1 !== undefined && r2 !== undefined && r2.rss - r1.rss <= 32 * 2 ** 20,
-      `RSS ${mib(parked)} MiB parked, ${mib(r1?.rss ?? 0)} after round 1, ${mib(r2?.rss ?? 0)} after round 2, ${mib(afterClose)} once every stream and poll closed`,
-    );
+    const memory = `RSS ${mib(parked)} MiB parked, ${mib(r1?.rss ?? 0)} after round 1, ${mib(r2?.rss ?? 0)} after round 2, ${mib(afterClose)} once every stream and poll closed`;
+    const rssName = `${label}: a second identical round does not grow RSS further (≤ 32 MiB)`;
+    if (ctx.short) console.log(`note ${rssName}: ${memory} (not checked in --short)`);
+    else {
+      ctx.check(
+        rssName,
+        r1 !== undefined && r2 !== undefined && r2.rss - r1.rss <= 32 * 2 ** 20,
+        memory,
+      );
+    }
   } finally {
     hog.kill("SIGKILL");
     fleet.kill("SIGKILL");
