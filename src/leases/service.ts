@@ -48,7 +48,7 @@ export interface LeaseServiceDeps {
   events: { emit(taskIds: Iterable<string>): void };
   artifacts: Pick<ArtifactStore, "get">;
   shutdownSignal: AbortSignal;
-  metrics: Pick<Metrics, "claims" | "completions" | "failures">;
+  metrics: Pick<Metrics, "claims" | "completions" | "completionRepeats" | "failures">;
 }
 
 /**
@@ -179,6 +179,11 @@ export function createLeaseService(
   app: LeaseServiceDeps,
 ): Partial<ServiceImpl<typeof LeaseService>> {
   const publicUrl = app.config.publicUrl;
+  /** Each task's completion counts once; an identical repeat, accepted again, counts apart. */
+  const countCompletion = (o: { ok: { workload: string }; repeat?: boolean }) =>
+    (o.repeat ? app.metrics.completionRepeats : app.metrics.completions).inc({
+      workload: o.ok.workload,
+    });
   return {
     async claimTasks(req, ctx) {
       const workerId = uuidField("worker_id", req.workerId);
@@ -355,7 +360,7 @@ export function createLeaseService(
     async completeTask(req) {
       const outcome = await app.completeOne(completionOf(req, publicUrl));
       if ("error" in outcome) throw outcome.error;
-      app.metrics.completions.inc({ workload: outcome.ok.workload });
+      countCompletion(outcome);
       app.events.emit([outcome.ok.id]);
       return { task: toTask(outcome.ok) };
     },
@@ -380,7 +385,7 @@ export function createLeaseService(
         const o = outcomes[next++];
         if (!o) throw new Error("complete returned too few outcomes");
         if ("error" in o) return errorResult(o.error);
-        app.metrics.completions.inc({ workload: o.ok.workload });
+        countCompletion(o);
         return create(CompletionResultSchema, { outcome: { case: "task", value: toTask(o.ok) } });
       });
       app.events.emit(valid.map((c) => c.taskId));

@@ -44,7 +44,7 @@ export interface Completion extends LeaseRef {
 }
 
 /** The outcome of one item of a batch: its value, or why it was refused. */
-export type Outcome<T = TaskRow> = { ok: T } | { error: DomainError };
+export type Outcome<T = TaskRow> = { ok: T; repeat?: boolean } | { error: DomainError };
 
 /** The manifest identity of a completion: a repeat with the same hash is the same completion. */
 export function completionHash(c: Completion): string {
@@ -250,8 +250,9 @@ export function createLeaseStore(db: Db) {
 
     /**
      * Completes attempts: the accepted ones in one statement, each judged on
-     * its own. An identical repeat of an accepted completion succeeds again;
-     * a different manifest for the same attempt is `already_exists`.
+     * its own. An identical repeat of an accepted completion succeeds again
+     * (`repeat`: it changed nothing, and the metrics count it apart); a
+     * different manifest for the same attempt is `already_exists`.
      */
     async complete(items: Completion[]): Promise<Outcome[]> {
       if (items.length === 0) return [];
@@ -275,6 +276,9 @@ export function createLeaseStore(db: Db) {
       const current = await rowsById(
         [...new Set(unsettled.map((c) => c.taskId))].filter((id) => !byId.has(id)),
       );
+      // The first item of a task the statement completed is the completion;
+      // any other (a repeat in the same batch, or of an earlier call) is a repeat.
+      const completedHere = new Set(byId.keys());
       return items.map((c, i) => {
         const row = byId.get(c.taskId) ?? current.get(c.taskId);
         const details = { taskId: c.taskId, currentAttempt: row?.attempt ?? 0 };
@@ -283,7 +287,9 @@ export function createLeaseStore(db: Db) {
           row.attempt === c.attempt &&
           row.leaseWorkerId === c.workerId
         ) {
-          if (row.completionHash === hashes[i]) return { ok: row };
+          if (row.completionHash === hashes[i]) {
+            return { ok: row, repeat: !completedHere.delete(c.taskId) };
+          }
           return {
             error: new DomainError(
               "already_exists",

@@ -89,7 +89,13 @@ export function createMetrics(deps: MetricsDeps) {
   });
   const completions = new Counter({
     name: "meshwork_completions_total",
-    help: "Completions accepted (CompleteTask, CompleteTasks, REST), by workload.",
+    help: "Tasks completed (CompleteTask, CompleteTasks, REST), by workload: each task once.",
+    labelNames: ["workload"] as const,
+    registers,
+  });
+  const completionRepeats = new Counter({
+    name: "meshwork_completion_repeats_total",
+    help: "Identical repeats of a completion already accepted (answered with the task again, changing nothing), by workload.",
     labelNames: ["workload"] as const,
     registers,
   });
@@ -269,6 +275,7 @@ export function createMetrics(deps: MetricsDeps) {
     tasksCreated: byWorkload(tasksCreated),
     claims: byWorkload(claims),
     completions: byWorkload(completions),
+    completionRepeats: byWorkload(completionRepeats),
     failures: byWorkload(failures),
     leaseExpiries,
     sweeperRuns,

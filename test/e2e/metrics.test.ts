@@ -159,7 +159,11 @@ describe("GET /metrics after a drain", () => {
     const [failing, expiring, ...completing] = rest;
     if (!failing || !expiring) throw new Error("too few claims");
     await leases.completeTask(lease(uploading));
-    await leases.completeTasks({ completions: completing.map(lease) });
+    // The first of the batch twice, then the lone one again: identical repeats, accepted again.
+    const [twice] = completing;
+    if (!twice) throw new Error("too few claims");
+    await leases.completeTasks({ completions: [...completing, twice].map(lease) });
+    await leases.completeTask(lease(uploading));
     await leases.failTask({ ...lease(failing), errorCode: "E", retryable: false });
     await expireLease(app.database.db, expiring.taskId);
     await app.sweeper.runOnce();
@@ -173,7 +177,9 @@ describe("GET /metrics after a drain", () => {
       sum(after, name, labels) - sum(before, name, labels);
     expect(delta("meshwork_tasks_created_total", { workload })).toBe(n + 1);
     expect(delta("meshwork_claims_total", { workload })).toBe(n + 1);
+    // Each task's completion counts once, its repeats apart (never a double count).
     expect(delta("meshwork_completions_total", { workload })).toBe(1 + completing.length);
+    expect(delta("meshwork_completion_repeats_total", { workload })).toBe(2);
     expect(delta("meshwork_failures_total", { workload, outcome: "failed" })).toBe(1);
     expect(delta("meshwork_failures_total", { workload, outcome: "retry" })).toBe(0);
     expect(delta("meshwork_lease_expiries_total", { outcome: "retry" })).toBe(1);
@@ -186,7 +192,7 @@ describe("GET /metrics after a drain", () => {
     expect(rpc("meshwork.v1.TaskService", "CreateTasks", "ok")).toBe(1);
     expect(rpc("meshwork.v1.TaskService", "CreateTask", "ok")).toBe(3);
     expect(rpc("meshwork.v1.LeaseService", "ClaimTasks", "ok")).toBe(1);
-    expect(rpc("meshwork.v1.LeaseService", "CompleteTask", "ok")).toBe(1);
+    expect(rpc("meshwork.v1.LeaseService", "CompleteTask", "ok")).toBe(2);
     expect(rpc("meshwork.v1.LeaseService", "CompleteTasks", "ok")).toBe(1);
     expect(rpc("meshwork.v1.LeaseService", "FailTask", "ok")).toBe(1);
     expect(rpc("meshwork.v1.ArtifactService", "UploadArtifact", "ok")).toBe(1);
