@@ -11,6 +11,7 @@ import {
 } from "@connectrpc/connect-node";
 import type { Logger } from "../log.js";
 import { guardedBody } from "./body-guard.js";
+import { sendJson } from "./json.js";
 import { createRefusalWriter } from "./rpc-refusal.js";
 import type { Tarpit } from "./tarpit.js";
 
@@ -65,10 +66,14 @@ export function createConnectHandler(options: ConnectHandlerOptions) {
   const refusals = createRefusalWriter();
 
   return function handle(req: Request, res: Response): void {
-    const handler = paths.get((req.url ?? "").split("?", 1)[0] ?? "");
+    const path = (req.url ?? "").split("?", 1)[0] ?? "";
+    const handler = paths.get(path);
     if (!handler) {
-      (res as http.ServerResponse).writeHead(404);
-      res.end();
+      // Neither an RPC nor a plain route (those were matched before).
+      sendJson(res, 404, {
+        error: "not_found",
+        message: `no route ${(req.method ?? "").slice(0, 16)} ${path.slice(0, 200)}`,
+      });
       return;
     }
     const early = options.refuseEarly?.(req, handler.service.typeName);

@@ -54,6 +54,8 @@ export function header(req: Request, name: string): string {
  * Errors answer `{"error": "<code>", "message": "...", "reason": "..."}`
  * (reason when there is one, e.g. FOREIGN_WORKER) with the status of
  * the error table (docs/protocol.md#errors); nothing internal is shown.
+ * A path a route takes, asked with a method it does not, is answered 405
+ * with `Allow` and `{"error": "unimplemented", …}` (as grpc-gateway does).
  * Returns false when no route matches (the request goes on to Connect).
  */
 export function createPlainRouter(
@@ -116,7 +118,19 @@ export function createPlainRouter(
         break;
       }
     }
-    if (!route || !found) return false;
+    if (!route || !found) {
+      // A known path asked with another method: 405 with the methods it takes.
+      const allowed = [
+        ...new Set(routes.filter((r) => r.pattern.test(path)).flatMap((r) => r.methods)),
+      ];
+      if (allowed.length === 0) return false;
+      res.setHeader("allow", allowed.join(", "));
+      sendJson(res, 405, {
+        error: "unimplemented",
+        message: `${method.slice(0, 16)} is not allowed here; use ${allowed.join(" or ")}`,
+      });
+      return true;
+    }
     options.onRoute?.(route, req, res);
     const asker = askerOf(req, options.h2Window, options.trust);
     (async () => {

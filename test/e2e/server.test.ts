@@ -141,6 +141,25 @@ describe("Connect JSON over HTTP/1.1 with fetch", () => {
   });
 });
 
+describe("plain routes", () => {
+  it("answer an unknown path 404 with a JSON body, and a known path asked with another method 405 with Allow", async () => {
+    const unknown = await fetch(`${server.url}/no/such/route`);
+    expect(unknown.status).toBe(404);
+    expect(unknown.headers.get("content-type")).toMatch(/^application\/json/);
+    expect(await unknown.json()).toMatchObject({ error: "not_found" });
+
+    const wrong = await fetch(`${server.url}/healthz`, { method: "DELETE" });
+    expect(wrong.status).toBe(405);
+    expect(wrong.headers.get("allow")).toBe("GET");
+    expect(await wrong.json()).toMatchObject({ error: "unimplemented" });
+
+    // A REST route: the methods of every route on the path.
+    const rest = await fetch(`${server.url}/api/mesh/tasks`, { method: "PATCH" });
+    expect(rest.status).toBe(405);
+    expect(rest.headers.get("allow")?.split(", ").sort()).toEqual(["GET", "POST"]);
+  });
+});
+
 describe("gRPC over h2c with generated clients", () => {
   const grpc = () => createGrpcTransport({ baseUrl: server.url });
 
