@@ -48,6 +48,9 @@ export const policy: Record<string, MethodRule> = {
   "meshwork.v1.TaskService/CancelTask": { roles: client },
   "meshwork.v1.TaskService/ScheduleTask": { roles: client },
   "meshwork.v1.TaskService/RetryTask": { roles: client },
+  "meshwork.v1.TaskService/RerunTask": { roles: client },
+  "meshwork.v1.TaskService/RerunTasks": { roles: client },
+  "meshwork.v1.TaskService/CancelTasks": { roles: client },
   // Leases: workers, for their own workers.
   "meshwork.v1.LeaseService/ClaimTasks": { roles: worker, actsFor: own },
   "meshwork.v1.LeaseService/StartTask": { roles: worker, actsFor: own },

@@ -1,9 +1,11 @@
 import { randomUUID } from "node:crypto";
+import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { ContextValues, ServiceImpl } from "@connectrpc/connect";
 import type {
   CreateTaskRequest,
   RetryTaskRequest,
   ScheduleTaskRequest,
+  TaskFilter as TaskFilterMessage,
   TaskService,
 } from "../../gen/meshwork/v1/task_pb.js";
 import { toArtifactRefJson } from "../artifacts/convert.js";
@@ -11,12 +13,12 @@ import type { ArtifactStore } from "../artifacts/store.js";
 import { storeUpload, type UploadDeps } from "../artifacts/uploads.js";
 import type { Config } from "../config.js";
 import { canonicalJson } from "../core/canonical-json.js";
-import { invalid } from "../core/errors.js";
+import { DomainError, invalid } from "../core/errors.js";
 import { decodeCursor, decodePageToken, pageSize } from "../core/paging.js";
 import { linkedSignal } from "../core/signals.js";
 import { terminalStates } from "../core/task-sql.js";
-import { intInRange, text, uuidField } from "../core/validate.js";
-import type { ArtifactRefJson, TaskRow } from "../db/schema/index.js";
+import { intInRange, text, timeField, uuidField } from "../core/validate.js";
+import type { ArtifactRefJson, TaskRow, TaskStateName } from "../db/schema/index.js";
 import type { Metrics } from "../metrics/metrics.js";
 import { kCorrelationId, kCorrelationSent, kTrace } from "../rpc/context.js";
 import { traceparentOf } from "../tracing/context.js";
@@ -29,7 +31,7 @@ import {
 } from "./convert.js";
 import type { TaskEvents } from "./events.js";
 import type { PlacementRequest, PlacementStore } from "./placement.js";
-import type { NewTask, TaskStore } from "./store.js";
+import type { BulkFilter, NewTask, TaskStore } from "./store.js";
 
 /** What TaskService uses. */
 export interface TaskServiceDeps extends UploadDeps {
@@ -160,6 +162,59 @@ async function resolveInput(
 }
 
 /**
+ * A bulk operation's filter, checked: at least one field set (an empty
+ * filter would act on every task), states among those the operation acts
+ * on (`actsOn` when none is given), at most 1,000 task ids.
+ */
+function bulkFilterOf(
+  filter: TaskFilterMessage | undefined,
+  actsOn: readonly TaskStateName[],
+  what: string,
+): BulkFilter {
+  const f = filter;
+  if (
+    !f ||
+    (f.states.length === 0 &&
+      f.workload === "" &&
+      f.taskIds.length === 0 &&
+      !f.createdAfter &&
+      !f.createdBefore)
+  ) {
+    throw invalid(
+      "filter must set at least one of states, workload, task_ids, created_after, created_before",
+    );
+  }
+  const states = f.states.map((st, i) => {
+    const name = fromTaskState(st);
+    if (name === undefined || !actsOn.includes(name)) {
+      throw invalid(`filter.states[${i}]: ${what} acts on ${actsOn.join(", ")} tasks only`);
+    }
+    return name;
+  });
+  if (f.taskIds.length > 1000) {
+    throw invalid(`filter.task_ids holds ${f.taskIds.length} ids; at most 1000`);
+  }
+  return {
+    states: states.length > 0 ? [...new Set(states)] : [...actsOn],
+    workload: f.workload === "" ? undefined : text("filter.workload", f.workload),
+    taskIds:
+      f.taskIds.length === 0
+        ? undefined
+        : f.taskIds.map((id, i) => uuidField(`filter.task_ids[${i}]`, id)),
+    createdAfter: f.createdAfter
+      ? timeField("filter.created_after", timestampDate(f.createdAfter))
+      : undefined,
+    createdBefore: f.createdBefore
+      ? timeField("filter.created_before", timestampDate(f.createdBefore))
+      : undefined,
+  };
+}
+
+/** What a cancel records as its reason: the client's, cut to 2 KiB, or a default. */
+const cancelReason = (reason: string) =>
+  reason === "" ? "cancelled by a client" : reason.slice(0, 2048);
+
+/**
  * The correlation id and trace context a created task records: the
  * request's trace with the CreateTask span as parent, so that a worker's
  * calls for the task continue the creator's trace (docs/tracing.md).
@@ -280,10 +335,41 @@ export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typ
 
     async cancelTask(req) {
       const id = uuidField("task_id", req.taskId);
-      const reason = req.reason === "" ? "cancelled by a client" : req.reason.slice(0, 2048);
-      const row = await app.tasks.cancel(id, reason);
+      const row = await app.tasks.cancel(id, cancelReason(req.reason));
       app.events.emit([id]);
       return { task: toTask(row) };
+    },
+
+    async rerunTask(req) {
+      const id = uuidField("task_id", req.taskId);
+      const [row] = await app.tasks.rerun({ states: ["FAILED", "CANCELED"], taskIds: [id] }, 1);
+      if (!row) {
+        const current = await app.tasks.get(id);
+        throw new DomainError(
+          "failed_precondition",
+          "INVALID_STATE",
+          `task ${id} is ${current.state}: only a FAILED or CANCELED task can be rerun`,
+          { taskId: id },
+        );
+      }
+      app.events.emit([id]);
+      return { task: toTask(row) };
+    },
+
+    async rerunTasks(req) {
+      const filter = bulkFilterOf(req.filter, ["FAILED", "CANCELED"], "RerunTasks");
+      if (req.dryRun) return { count: await app.tasks.countMatching(filter) };
+      const rows = await app.tasks.rerun(filter);
+      app.events.emit(rows.map((r) => r.id));
+      return { count: rows.length };
+    },
+
+    async cancelTasks(req) {
+      const filter = bulkFilterOf(req.filter, ["PENDING", "ASSIGNED", "RUNNING"], "CancelTasks");
+      if (req.dryRun) return { count: await app.tasks.countMatching(filter) };
+      const ids = await app.tasks.cancelMatching(filter, cancelReason(req.reason));
+      app.events.emit(ids);
+      return { count: ids.length };
     },
   };
 }

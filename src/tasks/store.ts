@@ -1,5 +1,5 @@
 import { createHash, randomUUID } from "node:crypto";
-import { and, desc, eq, inArray, or, type SQL, sql } from "drizzle-orm";
+import { and, asc, count, desc, eq, gte, inArray, lt, or, type SQL, sql } from "drizzle-orm";
 import { unionAll } from "drizzle-orm/pg-core";
 import { canonicalJson } from "../core/canonical-json.js";
 import { DomainError, notFound } from "../core/errors.js";
@@ -46,6 +46,67 @@ export interface TaskFilter {
   correlationId?: string | undefined;
   workerId?: string | undefined;
 }
+
+/** The tasks a bulk operation (RerunTasks, CancelTasks) acts on, checked by the caller. */
+export interface BulkFilter {
+  /** The states it may act on (never empty). */
+  states: TaskStateName[];
+  workload?: string | undefined;
+  taskIds?: string[] | undefined;
+  /** Created at or after it. */
+  createdAfter?: Date | undefined;
+  /** Created before it. */
+  createdBefore?: Date | undefined;
+}
+
+/** Tasks a bulk operation changes in one statement (and one transaction). */
+const bulkPage = 500;
+/** Tasks a bulk operation changes in one call, at most: a caller calls again for the rest. */
+export const bulkLimit = 10_000;
+
+function bulkWhere(f: BulkFilter): SQL | undefined {
+  return and(
+    stateIs(...f.states),
+    f.workload === undefined ? undefined : eq(tasks.workload, f.workload),
+    f.taskIds === undefined ? undefined : inArray(tasks.id, f.taskIds),
+    f.createdAfter === undefined ? undefined : gte(tasks.createdAt, f.createdAfter),
+    f.createdBefore === undefined ? undefined : lt(tasks.createdAt, f.createdBefore),
+  );
+}
+
+/**
+ * A rerun: PENDING again with the same id, parameters and input; a fresh
+ * attempt budget (releases = attempt: no attempt so far counts against
+ * max_attempts) with the attempt number going on, so that an earlier
+ * attempt's worker stays fenced; no lease, placement, error, result,
+ * progress or checkpoint. The error set here is the history's `RERUN`
+ * event, cleared from the task by the next statement (the history records
+ * a change's error, not a later clean-up: migration 0013).
+ */
+const rerunSet = {
+  state: "PENDING" as const,
+  releases: sql`${tasks.attempt}`,
+  leaseWorkerId: null,
+  leaseToken: null,
+  leaseExpiresAt: null,
+  assignedWorkerId: null,
+  assignedApiBaseUrl: "",
+  scheduleIdempotencyKey: null,
+  errorCode: "RERUN",
+  errorMessage: "rerun by a client",
+  cancelRequested: false,
+  notBefore: null,
+  startedAt: null,
+  finishedAt: null,
+  result: null,
+  resultSummary: "",
+  metrics: {},
+  completionHash: null,
+  progressSteps: 0,
+  progressMessage: "",
+  checkpointHandle: "",
+  updatedAt: sql`now()`,
+};
 
 /**
  * What identifies a create request for idempotency: everything but the
@@ -203,6 +264,56 @@ export function createTaskStore(db: Db) {
     },
 
     /**
+     * Reruns FAILED/CANCELED tasks (rerunSet), oldest first, at most `limit`,
+     * a page per transaction. Returns the tasks rerun.
+     */
+    async rerun(filter: BulkFilter, limit = bulkLimit): Promise<TaskRow[]> {
+      return inPages(limit, (size) =>
+        db.transaction(async (tx) => {
+          const rows = await tx
+            .update(tasks)
+            .set(rerunSet)
+            .where(inArray(tasks.id, oldestFirst(tx, filter, size)))
+            .returning();
+          if (rows.length === 0) return rows;
+          const ids = rows.map((r) => r.id);
+          await tx
+            .update(tasks)
+            .set({ errorCode: "", errorMessage: "" })
+            .where(inArray(tasks.id, ids));
+          return rows.map((r) => ({ ...r, errorCode: "", errorMessage: "" }));
+        }),
+      );
+    },
+
+    /** Cancels live tasks as `cancel` does, oldest first, at most `limit`; returns their ids. */
+    async cancelMatching(filter: BulkFilter, reason: string, limit = bulkLimit): Promise<string[]> {
+      const rows = await inPages(limit, (size) =>
+        db.transaction((tx) =>
+          tx
+            .update(tasks)
+            .set({
+              state: "CANCELED",
+              cancelRequested: true,
+              errorCode: "CANCELED",
+              errorMessage: reason,
+              finishedAt: sql`now()`,
+              updatedAt: sql`now()`,
+            })
+            .where(inArray(tasks.id, oldestFirst(tx, filter, size)))
+            .returning({ id: tasks.id }),
+        ),
+      );
+      return rows.map((r) => r.id);
+    },
+
+    /** How many tasks a bulk filter matches now. */
+    async countMatching(filter: BulkFilter): Promise<number> {
+      const [row] = await db.select({ n: count() }).from(tasks).where(bulkWhere(filter));
+      return Number(row?.n ?? 0);
+    },
+
+    /**
      * One page of a task's history, oldest first, after the event of
      * sequence `after` (none: from the start). A task that does not exist
      * is not_found (one that exists has at least its creation event, unless
@@ -298,6 +409,29 @@ export function createTaskStore(db: Db) {
 }
 
 export type TaskStore = ReturnType<typeof createTaskStore>;
+
+/** The ids of the oldest `size` tasks a filter matches, locked for the update that names them. */
+function oldestFirst(tx: Pick<Db, "select">, filter: BulkFilter, size: number) {
+  return tx
+    .select({ id: tasks.id })
+    .from(tasks)
+    .where(bulkWhere(filter))
+    .orderBy(asc(tasks.createdAt), asc(tasks.id))
+    .limit(size)
+    .for("update");
+}
+
+/** Runs `page` for pages of at most bulkPage rows until it returns fewer or `limit` is reached. */
+async function inPages<T>(limit: number, page: (size: number) => Promise<T[]>): Promise<T[]> {
+  const all: T[] = [];
+  while (all.length < limit) {
+    const size = Math.min(bulkPage, limit - all.length);
+    const rows = await page(size);
+    all.push(...rows);
+    if (rows.length < size) break;
+  }
+  return all;
+}
 
 function inOrder(values: { id: string }[], rows: TaskRow[]): TaskRow[] {
   const byId = new Map(rows.map((r) => [r.id, r]));

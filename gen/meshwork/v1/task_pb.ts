@@ -14,7 +14,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file meshwork/v1/task.proto.
  */
 export const file_meshwork_v1_task: GenFile = /*@__PURE__*/
-  fileDesc("ChZtZXNod29yay92MS90YXNrLnByb3RvEgttZXNod29yay52MSJ2CgxSZXRyeUJhY2tvZmYSKgoHaW5pdGlhbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgNtYXgYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEgoKbXVsdGlwbGllchgDIAEoASJwCgVMZWFzZRIRCgl3b3JrZXJfaWQYASABKAkSDwoHYXR0ZW1wdBgCIAEoBRITCgtsZWFzZV90b2tlbhgDIAEoCRIuCgpleHBpcmVzX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI0CghQcm9ncmVzcxIXCg9jb21wbGV0ZWRfc3RlcHMYASABKAUSDwoHbWVzc2FnZRgCIAEoCSIqCglUYXNrRXJyb3ISDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJItYJCgRUYXNrEg8KB3Rhc2tfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIQCgh3b3JrbG9hZBgDIAEoCRIdChVyZXF1aXJlZF9jYXBhYmlsaXRpZXMYBCADKAkSMQoIYWZmaW5pdHkYBSADKAsyHy5tZXNod29yay52MS5UYXNrLkFmZmluaXR5RW50cnkSEAoIcHJpb3JpdHkYBiABKAUSLAoIZGVhZGxpbmUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEisKCnBhcmFtZXRlcnMYCCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EicKBWlucHV0GAkgASgLMhgubWVzaHdvcmsudjEuQXJ0aWZhY3RSZWYSEgoFc3RlcHMYCiABKAVIAIgBARIlCgVzdGF0ZRgLIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIPCgdhdHRlbXB0GAwgASgFEhQKDG1heF9hdHRlbXB0cxgNIAEoBRIVCg1sZWFzZV9zZWNvbmRzGA4gASgFEjAKDXJldHJ5X2JhY2tvZmYYDyABKAsyGS5tZXNod29yay52MS5SZXRyeUJhY2tvZmYSFwoPaWRlbXBvdGVuY3lfa2V5GBAgASgJEhYKDmNvcnJlbGF0aW9uX2lkGBEgASgJEhoKEmFzc2lnbmVkX3dvcmtlcl9pZBgSIAEoCRIdChVhc3NpZ25lZF9hcGlfYmFzZV91cmwYEyABKAkSIQoFbGVhc2UYFCABKAsyEi5tZXNod29yay52MS5MZWFzZRIZChFjaGVja3BvaW50X2hhbmRsZRgVIAEoCRInCghwcm9ncmVzcxgWIAEoCzIVLm1lc2h3b3JrLnYxLlByb2dyZXNzEigKBnJlc3VsdBgXIAEoCzIYLm1lc2h3b3JrLnYxLkFydGlmYWN0UmVmEhYKDnJlc3VsdF9zdW1tYXJ5GBggASgJEi8KB21ldHJpY3MYGSADKAsyHi5tZXNod29yay52MS5UYXNrLk1ldHJpY3NFbnRyeRIlCgVlcnJvchgaIAEoCzIWLm1lc2h3b3JrLnYxLlRhc2tFcnJvchIYChBjYW5jZWxfcmVxdWVzdGVkGBsgASgIEi4KCm5vdF9iZWZvcmUYHCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmNyZWF0ZWRfYXQYHSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYHiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0ZWRfYXQYHyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GCAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgt0cmFjZXBhcmVudBghIAEoCRISCgp0cmFjZXN0YXRlGCIgASgJGi8KDUFmZmluaXR5RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ARouCgxNZXRyaWNzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgBOgI4AUIICgZfc3RlcHMixwQKEUNyZWF0ZVRhc2tSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoId29ya2xvYWQYAiABKAkSHQoVcmVxdWlyZWRfY2FwYWJpbGl0aWVzGAMgAygJEj4KCGFmZmluaXR5GAQgAygLMiwubWVzaHdvcmsudjEuQ3JlYXRlVGFza1JlcXVlc3QuQWZmaW5pdHlFbnRyeRIQCghwcmlvcml0eRgFIAEoBRIsCghkZWFkbGluZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKcGFyYW1ldGVycxgHIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSGwoRaW5wdXRfYXJ0aWZhY3RfaWQYCCABKAlIABIUCgppbnB1dF9kYXRhGAkgASgMSAASEgoFc3RlcHMYCiABKAVIAYgBARIZCgxtYXhfYXR0ZW1wdHMYCyABKAVIAogBARIaCg1sZWFzZV9zZWNvbmRzGAwgASgFSAOIAQESMAoNcmV0cnlfYmFja29mZhgNIAEoCzIZLm1lc2h3b3JrLnYxLlJldHJ5QmFja29mZhIXCg9pZGVtcG90ZW5jeV9rZXkYDiABKAkSFgoOY29ycmVsYXRpb25faWQYDyABKAkaLwoNQWZmaW5pdHlFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgcKBWlucHV0QggKBl9zdGVwc0IPCg1fbWF4X2F0dGVtcHRzQhAKDl9sZWFzZV9zZWNvbmRzIjUKEkNyZWF0ZVRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayJDChJDcmVhdGVUYXNrc1JlcXVlc3QSLQoFdGFza3MYASADKAsyHi5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdCI3ChNDcmVhdGVUYXNrc1Jlc3BvbnNlEiAKBXRhc2tzGAEgAygLMhEubWVzaHdvcmsudjEuVGFzayIhCg5HZXRUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIjIKD0dldFRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayKdAQoQTGlzdFRhc2tzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRIlCgVzdGF0ZRgDIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIQCgh3b3JrbG9hZBgEIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgFIAEoCRIRCgl3b3JrZXJfaWQYBiABKAkiTgoRTGlzdFRhc2tzUmVzcG9uc2USIAoFdGFza3MYASADKAsyES5tZXNod29yay52MS5UYXNrEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJPChVMaXN0VGFza0V2ZW50c1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJZChZMaXN0VGFza0V2ZW50c1Jlc3BvbnNlEiYKBmV2ZW50cxgBIAMoCzIWLm1lc2h3b3JrLnYxLlRhc2tFdmVudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkivQEKCVRhc2tFdmVudBIQCghzZXF1ZW5jZRgBIAEoAxIoCgR0aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIlCgVzdGF0ZRgDIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIPCgdhdHRlbXB0GAQgASgFEhEKCXdvcmtlcl9pZBgFIAEoCRISCgplcnJvcl9jb2RlGAYgASgJEhUKDWVycm9yX21lc3NhZ2UYByABKAkiIwoQV2F0Y2hUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIjQKEVdhdGNoVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIjQKEUNhbmNlbFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjUKEkNhbmNlbFRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayKOAQoTU2NoZWR1bGVUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEiAKGHNjaGVkdWxlX2lkZW1wb3RlbmN5X2tleRgCIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgDIAEoCRIaCg1sZWFzZV9zZWNvbmRzGAQgASgFSACIAQFCEAoOX2xlYXNlX3NlY29uZHMiNwoUU2NoZWR1bGVUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2siiwEKEFJldHJ5VGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIgChhzY2hlZHVsZV9pZGVtcG90ZW5jeV9rZXkYAiABKAkSFgoOY29ycmVsYXRpb25faWQYAyABKAkSGgoNbGVhc2Vfc2Vjb25kcxgEIAEoBUgAiAEBQhAKDl9sZWFzZV9zZWNvbmRzIjQKEVJldHJ5VGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrKroBCglUYXNrU3RhdGUSGgoWVEFTS19TVEFURV9VTlNQRUNJRklFRBAAEhYKElRBU0tfU1RBVEVfUEVORElORxABEhcKE1RBU0tfU1RBVEVfQVNTSUdORUQQAhIWChJUQVNLX1NUQVRFX1JVTk5JTkcQAxIYChRUQVNLX1NUQVRFX1NVQ0NFRURFRBAEEhUKEVRBU0tfU1RBVEVfRkFJTEVEEAUSFwoTVEFTS19TVEFURV9DQU5DRUxFRBAGMu0FCgtUYXNrU2VydmljZRJNCgpDcmVhdGVUYXNrEh4ubWVzaHdvcmsudjEuQ3JlYXRlVGFza1JlcXVlc3QaHy5tZXNod29yay52MS5DcmVhdGVUYXNrUmVzcG9uc2USUAoLQ3JlYXRlVGFza3MSHy5tZXNod29yay52MS5DcmVhdGVUYXNrc1JlcXVlc3QaIC5tZXNod29yay52MS5DcmVhdGVUYXNrc1Jlc3BvbnNlEkkKB0dldFRhc2sSGy5tZXNod29yay52MS5HZXRUYXNrUmVxdWVzdBocLm1lc2h3b3JrLnYxLkdldFRhc2tSZXNwb25zZSIDkAIBEk8KCUxpc3RUYXNrcxIdLm1lc2h3b3JrLnYxLkxpc3RUYXNrc1JlcXVlc3QaHi5tZXNod29yay52MS5MaXN0VGFza3NSZXNwb25zZSIDkAIBEl4KDkxpc3RUYXNrRXZlbnRzEiIubWVzaHdvcmsudjEuTGlzdFRhc2tFdmVudHNSZXF1ZXN0GiMubWVzaHdvcmsudjEuTGlzdFRhc2tFdmVudHNSZXNwb25zZSIDkAIBElEKCVdhdGNoVGFzaxIdLm1lc2h3b3JrLnYxLldhdGNoVGFza1JlcXVlc3QaHi5tZXNod29yay52MS5XYXRjaFRhc2tSZXNwb25zZSIDkAIBMAESTQoKQ2FuY2VsVGFzaxIeLm1lc2h3b3JrLnYxLkNhbmNlbFRhc2tSZXF1ZXN0Gh8ubWVzaHdvcmsudjEuQ2FuY2VsVGFza1Jlc3BvbnNlElMKDFNjaGVkdWxlVGFzaxIgLm1lc2h3b3JrLnYxLlNjaGVkdWxlVGFza1JlcXVlc3QaIS5tZXNod29yay52MS5TY2hlZHVsZVRhc2tSZXNwb25zZRJKCglSZXRyeVRhc2sSHS5tZXNod29yay52MS5SZXRyeVRhc2tSZXF1ZXN0Gh4ubWVzaHdvcmsudjEuUmV0cnlUYXNrUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_meshwork_v1_artifact]);
+  fileDesc("ChZtZXNod29yay92MS90YXNrLnByb3RvEgttZXNod29yay52MSJ2CgxSZXRyeUJhY2tvZmYSKgoHaW5pdGlhbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgNtYXgYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEgoKbXVsdGlwbGllchgDIAEoASJwCgVMZWFzZRIRCgl3b3JrZXJfaWQYASABKAkSDwoHYXR0ZW1wdBgCIAEoBRITCgtsZWFzZV90b2tlbhgDIAEoCRIuCgpleHBpcmVzX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI0CghQcm9ncmVzcxIXCg9jb21wbGV0ZWRfc3RlcHMYASABKAUSDwoHbWVzc2FnZRgCIAEoCSIqCglUYXNrRXJyb3ISDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJItYJCgRUYXNrEg8KB3Rhc2tfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIQCgh3b3JrbG9hZBgDIAEoCRIdChVyZXF1aXJlZF9jYXBhYmlsaXRpZXMYBCADKAkSMQoIYWZmaW5pdHkYBSADKAsyHy5tZXNod29yay52MS5UYXNrLkFmZmluaXR5RW50cnkSEAoIcHJpb3JpdHkYBiABKAUSLAoIZGVhZGxpbmUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEisKCnBhcmFtZXRlcnMYCCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EicKBWlucHV0GAkgASgLMhgubWVzaHdvcmsudjEuQXJ0aWZhY3RSZWYSEgoFc3RlcHMYCiABKAVIAIgBARIlCgVzdGF0ZRgLIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIPCgdhdHRlbXB0GAwgASgFEhQKDG1heF9hdHRlbXB0cxgNIAEoBRIVCg1sZWFzZV9zZWNvbmRzGA4gASgFEjAKDXJldHJ5X2JhY2tvZmYYDyABKAsyGS5tZXNod29yay52MS5SZXRyeUJhY2tvZmYSFwoPaWRlbXBvdGVuY3lfa2V5GBAgASgJEhYKDmNvcnJlbGF0aW9uX2lkGBEgASgJEhoKEmFzc2lnbmVkX3dvcmtlcl9pZBgSIAEoCRIdChVhc3NpZ25lZF9hcGlfYmFzZV91cmwYEyABKAkSIQoFbGVhc2UYFCABKAsyEi5tZXNod29yay52MS5MZWFzZRIZChFjaGVja3BvaW50X2hhbmRsZRgVIAEoCRInCghwcm9ncmVzcxgWIAEoCzIVLm1lc2h3b3JrLnYxLlByb2dyZXNzEigKBnJlc3VsdBgXIAEoCzIYLm1lc2h3b3JrLnYxLkFydGlmYWN0UmVmEhYKDnJlc3VsdF9zdW1tYXJ5GBggASgJEi8KB21ldHJpY3MYGSADKAsyHi5tZXNod29yay52MS5UYXNrLk1ldHJpY3NFbnRyeRIlCgVlcnJvchgaIAEoCzIWLm1lc2h3b3JrLnYxLlRhc2tFcnJvchIYChBjYW5jZWxfcmVxdWVzdGVkGBsgASgIEi4KCm5vdF9iZWZvcmUYHCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmNyZWF0ZWRfYXQYHSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYHiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0ZWRfYXQYHyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GCAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgt0cmFjZXBhcmVudBghIAEoCRISCgp0cmFjZXN0YXRlGCIgASgJGi8KDUFmZmluaXR5RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ARouCgxNZXRyaWNzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgBOgI4AUIICgZfc3RlcHMixwQKEUNyZWF0ZVRhc2tSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoId29ya2xvYWQYAiABKAkSHQoVcmVxdWlyZWRfY2FwYWJpbGl0aWVzGAMgAygJEj4KCGFmZmluaXR5GAQgAygLMiwubWVzaHdvcmsudjEuQ3JlYXRlVGFza1JlcXVlc3QuQWZmaW5pdHlFbnRyeRIQCghwcmlvcml0eRgFIAEoBRIsCghkZWFkbGluZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKcGFyYW1ldGVycxgHIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSGwoRaW5wdXRfYXJ0aWZhY3RfaWQYCCABKAlIABIUCgppbnB1dF9kYXRhGAkgASgMSAASEgoFc3RlcHMYCiABKAVIAYgBARIZCgxtYXhfYXR0ZW1wdHMYCyABKAVIAogBARIaCg1sZWFzZV9zZWNvbmRzGAwgASgFSAOIAQESMAoNcmV0cnlfYmFja29mZhgNIAEoCzIZLm1lc2h3b3JrLnYxLlJldHJ5QmFja29mZhIXCg9pZGVtcG90ZW5jeV9rZXkYDiABKAkSFgoOY29ycmVsYXRpb25faWQYDyABKAkaLwoNQWZmaW5pdHlFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgcKBWlucHV0QggKBl9zdGVwc0IPCg1fbWF4X2F0dGVtcHRzQhAKDl9sZWFzZV9zZWNvbmRzIjUKEkNyZWF0ZVRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayJDChJDcmVhdGVUYXNrc1JlcXVlc3QSLQoFdGFza3MYASADKAsyHi5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdCI3ChNDcmVhdGVUYXNrc1Jlc3BvbnNlEiAKBXRhc2tzGAEgAygLMhEubWVzaHdvcmsudjEuVGFzayIhCg5HZXRUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIjIKD0dldFRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayKdAQoQTGlzdFRhc2tzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRIlCgVzdGF0ZRgDIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIQCgh3b3JrbG9hZBgEIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgFIAEoCRIRCgl3b3JrZXJfaWQYBiABKAkiTgoRTGlzdFRhc2tzUmVzcG9uc2USIAoFdGFza3MYASADKAsyES5tZXNod29yay52MS5UYXNrEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJPChVMaXN0VGFza0V2ZW50c1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJZChZMaXN0VGFza0V2ZW50c1Jlc3BvbnNlEiYKBmV2ZW50cxgBIAMoCzIWLm1lc2h3b3JrLnYxLlRhc2tFdmVudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkivQEKCVRhc2tFdmVudBIQCghzZXF1ZW5jZRgBIAEoAxIoCgR0aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIlCgVzdGF0ZRgDIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIPCgdhdHRlbXB0GAQgASgFEhEKCXdvcmtlcl9pZBgFIAEoCRISCgplcnJvcl9jb2RlGAYgASgJEhUKDWVycm9yX21lc3NhZ2UYByABKAkiIwoQV2F0Y2hUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIjQKEVdhdGNoVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIjQKEUNhbmNlbFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjUKEkNhbmNlbFRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayI9ChBSZXJ1blRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSGAoQcmVydW5fZGVwZW5kZW50cxgCIAEoCCI0ChFSZXJ1blRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayK/AQoKVGFza0ZpbHRlchImCgZzdGF0ZXMYASADKA4yFi5tZXNod29yay52MS5UYXNrU3RhdGUSEAoId29ya2xvYWQYAiABKAkSEAoIdGFza19pZHMYAyADKAkSMQoNY3JlYXRlZF9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIk0KEVJlcnVuVGFza3NSZXF1ZXN0EicKBmZpbHRlchgBIAEoCzIXLm1lc2h3b3JrLnYxLlRhc2tGaWx0ZXISDwoHZHJ5X3J1bhgCIAEoCCIjChJSZXJ1blRhc2tzUmVzcG9uc2USDQoFY291bnQYASABKAUiXgoSQ2FuY2VsVGFza3NSZXF1ZXN0EicKBmZpbHRlchgBIAEoCzIXLm1lc2h3b3JrLnYxLlRhc2tGaWx0ZXISDwoHZHJ5X3J1bhgCIAEoCBIOCgZyZWFzb24YAyABKAkiJAoTQ2FuY2VsVGFza3NSZXNwb25zZRINCgVjb3VudBgBIAEoBSKOAQoTU2NoZWR1bGVUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEiAKGHNjaGVkdWxlX2lkZW1wb3RlbmN5X2tleRgCIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgDIAEoCRIaCg1sZWFzZV9zZWNvbmRzGAQgASgFSACIAQFCEAoOX2xlYXNlX3NlY29uZHMiNwoUU2NoZWR1bGVUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2siiwEKEFJldHJ5VGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIgChhzY2hlZHVsZV9pZGVtcG90ZW5jeV9rZXkYAiABKAkSFgoOY29ycmVsYXRpb25faWQYAyABKAkSGgoNbGVhc2Vfc2Vjb25kcxgEIAEoBUgAiAEBQhAKDl9sZWFzZV9zZWNvbmRzIjQKEVJldHJ5VGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrKroBCglUYXNrU3RhdGUSGgoWVEFTS19TVEFURV9VTlNQRUNJRklFRBAAEhYKElRBU0tfU1RBVEVfUEVORElORxABEhcKE1RBU0tfU1RBVEVfQVNTSUdORUQQAhIWChJUQVNLX1NUQVRFX1JVTk5JTkcQAxIYChRUQVNLX1NUQVRFX1NVQ0NFRURFRBAEEhUKEVRBU0tfU1RBVEVfRkFJTEVEEAUSFwoTVEFTS19TVEFURV9DQU5DRUxFRBAGMtoHCgtUYXNrU2VydmljZRJNCgpDcmVhdGVUYXNrEh4ubWVzaHdvcmsudjEuQ3JlYXRlVGFza1JlcXVlc3QaHy5tZXNod29yay52MS5DcmVhdGVUYXNrUmVzcG9uc2USUAoLQ3JlYXRlVGFza3MSHy5tZXNod29yay52MS5DcmVhdGVUYXNrc1JlcXVlc3QaIC5tZXNod29yay52MS5DcmVhdGVUYXNrc1Jlc3BvbnNlEkkKB0dldFRhc2sSGy5tZXNod29yay52MS5HZXRUYXNrUmVxdWVzdBocLm1lc2h3b3JrLnYxLkdldFRhc2tSZXNwb25zZSIDkAIBEk8KCUxpc3RUYXNrcxIdLm1lc2h3b3JrLnYxLkxpc3RUYXNrc1JlcXVlc3QaHi5tZXNod29yay52MS5MaXN0VGFza3NSZXNwb25zZSIDkAIBEl4KDkxpc3RUYXNrRXZlbnRzEiIubWVzaHdvcmsudjEuTGlzdFRhc2tFdmVudHNSZXF1ZXN0GiMubWVzaHdvcmsudjEuTGlzdFRhc2tFdmVudHNSZXNwb25zZSIDkAIBElEKCVdhdGNoVGFzaxIdLm1lc2h3b3JrLnYxLldhdGNoVGFza1JlcXVlc3QaHi5tZXNod29yay52MS5XYXRjaFRhc2tSZXNwb25zZSIDkAIBMAESTQoKQ2FuY2VsVGFzaxIeLm1lc2h3b3JrLnYxLkNhbmNlbFRhc2tSZXF1ZXN0Gh8ubWVzaHdvcmsudjEuQ2FuY2VsVGFza1Jlc3BvbnNlElMKDFNjaGVkdWxlVGFzaxIgLm1lc2h3b3JrLnYxLlNjaGVkdWxlVGFza1JlcXVlc3QaIS5tZXNod29yay52MS5TY2hlZHVsZVRhc2tSZXNwb25zZRJKCglSZXRyeVRhc2sSHS5tZXNod29yay52MS5SZXRyeVRhc2tSZXF1ZXN0Gh4ubWVzaHdvcmsudjEuUmV0cnlUYXNrUmVzcG9uc2USSgoJUmVydW5UYXNrEh0ubWVzaHdvcmsudjEuUmVydW5UYXNrUmVxdWVzdBoeLm1lc2h3b3JrLnYxLlJlcnVuVGFza1Jlc3BvbnNlEk0KClJlcnVuVGFza3MSHi5tZXNod29yay52MS5SZXJ1blRhc2tzUmVxdWVzdBofLm1lc2h3b3JrLnYxLlJlcnVuVGFza3NSZXNwb25zZRJQCgtDYW5jZWxUYXNrcxIfLm1lc2h3b3JrLnYxLkNhbmNlbFRhc2tzUmVxdWVzdBogLm1lc2h3b3JrLnYxLkNhbmNlbFRhc2tzUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_meshwork_v1_artifact]);
 
 /**
  * RetryBackoff says how long a failed task waits before its next attempt:
@@ -948,6 +948,213 @@ export const CancelTaskResponseSchema: GenMessage<CancelTaskResponse> = /*@__PUR
   messageDesc(file_meshwork_v1_task, 19);
 
 /**
+ * RerunTaskRequest names the task to run again.
+ *
+ * @generated from message meshwork.v1.RerunTaskRequest
+ */
+export type RerunTaskRequest = Message<"meshwork.v1.RerunTaskRequest"> & {
+  /**
+   * task_id is a FAILED or CANCELED task.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  taskId: string;
+
+  /**
+   * rerun_dependents also reruns the tasks that depend on this one
+   * (depends_on) and failed or were canceled because it did. Until tasks
+   * can depend on others, no task has dependents and it changes nothing.
+   *
+   * @generated from field: bool rerun_dependents = 2;
+   */
+  rerunDependents: boolean;
+};
+
+/**
+ * Describes the message meshwork.v1.RerunTaskRequest.
+ * Use `create(RerunTaskRequestSchema)` to create a new message.
+ */
+export const RerunTaskRequestSchema: GenMessage<RerunTaskRequest> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 20);
+
+/**
+ * RerunTaskResponse returns the task, PENDING again.
+ *
+ * @generated from message meshwork.v1.RerunTaskResponse
+ */
+export type RerunTaskResponse = Message<"meshwork.v1.RerunTaskResponse"> & {
+  /**
+   * task is the task, PENDING.
+   *
+   * @generated from field: meshwork.v1.Task task = 1;
+   */
+  task?: Task | undefined;
+};
+
+/**
+ * Describes the message meshwork.v1.RerunTaskResponse.
+ * Use `create(RerunTaskResponseSchema)` to create a new message.
+ */
+export const RerunTaskResponseSchema: GenMessage<RerunTaskResponse> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 21);
+
+/**
+ * TaskFilter selects tasks for the bulk operations (RerunTasks,
+ * CancelTasks). Every field set narrows it; at least one must be set.
+ *
+ * @generated from message meshwork.v1.TaskFilter
+ */
+export type TaskFilter = Message<"meshwork.v1.TaskFilter"> & {
+  /**
+   * states the task may be in (none: every state the operation acts on).
+   * A state the operation cannot act on is `invalid_argument`.
+   *
+   * @generated from field: repeated meshwork.v1.TaskState states = 1;
+   */
+  states: TaskState[];
+
+  /**
+   * workload, when set, is the task's workload.
+   *
+   * @generated from field: string workload = 2;
+   */
+  workload: string;
+
+  /**
+   * task_ids, when set, are the tasks (at most 1,000).
+   *
+   * @generated from field: repeated string task_ids = 3;
+   */
+  taskIds: string[];
+
+  /**
+   * created_after, when set: created at or after it.
+   *
+   * @generated from field: google.protobuf.Timestamp created_after = 4;
+   */
+  createdAfter?: Timestamp | undefined;
+
+  /**
+   * created_before, when set: created before it.
+   *
+   * @generated from field: google.protobuf.Timestamp created_before = 5;
+   */
+  createdBefore?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message meshwork.v1.TaskFilter.
+ * Use `create(TaskFilterSchema)` to create a new message.
+ */
+export const TaskFilterSchema: GenMessage<TaskFilter> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 22);
+
+/**
+ * RerunTasksRequest reruns the FAILED and CANCELED tasks a filter matches.
+ *
+ * @generated from message meshwork.v1.RerunTasksRequest
+ */
+export type RerunTasksRequest = Message<"meshwork.v1.RerunTasksRequest"> & {
+  /**
+   * filter selects the tasks (states FAILED, CANCELED or both; default both).
+   *
+   * @generated from field: meshwork.v1.TaskFilter filter = 1;
+   */
+  filter?: TaskFilter | undefined;
+
+  /**
+   * dry_run counts what would be rerun and changes nothing.
+   *
+   * @generated from field: bool dry_run = 2;
+   */
+  dryRun: boolean;
+};
+
+/**
+ * Describes the message meshwork.v1.RerunTasksRequest.
+ * Use `create(RerunTasksRequestSchema)` to create a new message.
+ */
+export const RerunTasksRequestSchema: GenMessage<RerunTasksRequest> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 23);
+
+/**
+ * RerunTasksResponse says how many tasks were (or would be) rerun.
+ *
+ * @generated from message meshwork.v1.RerunTasksResponse
+ */
+export type RerunTasksResponse = Message<"meshwork.v1.RerunTasksResponse"> & {
+  /**
+   * count is the number of tasks rerun, or matched with dry_run.
+   *
+   * @generated from field: int32 count = 1;
+   */
+  count: number;
+};
+
+/**
+ * Describes the message meshwork.v1.RerunTasksResponse.
+ * Use `create(RerunTasksResponseSchema)` to create a new message.
+ */
+export const RerunTasksResponseSchema: GenMessage<RerunTasksResponse> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 24);
+
+/**
+ * CancelTasksRequest cancels the live tasks a filter matches.
+ *
+ * @generated from message meshwork.v1.CancelTasksRequest
+ */
+export type CancelTasksRequest = Message<"meshwork.v1.CancelTasksRequest"> & {
+  /**
+   * filter selects the tasks (states PENDING, ASSIGNED, RUNNING; default all three).
+   *
+   * @generated from field: meshwork.v1.TaskFilter filter = 1;
+   */
+  filter?: TaskFilter | undefined;
+
+  /**
+   * dry_run counts what would be cancelled and changes nothing.
+   *
+   * @generated from field: bool dry_run = 2;
+   */
+  dryRun: boolean;
+
+  /**
+   * reason is recorded as each task's error message (optional).
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message meshwork.v1.CancelTasksRequest.
+ * Use `create(CancelTasksRequestSchema)` to create a new message.
+ */
+export const CancelTasksRequestSchema: GenMessage<CancelTasksRequest> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 25);
+
+/**
+ * CancelTasksResponse says how many tasks were (or would be) cancelled.
+ *
+ * @generated from message meshwork.v1.CancelTasksResponse
+ */
+export type CancelTasksResponse = Message<"meshwork.v1.CancelTasksResponse"> & {
+  /**
+   * count is the number of tasks cancelled, or matched with dry_run.
+   *
+   * @generated from field: int32 count = 1;
+   */
+  count: number;
+};
+
+/**
+ * Describes the message meshwork.v1.CancelTasksResponse.
+ * Use `create(CancelTasksResponseSchema)` to create a new message.
+ */
+export const CancelTasksResponseSchema: GenMessage<CancelTasksResponse> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 26);
+
+/**
  * ScheduleTaskRequest asks for a push placement of a PENDING task.
  *
  * @generated from message meshwork.v1.ScheduleTaskRequest
@@ -987,7 +1194,7 @@ export type ScheduleTaskRequest = Message<"meshwork.v1.ScheduleTaskRequest"> & {
  * Use `create(ScheduleTaskRequestSchema)` to create a new message.
  */
 export const ScheduleTaskRequestSchema: GenMessage<ScheduleTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 20);
+  messageDesc(file_meshwork_v1_task, 27);
 
 /**
  * ScheduleTaskResponse returns the placed task with its lease token.
@@ -1008,7 +1215,7 @@ export type ScheduleTaskResponse = Message<"meshwork.v1.ScheduleTaskResponse"> &
  * Use `create(ScheduleTaskResponseSchema)` to create a new message.
  */
 export const ScheduleTaskResponseSchema: GenMessage<ScheduleTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 21);
+  messageDesc(file_meshwork_v1_task, 28);
 
 /**
  * RetryTaskRequest asks to re-place a task on another worker where one fits.
@@ -1050,7 +1257,7 @@ export type RetryTaskRequest = Message<"meshwork.v1.RetryTaskRequest"> & {
  * Use `create(RetryTaskRequestSchema)` to create a new message.
  */
 export const RetryTaskRequestSchema: GenMessage<RetryTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 22);
+  messageDesc(file_meshwork_v1_task, 29);
 
 /**
  * RetryTaskResponse returns the re-placed task with its new lease token.
@@ -1071,7 +1278,7 @@ export type RetryTaskResponse = Message<"meshwork.v1.RetryTaskResponse"> & {
  * Use `create(RetryTaskResponseSchema)` to create a new message.
  */
 export const RetryTaskResponseSchema: GenMessage<RetryTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 23);
+  messageDesc(file_meshwork_v1_task, 30);
 
 /**
  * TaskState is where a task is in its life.
@@ -1242,6 +1449,48 @@ export const TaskService: GenService<{
     methodKind: "unary";
     input: typeof RetryTaskRequestSchema;
     output: typeof RetryTaskResponseSchema;
+  },
+  /**
+   * RerunTask puts a FAILED or CANCELED task back to PENDING to run again:
+   * the same task id, parameters and input, a fresh attempt budget
+   * (max_attempts counts again from none), its history kept (a PENDING
+   * event with error_code `RERUN`). The attempt number goes on from the last
+   * one, so a worker still holding an earlier attempt can never complete it.
+   * Its error, result, progress and checkpoint are cleared. Any other state
+   * is `failed_precondition` (INVALID_STATE).
+   *
+   * @generated from rpc meshwork.v1.TaskService.RerunTask
+   */
+  rerunTask: {
+    methodKind: "unary";
+    input: typeof RerunTaskRequestSchema;
+    output: typeof RerunTaskResponseSchema;
+  },
+  /**
+   * RerunTasks reruns, as RerunTask does, every FAILED or CANCELED task the
+   * filter matches, oldest first, at most 10,000 in one call (in pages of
+   * 500, each its own transaction); `count` says how many. With dry_run it
+   * changes nothing and counts all the filter matches.
+   *
+   * @generated from rpc meshwork.v1.TaskService.RerunTasks
+   */
+  rerunTasks: {
+    methodKind: "unary";
+    input: typeof RerunTasksRequestSchema;
+    output: typeof RerunTasksResponseSchema;
+  },
+  /**
+   * CancelTasks cancels, as CancelTask does, every PENDING, ASSIGNED or
+   * RUNNING task the filter matches, oldest first, at most 10,000 in one
+   * call (in pages of 500); `count` says how many. With dry_run it changes
+   * nothing and counts all the filter matches.
+   *
+   * @generated from rpc meshwork.v1.TaskService.CancelTasks
+   */
+  cancelTasks: {
+    methodKind: "unary";
+    input: typeof CancelTasksRequestSchema;
+    output: typeof CancelTasksResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_meshwork_v1_task, 0);
