@@ -5,6 +5,7 @@ import type { Config } from "./config.js";
 import { DomainError } from "./core/errors.js";
 import type { Database } from "./db/database.js";
 import { isTransientDatabaseError } from "./db/faults.js";
+import { createReadiness } from "./db/readiness.js";
 import { createWorkerCache } from "./fleet/cache.js";
 import { createHeartbeatBuffer } from "./fleet/heartbeats.js";
 import { createBatcher } from "./leases/batcher.js";
@@ -108,6 +109,8 @@ export function createApp(
     );
   return {
     database,
+    /** Whether the database answers (/readyz, grpc.health.v1.Health): one ping at a time, kept 500 ms. */
+    ready: createReadiness(() => database.ping(), { cacheMs: 500, timeoutMs: 2000 }),
     config,
     log,
     ...stores,

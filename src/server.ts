@@ -148,17 +148,15 @@ export function createRoutes(app: App): (router: ConnectRouter) => void {
     router.service(ArtifactService, createArtifactService(app));
     router.service(KnowledgeService, createKnowledgeService(app));
     router.service(TokenService, createTokenService(app));
+    // Open to anyone: its request is one short name, so it may read little.
     router.service(
       Health,
       createHealthService(
         meshworkServices.map((s) => s.typeName),
-        () =>
-          app.database.ping().then(
-            () => true,
-            () => false,
-          ),
+        app.ready,
         app.shutdownSignal,
       ),
+      { readMaxBytes: 1024 },
     );
     registerReflection(router, registry, [...meshworkServices, Health]);
   };
@@ -182,18 +180,8 @@ function healthRoutes(app: App): PlainRoute[] {
       roles: "open",
       what: "check readiness",
       async handle({ res }) {
-        // A database that does not answer within 2 s is as good as gone:
-        // a driver may wait far longer to reconnect.
-        let timer: NodeJS.Timeout | undefined;
-        const timeout = new Promise<never>((_, reject) => {
-          timer = setTimeout(() => reject(new Error("ping timed out")), 2000);
-        });
-        await Promise.race([app.database.ping(), timeout])
-          .then(
-            () => sendJson(res, 200, { status: "ready" }),
-            () => sendJson(res, 503, { status: "database unreachable" }),
-          )
-          .finally(() => clearTimeout(timer));
+        if (await app.ready()) sendJson(res, 200, { status: "ready" });
+        else sendJson(res, 503, { status: "database unreachable" });
       },
     },
   ];
@@ -246,6 +234,9 @@ export function createHandler(app: App) {
     delayMs: 1000,
     perSource: Math.max(1, app.config.maxConnectionsPerSource || 256),
     total: 4096,
+    // Headers-only guesses wait; one that may pile up a body is answered at once.
+    maxBytesEach: 64 * 1024,
+    maxBytes: 16 * 1024 * 1024,
   });
   const connect = createConnectHandler({
     routes,
@@ -307,7 +298,11 @@ export function createHandler(app: App) {
       const asker = askerOf(req, h2StreamWindow, trust);
       const decided = app.guard.precheck(header(req, "authorization"), asker);
       if (!(decided instanceof DomainError)) return undefined;
-      return { error: earlyRefusal(decided), throttled: throttledSource(decided, asker.source) };
+      return {
+        error: earlyRefusal(decided),
+        throttled: throttledSource(decided, asker.source),
+        mayBuffer: asker.mayBuffer ?? 0,
+      };
     },
     tarpit,
     contextValues: (req) =>

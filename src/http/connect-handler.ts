@@ -30,7 +30,7 @@ export interface ConnectHandlerOptions
   refuseEarly?: (
     req: Request,
     service: string,
-  ) => { error: ConnectError; throttled: string | undefined } | undefined;
+  ) => { error: ConnectError; throttled: string | undefined; mayBuffer: number } | undefined;
   /** Where the refusals of a throttled source wait before they are sent (tarpit.ts). */
   tarpit?: Tarpit;
   /** A request body that makes no progress for this long while read is ended (http/body-guard.ts). */
@@ -79,7 +79,7 @@ export function createConnectHandler(options: ConnectHandlerOptions) {
     const early = options.refuseEarly?.(req, handler.service.typeName);
     if (early && refusals.speaks(req)) {
       const answer = () => refusals.refuse(req, res, early.error);
-      if (!(early.throttled && options.tarpit?.hold(early.throttled, res, answer))) answer();
+      if (!(early.throttled && options.tarpit?.hold(early.throttled, res, answer, early.mayBuffer))) answer();
       return;
     }
     const uReq = universalRequestFromNodeRequest(

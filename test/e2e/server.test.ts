@@ -242,6 +242,9 @@ describe("gRPC over h2c with generated clients", () => {
       HealthCheckResponse_ServingStatus.SERVING,
     );
     expect((await outcome(health.check({ service: "nope.Service" }))).code).toBe("NotFound");
+    // Open to anyone, so it reads little: a long body is refused, not buffered.
+    const big = await outcome(health.check({ service: "x".repeat(4096) }));
+    expect(big.code).toBe("ResourceExhausted");
   });
 
   it("answers server reflection v1 and v1alpha", async () => {

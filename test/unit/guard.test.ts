@@ -160,7 +160,13 @@ describe("failed authentications per source", () => {
 
 describe("the tarpit", () => {
   it("holds at most perSource of one source and total of all, and lets go of a response that closes", async () => {
-    const tarpit = createTarpit({ delayMs: 50, perSource: 2, total: 3 });
+    const tarpit = createTarpit({
+      delayMs: 50,
+      perSource: 2,
+      total: 3,
+      maxBytesEach: 1 << 20,
+      maxBytes: 1 << 30,
+    });
     const answered: string[] = [];
     const res = () => new EventEmitter();
     const gone = res();
@@ -173,5 +179,23 @@ describe("the tarpit", () => {
     expect(tarpit.hold("c", res(), () => answered.push("c2"))).toBe(true);
     await new Promise((r) => setTimeout(r, 120));
     expect(answered.sort()).toEqual(["a1", "b1", "c2"]);
+  });
+
+  it("answers at once a request whose unread body could pile up past its bounds", () => {
+    const tarpit = createTarpit({
+      delayMs: 50,
+      perSource: 100,
+      total: 100,
+      maxBytesEach: 64 * 1024,
+      maxBytes: 100 * 1024,
+    });
+    const res = () => new EventEmitter();
+    const noop = () => {};
+    // A stream of 4 MiB window, with DATA behind its headers: never held.
+    expect(tarpit.hold("a", res(), noop, 4 << 20)).toBe(false);
+    expect(tarpit.hold("a", res(), noop, 64 * 1024)).toBe(true);
+    // Together they may hold 100 KiB: the next 64 KiB does not fit, a headers-only one does.
+    expect(tarpit.hold("b", res(), noop, 64 * 1024)).toBe(false);
+    expect(tarpit.hold("b", res(), noop, 0)).toBe(true);
   });
 });
