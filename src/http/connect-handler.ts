@@ -79,7 +79,8 @@ export function createConnectHandler(options: ConnectHandlerOptions) {
     const early = options.refuseEarly?.(req, handler.service.typeName);
     if (early && refusals.speaks(req)) {
       const answer = () => refusals.refuse(req, res, early.error);
-      if (!(early.throttled && options.tarpit?.hold(early.throttled, res, answer, early.mayBuffer))) answer();
+      if (!(early.throttled && options.tarpit?.hold(early.throttled, res, answer, early.mayBuffer)))
+        answer();
       return;
     }
     const uReq = universalRequestFromNodeRequest(

@@ -147,7 +147,8 @@ export function createPlainRouter(
       // What is left of a refused body is dropped once the answer is sent (closeUnread).
       const answer = () => sendError(res, error, correlation);
       const throttled = error instanceof DomainError && error.reason === "AUTH_THROTTLED";
-      if (!(throttled && options.tarpit?.hold(asker.source, res, answer, asker.mayBuffer ?? 0))) answer();
+      if (!(throttled && options.tarpit?.hold(asker.source, res, answer, asker.mayBuffer ?? 0)))
+        answer();
     });
     return true;
   };

@@ -163,28 +163,44 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
    * Deletes one batch of orphan inputs: INPUT artifacts uploaded without a
    * task, older than the retention, that no task names (an input uploaded
    * and never used, or whose tasks were all deleted before it aged); returns
-   * the bytes they named. A task naming one is checked in the DELETE itself.
+   * the bytes they named.
+   *
+   * A create that names an input locks it (FOR KEY SHARE) in the
+   * transaction that inserts the task (tasks/store.ts), so the orphans are
+   * locked first, skipping any a create holds, and the DELETE checks again,
+   * in a statement of its own that sees every task committed by then: a
+   * task created between the two is seen; one whose create comes after the
+   * lock waits for this transaction and then finds its input gone (refused,
+   * never acknowledged with an input that no longer exists).
    */
   async function deleteOrphanInputs(): Promise<{ artifacts: number; shas: string[] }> {
     const [row] = await deps.db.transaction(async (tx) => {
       await tx.execute(sql`set local enable_seqscan = off`);
+      const db = tx as unknown as Db;
+      // Oldest first through artifacts_task_idx (task_id is null), by
+      // primary key from there; a task's reference by tasks_input_artifact_idx.
+      const doomed = await rowsOf<{ id: string }>(
+        db,
+        sql`select a.id from artifacts a
+          where a.task_id is null and a.kind = 'INPUT'
+            and a.created_at < now() - make_interval(secs => ${secs}::float8)
+            and not exists (
+              select 1 from tasks t
+              where t.input is not null and t.input->>'artifactId' = a.id::text)
+          order by a.created_at
+          limit ${batchSize}::int
+          for update of a skip locked`,
+      );
+      if (doomed.length === 0) return [{ artifacts: 0, shas: "" }];
       return rowsOf<{ artifacts: number | string; shas: string }>(
-        tx as unknown as Db,
-        // Oldest first through artifacts_task_idx (task_id is null), by
-        // primary key from there; a task's reference by tasks_input_artifact_idx.
-        sql`with doomed as materialized (
-            select a.id from artifacts a
-            where a.task_id is null and a.kind = 'INPUT'
-              and a.created_at < now() - make_interval(secs => ${secs}::float8)
+        db,
+        sql`with gone as (
+            delete from artifacts a
+            where a.id = any(${`{${doomed.map((d) => d.id).join(",")}}`}::uuid[])
               and not exists (
                 select 1 from tasks t
                 where t.input is not null and t.input->>'artifactId' = a.id::text)
-            order by a.created_at
-            limit ${batchSize}::int
-            for update of a skip locked
-          ),
-          gone as (
-            delete from artifacts where id = any(array(select id from doomed)) returning sha256
+            returning sha256
           )
           select (select count(*) from gone)::int as artifacts,
             coalesce((select string_agg(distinct sha256, ',') from gone), '') as shas`,

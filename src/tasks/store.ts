@@ -9,6 +9,7 @@ import type { Db } from "../db/database.js";
 import { lazy } from "../db/lazy.js";
 import {
   type ArtifactRefJson,
+  artifacts,
   type TaskEventRow,
   type TaskRow,
   type TaskStateName,
@@ -163,11 +164,28 @@ export function createTaskStore(db: Db) {
         traceState: t.traceState,
         input: t.input,
       }));
-      if (values.every((v) => v.idempotencyKey === null)) {
+      const unkeyed = values.every((v) => v.idempotencyKey === null);
+      const inputIds = [...new Set(values.flatMap((v) => (v.input ? [v.input.artifactId] : [])))];
+      if (unkeyed && inputIds.length === 0) {
         const rows = await db.insert(tasks).values(values).returning();
         return inOrder(values, rows);
       }
       return db.transaction(async (tx) => {
+        // The inputs named are locked until the tasks naming them commit:
+        // retention never deletes an input a create is naming (retention.ts).
+        if (inputIds.length > 0) {
+          const held = await tx
+            .select({ id: artifacts.id })
+            .from(artifacts)
+            .where(inArray(artifacts.id, inputIds))
+            .for("key share");
+          const missing = inputIds.find((id) => !held.some((h) => h.id === id));
+          if (missing) throw notFound(`input artifact ${missing}`);
+        }
+        if (unkeyed) {
+          const rows = await tx.insert(tasks).values(values).returning();
+          return inOrder(values, rows);
+        }
         const inserted = await tx
           .insert(tasks)
           .values(values)

@@ -374,7 +374,7 @@ describe.skipIf(!onPostgres)("retention on PostgreSQL replicas", () => {
   });
 });
 
-describeEachEngine("retention of inputs no task names", (database) => {
+describeEachEngine("retention of inputs no task names", (database, engine) => {
   it("deletes an INPUT artifact no task names once older than the retention, with its bytes; keeps a younger one and a named one", async () => {
     const blobs = createFileBlobStore(mkdtempSync(join(tmpdir(), "meshwork-orphans-")));
     const w = world(database().db, blobs);
@@ -402,5 +402,57 @@ describeEachEngine("retention of inputs no task names", (database) => {
     expect(await blobs.has(unused.sha256)).toBe(false);
     expect(await blobs.has(young.sha256)).toBe(true);
     expect(await blobs.has(named.sha256)).toBe(true);
+
+    // A create naming the input retention took is refused, never acknowledged
+    // with an input that no longer exists; nothing is created.
+    const store = createTaskStore(database().db);
+    const workload = `orphan-${randomUUID()}`;
+    await expect(store.create([newTask({ workload, input: refOf(unused) })])).rejects.toMatchObject(
+      { kind: "not_found" },
+    );
+    const [left] = await rowsOf<{ n: number }>(
+      database().db,
+      sql`select count(*)::int as n from tasks where workload = ${workload}`,
+    );
+    expect(left?.n).toBe(0);
   });
+
+  // Two sessions at once: PostgreSQL only (PGlite has one connection).
+  it.skipIf(engine.name !== "postgres")(
+    "skips an input a create holds until the task naming it commits, and keeps it after",
+    async () => {
+      const blobs = createFileBlobStore(mkdtempSync(join(tmpdir(), "meshwork-orphans-")));
+      const w = world(database().db, blobs);
+      const input = await w.artifact(null, "INPUT", `being named ${randomUUID()}`);
+      await database()
+        .db.update(artifacts)
+        .set({ createdAt: sql`now() - make_interval(secs => ${8 * 86_400}::float8)` })
+        .where(sql`${artifacts.id} = ${input.id}`);
+      const r = createRetention(
+        { db: database().housekeeping, blobs, log: captureLog().log },
+        { retentionMs: 7 * day },
+      );
+      // The create's transaction: the input locked, the task inserted, not yet committed.
+      let release: () => void = () => {};
+      const held = new Promise<void>((resolve) => {
+        release = resolve;
+      });
+      let locked: () => void = () => {};
+      const isLocked = new Promise<void>((resolve) => {
+        locked = resolve;
+      });
+      const create = database().db.transaction(async (tx) => {
+        await tx.execute(sql`select id from artifacts where id = ${input.id} for key share`);
+        locked();
+        await held;
+        await createTaskStore(tx as unknown as Db).create([newTask({ input: refOf(input) })]);
+      });
+      await isLocked;
+      expect(await r.runOnce()).toMatchObject({ orphanInputs: 0 });
+      release();
+      await create;
+      expect(await r.runOnce()).toMatchObject({ orphanInputs: 0 });
+      expect(await w.artifactsLeft([input.id])).toEqual([input.id]);
+    },
+  );
 });
