@@ -49,3 +49,25 @@ describe("a burst wakes as many parked claims as it brings tasks", () => {
     await Promise.all(polls);
   });
 });
+
+describe("the ready counts' notification", () => {
+  it("stays within NOTIFY's 8,000 bytes whatever the workload names: long multi-byte names create and wake", async () => {
+    // 11 workloads of 256 three-byte characters: ~8.5 KB of JSON in under 3,000 characters.
+    const names = Array.from(
+      { length: 11 },
+      (_, i) => `${"渲".repeat(250)}${uniqueWorkload(String(i)).slice(-6)}`,
+    );
+    const workerId = await registerWorker(h, [names[0] ?? ""]);
+    const abort = new AbortController();
+    const poll = h.leases.claimTasks(
+      { workerId, maxTasks: 1, waitSeconds: 30 },
+      { signal: abort.signal },
+    );
+    await until(() => h.app.wakeups.parked() >= 1);
+    const { tasks } = await h.tasks.createTasks({ tasks: names.map((workload) => ({ workload })) });
+    expect(tasks).toHaveLength(11);
+    // Too long to carry the counts, the notification wakes every parked claim instead.
+    expect((await poll).claims.map((c) => c.workload)).toEqual([names[0]]);
+    abort.abort();
+  });
+});

@@ -8,7 +8,8 @@
 -- task history (0013), from the same transition tables: no trigger runs per
 -- row. A task that goes back to PENDING counts once its not_before has
 -- passed; until then the sweeper wakes claims for it when it falls due. A
--- payload too long for NOTIFY (over ~8 KB: very many workloads at once) is
+-- payload too long for NOTIFY (over ~7,900 bytes, counted in bytes: very many
+-- or very long workload names at once) is
 -- sent empty, which wakes every parked claim, as before.
 DROP TRIGGER tasks_ready_on_insert ON tasks;
 --> statement-breakpoint
@@ -18,7 +19,7 @@ DROP FUNCTION meshwork_notify_task_ready();
 --> statement-breakpoint
 CREATE FUNCTION meshwork_notify_ready(ready text) RETURNS void
 LANGUAGE sql AS $$
-  SELECT pg_notify('meshwork_task_ready', CASE WHEN length(ready) <= 7900 THEN ready ELSE '' END)
+  SELECT pg_notify('meshwork_task_ready', CASE WHEN octet_length(ready) <= 7900 THEN ready ELSE '' END)
   WHERE ready IS NOT NULL
 $$;
 --> statement-breakpoint
@@ -31,7 +32,9 @@ BEGIN
   FROM new_rows n;
   PERFORM meshwork_notify_ready((
     SELECT json_object_agg(c.workload, c.n)::text
-    FROM (SELECT workload, count(*) AS n FROM new_rows WHERE state = 'PENDING' GROUP BY workload) c));
+    FROM (SELECT workload, count(*) AS n FROM new_rows
+      WHERE state = 'PENDING' AND (not_before IS NULL OR not_before <= now())
+      GROUP BY workload) c));
   RETURN NULL;
 END;
 $$;
