@@ -53,10 +53,12 @@ export function createApp(
   // Renewals, stream messages, completions and the fleet's status on the pool's urgent lane.
   const urgent = createStores(database.urgent, config);
   const heartbeats = createHeartbeatBuffer(housekeeping.fleet);
-  const workerCache = createWorkerCache(fleet);
+  // Read on the urgent lane: every claim, renewal and completion of a worker token asks it.
+  const workerCache = createWorkerCache(urgent.fleet);
   const guard = createGuard({
     enabled: config.auth === "on",
     tokens: stores.tokens,
+    knownTokens: urgent.tokens,
     // Read for the tokens that hold open streams, every half second, off the request pool.
     revokedAmong: (ids) => housekeeping.tokens.revokedAmong(ids),
     ownerOf: (workerId) =>

@@ -13,6 +13,13 @@ export interface GuardOptions {
   enabled: boolean;
   tokens: Pick<TokenStore, "findByDigest" | "touch">;
   /**
+   * Where a token already known to be valid is read again once its cache
+   * entry is older than cacheMs: the database pool's urgent lane, so that a
+   * burst of claims cannot hold up a worker's renewals and completions at
+   * their authentication (default: `tokens`). Unknown tokens never use it.
+   */
+  knownTokens?: Pick<TokenStore, "findByDigest">;
+  /**
    * Which of these token ids are revoked now: read every half second for the
    * tokens that hold open streams (revocation.ts), on a connection outside
    * the request pool.
@@ -96,10 +103,11 @@ export function createGuard(options: GuardOptions) {
     log: options.log,
   });
 
-  async function lookUp(digest: string): Promise<TokenRow | undefined> {
+  async function lookUp(digest: string, knownValid: boolean): Promise<TokenRow | undefined> {
     const known = inFlight.get(digest);
     if (known) return known;
-    const lookup = options.tokens.findByDigest(digest).finally(() => inFlight.delete(digest));
+    const store = knownValid ? (options.knownTokens ?? options.tokens) : options.tokens;
+    const lookup = store.findByDigest(digest).finally(() => inFlight.delete(digest));
     inFlight.set(digest, lookup);
     const row = await lookup;
     if (row && !row.revokedAt) {
@@ -223,9 +231,10 @@ export function createGuard(options: GuardOptions) {
       if (r instanceof DomainError) throw r;
       if (!("digest" in r)) return r;
       // A lookup is paid for by the request that starts it: requests with the
-      // same digest that arrive meanwhile wait for it at no cost.
+      // same digest that arrive meanwhile wait for it without a charge of
+      // their own, but each reserves what its body may buffer meanwhile.
       const joined = inFlight.get(r.digest);
-      const reserve = joined ? 0 : (asker.mayBuffer ?? 0);
+      const reserve = asker.mayBuffer ?? 0;
       if (maxPending > 0 && reserve > 0 && pending + reserve > maxPending) {
         throw failed("busy", asker, busy);
       }
@@ -239,7 +248,11 @@ export function createGuard(options: GuardOptions) {
       pending += reserve;
       let row: TokenRow | undefined;
       try {
-        row = await (joined ?? lookUp(r.digest));
+        row = await (joined ?? lookUp(r.digest, r.known));
+      } catch (error) {
+        // The database failed, not the token: the source is not charged for it.
+        if (charged) failures.refund(source);
+        throw error;
       } finally {
         pending -= reserve;
       }

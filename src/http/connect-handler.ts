@@ -76,8 +76,12 @@ export function createConnectHandler(options: ConnectHandlerOptions) {
       });
       return;
     }
-    const early = options.refuseEarly?.(req, handler.service.typeName);
-    if (early && refusals.speaks(req)) {
+    // Only a request the refusal writer can answer is refused here (a Connect
+    // GET is not): the others go to the gate, which counts their failure once.
+    const early = refusals.speaks(req)
+      ? options.refuseEarly?.(req, handler.service.typeName)
+      : undefined;
+    if (early) {
       const answer = () => refusals.refuse(req, res, early.error);
       if (!(early.throttled && options.tarpit?.hold(early.throttled, res, answer, early.mayBuffer)))
         answer();

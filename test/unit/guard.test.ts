@@ -99,9 +99,36 @@ describe("the guard's token lookups", () => {
     );
     // A request with no body to buffer is not held back.
     const bodiless = refusal(guard.authenticate(`Bearer ${newSecret()}`, { mayBuffer: 0 }));
+    // One that joins the slow lookup of the same token still reserves what its body may buffer.
+    expect(await refusal(guard.authenticate(`Bearer ${secret}`, { mayBuffer: 80 }))).toBe(
+      "unavailable AUTH_BUSY",
+    );
     release();
     expect(await first).toBe("ok");
     expect(await bodiless).toBe("unauthenticated UNAUTHENTICATED");
+  });
+
+  it("reads a token known valid again on the urgent lane (knownTokens), an unknown one never", async () => {
+    const urgent: string[] = [];
+    const { guard, lookups, add } = guardWith({
+      cacheMs: 0,
+      knownTokens: {
+        async findByDigest(digest) {
+          urgent.push(digest);
+          return undefined;
+        },
+      },
+    });
+    const secret = add("worker");
+    expect(await refusal(guard.authenticate(`Bearer ${secret}`))).toBe("ok");
+    expect([lookups.length, urgent.length]).toEqual([1, 0]);
+    // Known valid, its entry stale: read again on the urgent lane (here: revoked since).
+    expect(await refusal(guard.authenticate(`Bearer ${secret}`))).toBe(
+      "unauthenticated UNAUTHENTICATED",
+    );
+    expect([lookups.length, urgent.length]).toEqual([1, 1]);
+    await refusal(guard.authenticate(`Bearer ${newSecret()}`));
+    expect([lookups.length, urgent.length]).toEqual([2, 1]);
   });
 });
 
@@ -126,6 +153,23 @@ describe("failed authentications per source", () => {
     expect(lookups.length).toBe(looked);
     expect(await refusal(guard.authenticate(`Bearer ${secret}`, from))).toBe("ok");
     expect(await refusal(guard.authenticate(undefined, { source: "10.0.0.2" }))).toBe(
+      "unauthenticated UNAUTHENTICATED",
+    );
+  });
+
+  it("does not charge a source for lookups the database failed", async () => {
+    let down = true;
+    const { guard } = guardWith({ authFailureRate: 1, authFailureBurst: 2 }, async () => {
+      if (down) throw new Error("connection refused");
+    });
+    const from = { source: "10.0.0.9" };
+    for (let i = 0; i < 5; i++) {
+      expect(await refusal(guard.authenticate(`Bearer ${newSecret()}`, from))).toBe(
+        "Error: connection refused",
+      );
+    }
+    down = false;
+    expect(await refusal(guard.authenticate(`Bearer ${newSecret()}`, from))).toBe(
       "unauthenticated UNAUTHENTICATED",
     );
   });
