@@ -69,10 +69,12 @@ export function createArtifactStore(db: Db) {
       a: NewArtifact,
       lease: LeaseRef | null,
       bytesPresent?: () => Promise<boolean>,
+      replaced = false,
     ): Promise<ArtifactRow> {
       return db.transaction(async (tx) => {
-        // Good bytes were just stored under this hash (replacing a corrupt copy).
-        await tx.delete(corruptBlobs).where(eq(corruptBlobs.sha256, a.sha256));
+        // Good bytes were just stored under this hash in place of a corrupt
+        // copy: the mark goes. Bytes kept as they were keep theirs.
+        if (replaced) await tx.delete(corruptBlobs).where(eq(corruptBlobs.sha256, a.sha256));
         if (lease) await assertLease(tx, lease, true);
         if (bytesPresent) {
           await tx.execute(lockBlob(a.sha256, "shared"));

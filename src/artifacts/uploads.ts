@@ -124,6 +124,7 @@ export async function storeUpload(
       lease,
       // An empty artifact needs no bytes (reachable.ts).
       staged.size > 0 ? () => app.blobs.has(staged.sha256) : undefined,
+      replace,
     );
     app.metrics?.artifactBytesIn.inc(staged.size);
     return row;

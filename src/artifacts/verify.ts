@@ -4,7 +4,7 @@ import { DomainError } from "../core/errors.js";
 import type { Logger } from "../log.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { BlobStore } from "./blob-store.js";
-import { storageFailure } from "./blob-unavailable.js";
+import { BlobStoreUnavailable, storageFailure } from "./blob-unavailable.js";
 import type { ArtifactStore } from "./store.js";
 
 /** What verified reads use: the bytes, the corrupt marks, where a finding is told. */
@@ -88,6 +88,14 @@ export function verifiedRead(
     }
     const actual = hash.digest("hex");
     if (actual !== bytes.sha256 || at !== bytes.sizeBytes) {
+      // The copy read may have been replaced meanwhile by good bytes (an
+      // upload repairing it): only what is stored now is marked corrupt.
+      const now = await hashStored(deps.blobs, bytes.sha256).catch(() => undefined);
+      if (now !== "missing" && now?.actual === bytes.sha256 && now.bytes === bytes.sizeBytes) {
+        throw new BlobStoreUnavailable(
+          "the stored bytes were replaced while they were read: read them again",
+        );
+      }
       await found(deps, bytes, actual);
       throw corrupt(bytes);
     }
