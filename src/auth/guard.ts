@@ -73,7 +73,7 @@ const maxNegative = 10_000;
  * The checks every request passes, RPC or plain HTTP: who is calling
  * (authenticate), whether the role may do this (authorize), whether a worker
  * token acts only for its own workers (actsFor), and the per-token rate
- * limit. The RPC request gate (rpc/adapter.ts), the RPC interceptor and the
+ * limit. The RPC request gate (server.ts, before the body is read), the RPC interceptor and the
  * plain-route dispatcher use it.
  *
  * Authentication is cheap for whatever cannot be a token: a missing or

@@ -13,7 +13,7 @@ import { kPreauthenticated, kPrincipal } from "./principal.js";
  * is put in the context (kPrincipal) for the handlers. A call that comes
  * with its caller (kPreauthenticated: a REST route's in-process call, or a
  * network call whose token the request gate checked from its headers before
- * its body was read, rpc/adapter.ts) was authenticated and counted already:
+ * its body was read, server.ts) was authenticated and counted already:
  * only the rule and ownership are checked again.
  *
  * A stream is held for its token (guard.watch): when the token is revoked,

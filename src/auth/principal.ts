@@ -27,9 +27,10 @@ export interface Asker {
 export const anonymousAdmin: Principal = { tokenId: null, name: "anonymous", role: "admin" };
 
 /**
- * A caller already authenticated, and counted against its rate limit, by
- * the plain HTTP route that makes this RPC in process (rest/in-process.ts).
- * Only in-process calls can set it: context values never come from the wire.
+ * A caller already authenticated, and counted against its rate limit: by
+ * the plain HTTP route that makes this RPC in process (rest/in-process.ts),
+ * or by the request gate before the body was read (server.ts). Only the
+ * server sets it: context values never come from the wire.
  */
 export const kPreauthenticated = createContextKey<Principal | undefined>(undefined, {
   description: "caller authenticated by a plain route",

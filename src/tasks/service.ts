@@ -40,7 +40,7 @@ export interface TaskServiceDeps extends UploadDeps {
   placement: PlacementStore;
   artifacts: Pick<ArtifactStore, "checkLease" | "insert" | "get" | "removeUnusedInputs">;
   events: TaskEvents;
-  /** Wakes long-polling claimers on this replica (others are woken by NOTIFY). */
+  /** Ends watchers at shutdown. */
   shutdownSignal: AbortSignal;
   metrics: Pick<Metrics, "tasksCreated" | "artifactBytesIn">;
 }
