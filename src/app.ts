@@ -42,7 +42,6 @@ export function createApp(
     pool: () => database.pool(),
     liveTasks: () => stores.tasks.liveByWorkload(),
   });
-  const { fleet } = stores;
   const blobs = createBlobStore(config, database, s3);
   const events = createTaskEvents();
   const wakeups = createClaimWakeups();

@@ -26,9 +26,19 @@ const usage = `Usage:
                        [--idempotency-key K]
   meshwork task get TASK_ID
   meshwork task list [--state S] [--workload W] [--worker WORKER_ID] [--limit N]
-  meshwork task cancel TASK_ID [--reason TEXT]
+  meshwork task cancel TASK_ID... [--reason TEXT]
+  meshwork task cancel [TASK_ID...] FILTER [--reason TEXT] [--dry-run]
+  meshwork task rerun TASK_ID...
+  meshwork task rerun [TASK_ID...] FILTER [--dry-run]
   meshwork task retry TASK_ID [--lease-seconds N] [--idempotency-key K]
   meshwork task watch TASK_ID
+
+FILTER (cancel, rerun; every flag given narrows it):
+  --state S...             the states (cancel: pending, assigned, running;
+                           rerun: failed, canceled; default all of them)
+  --workload W
+  --created-after ISO      created at or after
+  --created-before ISO     created before
 
 'create' prints the new task id alone on stdout (a summary on stderr).
   --input FILE uploads FILE as an INPUT artifact first and names it as the
@@ -37,14 +47,21 @@ const usage = `Usage:
   kept as a string); --params takes a JSON object.
 'list' pages newest first, up to --limit tasks (default 100, at most 10000).
   States: pending, assigned, running, succeeded, failed, canceled.
-'cancel' moves a PENDING, ASSIGNED or RUNNING task to CANCELED.
+'cancel' moves a PENDING, ASSIGNED or RUNNING task to CANCELED; with a
+  filter or several ids (CancelTasks), every live task it matches, at most
+  10,000 a call (oldest first: run it again for the rest).
+'rerun' puts a FAILED or CANCELED task back to PENDING to run again
+  (RerunTask): same id, parameters and input, a fresh attempt budget, the
+  next attempt number (a worker of an earlier attempt stays fenced), a RERUN
+  event in its history. With a filter or several ids (RerunTasks), every
+  FAILED or CANCELED task it matches, at most 10,000 a call.
+  --dry-run counts what a filter matches and changes nothing.
 'retry' is RetryTask, a push placement: it puts an ASSIGNED, RUNNING or
   FAILED task on another worker that has an API base URL and a free slot
   (the same worker if it is the only fit), ASSIGNED under a new attempt that
   fences the old lease. The coordinator does not contact that worker: a
   director must dispatch it the task id, attempt and lease token ('--json'
-  prints them). There is no RPC that puts a FAILED task back to PENDING for
-  pull workers; to run the same work again, 'task create' it anew.
+  prints them). For pull workers, 'rerun' runs a failed task again.
 'watch' follows WatchTask, one line per change, until the task ends. Exits 0
   when it SUCCEEDED, 3 when it FAILED or was CANCELED. With --json, one Task
   JSON document per line.
@@ -79,10 +96,12 @@ export async function taskCommand(argv: string[], io: Io = stdio): Promise<numbe
       case "create":
         return create(rest, io);
       case "get":
-      case "cancel":
       case "retry":
       case "watch":
         return one(sub, rest, io);
+      case "cancel":
+      case "rerun":
+        return bulk(sub, rest, io);
       case "list":
         return list(rest, io);
       default:
@@ -164,20 +183,97 @@ async function create(args: string[], io: Io): Promise<number> {
   return 0;
 }
 
-async function one(sub: "get" | "cancel" | "retry" | "watch", args: string[], io: Io) {
+/** An ISO 8601 time flag, or undefined when absent. */
+function timeFlag(name: string, value: string | undefined): Date | undefined {
+  if (value === undefined) return undefined;
+  const d = new Date(value);
+  if (Number.isNaN(d.getTime())) {
+    throw new UsageError(`--${name} must be an ISO 8601 time, not ${JSON.stringify(value)}`);
+  }
+  return d;
+}
+
+/**
+ * `task cancel` and `task rerun`: one task by id (CancelTask, RerunTask), or
+ * every task that several ids or a filter match (CancelTasks, RerunTasks).
+ */
+async function bulk(sub: "cancel" | "rerun", args: string[], io: Io): Promise<number> {
   const { values, positionals } = parse(args, {
     ...endpointOptions,
     reason: { type: "string" },
+    state: { type: "string", multiple: true },
+    workload: { type: "string" },
+    "created-after": { type: "string" },
+    "created-before": { type: "string" },
+    "dry-run": { type: "boolean" },
+  });
+  if (values.help) return help(io);
+  if (sub === "rerun" && values.reason !== undefined) throw new UsageError("unknown flag --reason");
+  const actsOn =
+    sub === "cancel"
+      ? [TaskState.PENDING, TaskState.ASSIGNED, TaskState.RUNNING]
+      : [TaskState.FAILED, TaskState.CANCELED];
+  const filterStates = (values.state ?? []).map((name) => {
+    const st = states[name.toLowerCase()];
+    if (st === undefined || !actsOn.includes(st)) {
+      throw new UsageError(
+        `--state must be one of ${actsOn.map((x) => stateName(x).toLowerCase()).join(", ")}, not ${JSON.stringify(name)}`,
+      );
+    }
+    return st;
+  });
+  const after = timeFlag("created-after", values["created-after"]);
+  const before = timeFlag("created-before", values["created-before"]);
+  const filtered = filterStates.length > 0 || values.workload !== undefined || after || before;
+  if (positionals.length === 0 && !filtered) {
+    throw new UsageError(
+      "give TASK_ID... or a filter (--state, --workload, --created-after, --created-before)",
+    );
+  }
+  const tasks = createClient(TaskService, transportFor(endpointOf(values)));
+  const [only] = positionals;
+  if (only !== undefined && positionals.length === 1 && !filtered && !values["dry-run"]) {
+    const res =
+      sub === "cancel"
+        ? await tasks.cancelTask({ taskId: only, reason: values.reason ?? "" })
+        : await tasks.rerunTask({ taskId: only });
+    const task = res.task;
+    if (!task) throw new Error("the coordinator answered without the task");
+    if (values.json) io.out.write(`${json(task)}\n`);
+    else io.out.write(`task ${task.taskId} is ${stateName(task.state)}\n`);
+    return 0;
+  }
+  const filter = {
+    states: filterStates,
+    workload: values.workload ?? "",
+    taskIds: positionals,
+    createdAfter: after ? timestampFromDate(after) : undefined,
+    createdBefore: before ? timestampFromDate(before) : undefined,
+  };
+  const dryRun = values["dry-run"] === true;
+  const { count } =
+    sub === "cancel"
+      ? await tasks.cancelTasks({ filter, dryRun, reason: values.reason ?? "" })
+      : await tasks.rerunTasks({ filter, dryRun });
+  const verb = sub === "cancel" ? "cancel" : "rerun";
+  if (values.json) io.out.write(`${JSON.stringify({ count, dryRun })}\n`);
+  else if (dryRun) io.out.write(`${count} tasks match: a ${verb} would act on them (dry run)\n`);
+  else io.out.write(`${sub === "cancel" ? "cancelled" : "reran"} ${count} tasks\n`);
+  return 0;
+}
+
+async function one(sub: "get" | "retry" | "watch", args: string[], io: Io) {
+  const { values, positionals } = parse(args, {
+    ...endpointOptions,
     "lease-seconds": { type: "string" },
     "idempotency-key": { type: "string" },
   });
   if (values.help) return help(io);
   const [taskId = ""] = positionalsOf(positionals, ["TASK_ID"]);
   const allowed: Record<string, string[]> = {
-    cancel: ["reason"],
     retry: ["lease-seconds", "idempotency-key"],
   };
-  for (const flag of ["reason", "lease-seconds", "idempotency-key"] as const) {
+  for (const flag of ["lease-seconds", "idempotency-key"] as const) {
     if (values[flag] !== undefined && !allowed[sub]?.includes(flag)) {
       throw new UsageError(`unknown flag --${flag}`);
     }
@@ -187,18 +283,15 @@ async function one(sub: "get" | "cancel" | "retry" | "watch", args: string[], io
   const res =
     sub === "get"
       ? await tasks.getTask({ taskId })
-      : sub === "cancel"
-        ? await tasks.cancelTask({ taskId, reason: values.reason ?? "" })
-        : await tasks.retryTask({
-            taskId,
-            leaseSeconds: intFlag("lease-seconds", values["lease-seconds"], 60, 86400),
-            scheduleIdempotencyKey: values["idempotency-key"] ?? "",
-          });
+      : await tasks.retryTask({
+          taskId,
+          leaseSeconds: intFlag("lease-seconds", values["lease-seconds"], 60, 86400),
+          scheduleIdempotencyKey: values["idempotency-key"] ?? "",
+        });
   const task = res.task;
   if (!task) throw new Error("the coordinator answered without the task");
   if (values.json) io.out.write(`${json(task)}\n`);
   else if (sub === "get") io.out.write(describe(task));
-  else if (sub === "cancel") io.out.write(`task ${task.taskId} is ${stateName(task.state)}\n`);
   else {
     io.out.write(
       `task ${task.taskId} is ${stateName(task.state)} on worker ${task.assignedWorkerId} (${task.assignedApiBaseUrl}), attempt ${task.attempt}; dispatch it there (lease token with --json)\n`,
@@ -221,7 +314,7 @@ async function watch(stream: AsyncIterable<{ task?: Task }>, asJson: boolean, io
     const line = [
       stateName(t.state),
       `attempt ${t.attempt}`,
-      t.lease?.workerId ? `worker ${t.lease.workerId}` : "",
+      t.lease?.workerId && !t.lease.endedAt ? `worker ${t.lease.workerId}` : "",
       t.progress && (t.progress.completedSteps > 0 || t.progress.message)
         ? `progress ${t.progress.completedSteps}${t.steps !== undefined ? `/${t.steps}` : ""}${t.progress.message ? ` ${t.progress.message}` : ""}`
         : "",
@@ -360,10 +453,16 @@ export function describe(t: Task): string {
       "input",
       `${t.input.artifactId} (${t.input.sizeBytes} bytes, sha256 ${t.input.sha256})`,
     ]);
-  if (t.lease)
+  // A lease is shown as live only while it holds; after, when it ended.
+  if (t.lease && !t.lease.endedAt)
     lines.push([
       "lease",
       `worker ${t.lease.workerId}, attempt ${t.lease.attempt}, expires ${when(t.lease.expiresAt)}`,
+    ]);
+  else if (t.lease)
+    lines.push([
+      "last lease",
+      `worker ${t.lease.workerId}, attempt ${t.lease.attempt}, ended ${when(t.lease.endedAt)}`,
     ]);
   if (t.assignedWorkerId)
     lines.push(["assigned", `${t.assignedWorkerId} (${t.assignedApiBaseUrl})`]);

@@ -53,6 +53,23 @@ export function toArtifactRef(ref: ArtifactRefJson | null): ArtifactRef | undefi
 const ts = (d: Date | null): Timestamp | undefined => (d ? timestampFromDate(d) : undefined);
 
 /**
+ * When a task's last lease stopped holding, or null while it is live
+ * (ASSIGNED or RUNNING, not yet run out): the earliest of its expiry and
+ * the change that ended it (finished_at for a terminal task, else the last
+ * update, which put it back to PENDING).
+ */
+export function leaseEndedAt(
+  row: Pick<TaskRow, "state" | "leaseExpiresAt" | "finishedAt" | "updatedAt">,
+  now = new Date(),
+): Date | null {
+  const expires = row.leaseExpiresAt;
+  const held = row.state === "ASSIGNED" || row.state === "RUNNING";
+  if (held) return expires && expires <= now ? expires : null;
+  const change = row.finishedAt ?? row.updatedAt;
+  return expires && expires < change ? expires : change;
+}
+
+/**
  * The public form of a task. The lease token is included only when
  * `withToken` (the response that grants the lease); reads never show it.
  */
@@ -89,6 +106,7 @@ export function toTask(row: TaskRow, withToken = false): Task {
           attempt: row.attempt,
           leaseToken: withToken ? (row.leaseToken ?? "") : "",
           expiresAt: ts(row.leaseExpiresAt),
+          endedAt: ts(leaseEndedAt(row)),
         }
       : undefined,
     checkpointHandle: row.checkpointHandle,

@@ -237,6 +237,75 @@ describe("meshwork operator CLI against a live coordinator with auth on", {
     expect(priority.stderr).toContain("--priority must be an integer");
   });
 
+  it("reruns a failed task, shows its last lease as ended, and cancels and reruns by filter", async () => {
+    const workload = `cli-rerun-${Date.now()}`;
+    const workerId = (await fleet().registerWorker({ name: "cli-rerun", capabilities: [workload] }))
+      .workerId;
+    const created = await tasks().createTasks({
+      tasks: [{ workload, maxAttempts: 1, priority: 10 }, { workload }, { workload }],
+    });
+    const [failing] = created.tasks;
+    const taskId = failing?.taskId ?? "";
+    const { claims } = await leases().claimTasks({ workerId, maxTasks: 1 });
+    const claim = claims.find((c) => c.taskId === taskId);
+    if (!claim) throw new Error("the failing task was not claimed");
+    await leases().failTask({
+      taskId,
+      workerId,
+      attempt: claim.attempt,
+      leaseToken: claim.leaseToken,
+      errorCode: "ValueError",
+      errorMessage:
+        'Traceback (most recent call last):\n  File "/srv/w.py", line 1\nValueError: bad row 7',
+    });
+
+    const got = await cli(["task", "get", taskId]);
+    expect(got.stdout).toMatch(/^state:\s+FAILED$/m);
+    expect(got.stdout).toMatch(/^error:\s+ValueError: ValueError: bad row 7$/m);
+    // The lease is over: shown as ended, never as live with a time to run.
+    expect(got.stdout).toMatch(/^last lease:\s+worker \S+, attempt 1, ended \S+/m);
+    expect(got.stdout).not.toMatch(/^lease:/m);
+
+    const rerun = await cli(["task", "rerun", taskId]);
+    expect(rerun, rerun.stderr).toMatchObject({ code: 0, stdout: `task ${taskId} is PENDING\n` });
+    const refused = await cli(["task", "rerun", taskId]);
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toMatch(/^meshwork task rerun: failed_precondition: .*PENDING.*\n$/);
+
+    // All three wait now: a dry run counts them, then they are cancelled and rerun together.
+    const dry = await cli([
+      "task",
+      "cancel",
+      "--workload",
+      workload,
+      "--state",
+      "pending",
+      "--dry-run",
+    ]);
+    expect(dry.stdout).toBe("3 tasks match: a cancel would act on them (dry run)\n");
+    const cancelled = await cli([
+      "task",
+      "cancel",
+      "--workload",
+      workload,
+      "--state",
+      "pending",
+      "--json",
+    ]);
+    expect(JSON.parse(cancelled.stdout)).toEqual({ count: 3, dryRun: false });
+    const reran = await cli(["task", "rerun", "--workload", workload]);
+    expect(reran.stdout).toBe("reran 3 tasks\n");
+    const { tasks: now } = await tasks().listTasks({ workload });
+    expect(now.map((t) => t.state)).toEqual(Array(3).fill(TaskState.PENDING));
+
+    const bad = await cli(["task", "rerun", "--state", "running"]);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toMatch(/--state must be one of failed, canceled/);
+    const none = await cli(["task", "cancel"]);
+    expect(none.code).toBe(2);
+    await tasks().cancelTasks({ filter: { workload } });
+  });
+
   it("retries a running task onto another worker (push placement), and deregisters a worker, releasing its leases", async () => {
     const workload = "cli-retry";
     const register = (name: string) =>

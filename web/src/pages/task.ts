@@ -313,17 +313,17 @@ export function taskPage(page: Page, taskId: string): void {
       lease,
       row("Assigned worker", t.assignedWorkerId && h("code", null, t.assignedWorkerId)),
       row("Worker API", or(t.assignedApiBaseUrl)),
+      // A lease shows as live only while it holds; after, when it really ended.
       row(
-        terminal.has(t.state) ? "Last lease holder" : "Lease holder",
+        t.lease?.endedAt ? "Last lease holder" : "Lease holder",
         t.lease?.workerId && h("code", null, t.lease.workerId),
       ),
-      row(
-        terminal.has(t.state) ? "Lease (ended)" : "Lease expires",
-        t.lease?.expiresAt &&
-          (terminal.has(t.state)
-            ? exact(t.lease.expiresAt)
-            : `${exact(t.lease.expiresAt)} (${ago(t.lease.expiresAt)})`),
-      ),
+      t.lease?.endedAt
+        ? row("Lease ended", `${exact(t.lease.endedAt)} (${ago(t.lease.endedAt)})`)
+        : row(
+            "Lease expires",
+            t.lease?.expiresAt && `${exact(t.lease.expiresAt)} (${ago(t.lease.expiresAt)})`,
+          ),
       row(
         "Progress",
         t.progress || steps
