@@ -454,6 +454,38 @@ export function createWorker(options: WorkerOptions): Worker {
       );
     }
   };
+  /**
+   * Sends the progress reported since the last renewal, if any, before the
+   * task completes: the lease keeper sends it with renewals, at most once a
+   * second, so the last report of a task that ends soon after would be lost.
+   */
+  const flushProgress = async (entry: Running): Promise<void> => {
+    const progress = entry.lease.progress;
+    if (!progress) return;
+    const { claim } = entry;
+    try {
+      await underLease(entry, () =>
+        retrying(
+          () =>
+            leases.renewLease(
+              {
+                taskId: claim.taskId,
+                workerId,
+                attempt: claim.attempt,
+                leaseToken: claim.leaseToken,
+                progress,
+              },
+              { timeoutMs, signal: hurry.signal, headers: traceHeaders(claim) },
+            ),
+          { tries: 3, signal: hurry.signal },
+        ),
+      );
+      if (entry.lease.progress === progress) entry.lease.progress = undefined;
+    } catch (error) {
+      log(`task ${claim.taskId}: its last progress was not sent: ${(error as Error).message}`);
+    }
+  };
+
   const complete = (entry: Running, result: TaskResult | undefined): Promise<void> => {
     const { claim } = entry;
     const ref = result?.result;
@@ -732,6 +764,7 @@ export function createWorker(options: WorkerOptions): Worker {
       try {
         const result = await options.handler(task, contextFor(entry, task));
         entry.settled = true;
+        if (!entry.ended) await flushProgress(entry);
         if (!entry.ended) await complete(entry, result ?? undefined);
       } catch (error) {
         entry.settled = true;

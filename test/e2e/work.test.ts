@@ -19,6 +19,7 @@ stdin=$(cat)
 case "$MESHWORK_PARAMETERS" in
   *fail*) echo "first line" >&2; printf 'boom \\033[31mred\\033[0m\\n' >&2; exit 3 ;;
   *env*) env > "$MESHWORK_OUTPUT/env.txt"; exit 0 ;;
+  *last*) echo "progress: 1 rendering"; echo "progress: 2 all done"; exit 0 ;;
   *hang*) sleep "$(printf '%s' "$MESHWORK_PARAMETERS" | tr -dc '0-9.')" & wait; exit 0 ;;
 esac
 { printf '%s|%s|%s|' "$stdin" "$MESHWORK_PARAMETERS" "$MESHWORK_TASK_ID"; cat "$MESHWORK_INPUT"; } > "$MESHWORK_OUTPUT/a-result.txt"
@@ -103,6 +104,21 @@ describe("meshwork work", () => {
     expect(task?.resultSummary).toBe("2 output files");
     expect(stdout).toContain(`start ${taskId}`);
     expect(stdout).toContain(`done ${taskId}`);
+  });
+
+  it("keeps the last progress a command reports just before it exits", async () => {
+    const { tasks: created } = await tasks().createTasks({
+      tasks: Array.from({ length: 3 }, () => ({
+        workload,
+        parameters: { mode: "last" },
+        steps: 2,
+      })),
+    });
+    for (const t of created) {
+      const task = await finished(t.taskId);
+      expect(task?.state, stderr).toBe(TaskState.SUCCEEDED);
+      expect(task?.progress).toMatchObject({ completedSteps: 2, message: "all done" });
+    }
   });
 
   it("fails the task with CommandFailed, the exit status and the stderr tail without control characters", async () => {
