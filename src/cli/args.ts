@@ -1,5 +1,6 @@
 import { type ParseArgsConfig, parseArgs } from "node:util";
 import { Code, ConnectError } from "@connectrpc/connect";
+import { checkedUrl } from "../sdk/rpc.js";
 import { defaultUrl, type Endpoint, resolveToken } from "./connect.js";
 
 /** A mistake in the command line: one line on stderr, exit code 2. */
@@ -65,10 +66,13 @@ export function endpointOf(values: {
   token?: string | undefined;
   "data-dir"?: string | undefined;
 }): Endpoint {
-  return {
-    url: values.url ?? defaultUrl(),
-    token: resolveToken(values.token, values["data-dir"]),
-  };
+  const url = values.url ?? defaultUrl();
+  try {
+    checkedUrl(url, values.url === undefined ? "$MESHWORK_URL" : "--url");
+  } catch (error) {
+    throw new UsageError((error as Error).message);
+  }
+  return { url, token: resolveToken(values.token, values["data-dir"]) };
 }
 
 /** An integer flag in [min, max], or undefined when absent. */

@@ -7,7 +7,27 @@ import { ErrorInfoSchema } from "../../gen/meshwork/v1/errors_pb.js";
  * presents the bearer token on every call. HTTP/2 is what StreamLeases, a
  * bidirectional stream, needs.
  */
+/**
+ * A coordinator URL, checked: http:// or https:// and a host. A URL without
+ * a scheme (`127.0.0.1:8080`) is refused with one line that says what to
+ * write instead.
+ */
+export function checkedUrl(url: string, what = "url"): string {
+  if (!/^https?:\/\//i.test(url)) {
+    throw new TypeError(
+      `${what} must start with http:// or https://, not ${JSON.stringify(url.slice(0, 200))} (try ${JSON.stringify(`http://${url.replace(/^[a-z]+:\/*/i, "").slice(0, 200)}`)})`,
+    );
+  }
+  try {
+    new URL(url);
+  } catch {
+    throw new TypeError(`${what} is not a valid URL: ${JSON.stringify(url.slice(0, 200))}`);
+  }
+  return url;
+}
+
 export function workerTransport(url: string, token: string, extra: Interceptor[] = []): Transport {
+  checkedUrl(url);
   const bearer: Interceptor = (next) => (req) => {
     if (token) req.header.set("authorization", `Bearer ${token}`);
     return next(req);
@@ -77,15 +97,28 @@ export function backoffMs(failures: number, maxMs = 10_000): number {
  */
 export async function retrying<T>(
   call: () => Promise<T>,
-  options: { tries?: number; signal?: AbortSignal } = {},
+  options: {
+    tries?: number;
+    signal?: AbortSignal;
+    /** Gives up once this long has passed since the first try (with the last error). */
+    withinMs?: number;
+    /** Told of each transient failure that will be tried again, before the wait. */
+    onRetry?: (error: unknown, attempt: number, waitMs: number) => void;
+  } = {},
 ): Promise<T> {
   const tries = options.tries ?? 8;
+  const started = Date.now();
   for (let attempt = 1; ; attempt++) {
     try {
       return await call();
     } catch (error) {
       if (!isTransient(error) || attempt >= tries || options.signal?.aborted) throw error;
-      await sleep(backoffMs(attempt), options.signal);
+      const wait = backoffMs(attempt);
+      if (options.withinMs !== undefined && Date.now() - started + wait > options.withinMs) {
+        throw error;
+      }
+      options.onRetry?.(error, attempt, wait);
+      await sleep(wait, options.signal);
     }
   }
 }

@@ -228,6 +228,12 @@ export interface WorkerOptions {
    * retried); default 30 s. Uploads and downloads run as long as the lease.
    */
   callTimeoutMs?: number;
+  /**
+   * How long registration keeps trying a coordinator it cannot reach (it
+   * logs one line at the first refused try), then `done` rejects with one
+   * error naming the URL and the cause; default 10 s.
+   */
+  connectWithinMs?: number;
   /** Extra Connect interceptors (after the bearer token). */
   interceptors?: Interceptor[];
   /** A transport to use instead of the SDK's gRPC one (then `url`, `token` and `interceptors` are not used). */
@@ -286,6 +292,7 @@ export function createWorker(options: WorkerOptions): Worker {
   const graceMs = options.graceMs ?? 30_000;
   const batchMs = options.completionBatchMs ?? 20;
   const timeoutMs = options.callTimeoutMs ?? 30_000;
+  const connectWithinMs = options.connectWithinMs ?? 10_000;
   const transport =
     options.transport ?? workerTransport(options.url, options.token, options.interceptors);
   const fleet = createClient(FleetService, transport);
@@ -317,17 +324,38 @@ export function createWorker(options: WorkerOptions): Worker {
         // must be answered, so that the stop that follows deregisters it.
         { timeoutMs },
       ),
-    { signal: stopping.signal },
-  ).then((res) => {
-    workerId = res.workerId;
-    log(`registered as worker ${workerId} for ${options.workloads.join(", ")}`);
-    if (res.worker?.drained) {
-      log(
-        `worker ${workerId} is drained (an operator drained it): it gets no tasks until undrained (meshwork worker undrain ${workerId})`,
-      );
-    }
-    return workerId;
-  });
+    {
+      signal: stopping.signal,
+      tries: Number.POSITIVE_INFINITY,
+      withinMs: connectWithinMs,
+      onRetry: (error, attempt) => {
+        if (attempt === 1) {
+          log(
+            `cannot reach the coordinator at ${options.url} (${(error as Error).message}); retrying for up to ${Math.round(connectWithinMs / 1000)} s`,
+          );
+        }
+      },
+    },
+  )
+    .then(
+      (res) => res,
+      (error: unknown) => {
+        throw new Error(
+          `could not register with the coordinator at ${options.url}: ${(error as Error).message}`,
+          { cause: error },
+        );
+      },
+    )
+    .then((res) => {
+      workerId = res.workerId;
+      log(`registered as worker ${workerId} for ${options.workloads.join(", ")}`);
+      if (res.worker?.drained) {
+        log(
+          `worker ${workerId} is drained (an operator drained it): it gets no tasks until undrained (meshwork worker undrain ${workerId})`,
+        );
+      }
+      return workerId;
+    });
 
   const endLease = (entry: Running, error: LeaseEndedError) => {
     if (entry.ended) return;

@@ -1,5 +1,6 @@
 import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, writeFileSync } from "node:fs";
+import { type AddressInfo, createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -190,6 +191,53 @@ describe("meshwork work", () => {
     expect(r.stderr.trim().split("\n")).toHaveLength(1);
     expect(r.stderr).toContain("needs a worker token");
     expect(r.stderr).not.toContain(server.adminToken);
+  });
+
+  it("says at once that it cannot reach a wrong URL, gives up with one line naming it, and hints at a missing scheme", async () => {
+    const closed = await new Promise<number>((resolve) => {
+      const s = createServer().listen(0, "127.0.0.1", () => {
+        const { port } = s.address() as AddressInfo;
+        s.close(() => resolve(port));
+      });
+    });
+    const url = `http://127.0.0.1:${closed}`;
+    const run = (u: string) =>
+      new Promise<{ status: number | null; stderr: string }>((resolve) => {
+        const c = spawn(
+          "node",
+          [
+            "bin/meshwork.js",
+            "work",
+            "--url",
+            u,
+            "--token",
+            "x",
+            "--workload",
+            workload,
+            "--",
+            "true",
+          ],
+          { env: { PATH: process.env.PATH ?? "" }, stdio: ["ignore", "ignore", "pipe"] },
+        );
+        let err = "";
+        c.stderr?.on("data", (d) => {
+          err += String(d);
+        });
+        c.once("exit", (status) => resolve({ status, stderr: err }));
+      });
+    const wrong = await run(url);
+    expect(wrong.status).toBe(1);
+    const lines = wrong.stderr.trim().split("\n");
+    expect(lines[0]).toMatch(
+      new RegExp(`cannot reach the coordinator at ${url} .*ECONNREFUSED.*; retrying`),
+    );
+    expect(lines.at(-1)).toMatch(
+      new RegExp(`could not register with the coordinator at ${url}: .*ECONNREFUSED`),
+    );
+    const bare = await run(`127.0.0.1:${closed}`);
+    expect(bare.status).toBe(2);
+    expect(bare.stderr).toContain(`(try "http://127.0.0.1:${closed}")`);
+    expect(bare.stderr).not.toMatch(/TypeError|\n\s+at /);
   });
 
   it("exits 0 on SIGTERM", async () => {
