@@ -108,6 +108,17 @@ export function createApp(
       },
       (error: unknown) => log.warn({ err: error }, "removing abandoned blob uploads failed"),
     );
+  // Workers LOST longer than --worker-retention are removed, every minute,
+  // on the housekeeping connection; a DELETE any replica may run.
+  let workerSweep: NodeJS.Timeout | undefined;
+  const pruneLostWorkers = () =>
+    housekeeping.fleet.pruneLost(config.workerRetentionMs / 1000).then(
+      (removed) => {
+        if (removed > 0)
+          log.info({ removed }, "removed workers LOST longer than --worker-retention");
+      },
+      (error: unknown) => log.warn({ err: error }, "removing LOST workers failed"),
+    );
   return {
     database,
     /** Whether the database answers (/readyz, grpc.health.v1.Health): one ping at a time, kept 500 ms. */
@@ -145,6 +156,10 @@ export function createApp(
       if (options.sweeper !== false) {
         sweeper.start();
         retention.start();
+        if (config.workerRetentionMs > 0) {
+          workerSweep = setInterval(pruneLostWorkers, 60_000);
+          workerSweep.unref();
+        }
       }
       if (blobs.removeAbandoned) {
         void removeAbandonedBlobs();
@@ -157,6 +172,7 @@ export function createApp(
       shutdown.abort();
       guard.stop();
       clearInterval(blobSweep);
+      clearInterval(workerSweep);
       await sweeper.stop();
       await retention.stop();
       await unlisten?.();

@@ -32,6 +32,8 @@ export interface Config {
   heartbeatIntervalSeconds: number;
   /** Terminal tasks finished longer ago than this are deleted (README: Retention), in ms; 0 = kept forever. */
   retentionMs: number;
+  /** Workers LOST (no heartbeat) longer than this are removed (README: Retention), in ms; 0 = kept. */
+  workerRetentionMs: number;
   /** How often the sweeper runs, in milliseconds. */
   sweepIntervalMs: number;
   /** Grace period for in-flight requests on shutdown, in milliseconds. */
@@ -121,6 +123,7 @@ const flags = {
   "otel-endpoint": { type: "string", env: "OTEL_EXPORTER_OTLP_ENDPOINT" },
   "heartbeat-interval": { type: "string", env: "MESHWORK_HEARTBEAT_INTERVAL" },
   retention: { type: "string", env: "MESHWORK_RETENTION" },
+  "worker-retention": { type: "string", env: "MESHWORK_WORKER_RETENTION" },
   "read-max-bytes": { type: "string", env: "MESHWORK_READ_MAX_BYTES" },
   "max-artifact-bytes": { type: "string", env: "MESHWORK_MAX_ARTIFACT_BYTES" },
   "tls-cert": { type: "string", env: "MESHWORK_TLS_CERT" },
@@ -162,6 +165,7 @@ export const serveUsage = `Usage: meshwork serve [flags]
   --otel-endpoint URL       OTEL_EXPORTER_OTLP_ENDPOINT  export spans over OTLP/HTTP; default none
   --heartbeat-interval S    MESHWORK_HEARTBEAT_INTERVAL  seconds, default 15
   --retention DURATION      MESHWORK_RETENTION    delete finished tasks this old (30m, 12h, 7d); default 7d, 0 = never
+  --worker-retention DURATION  MESHWORK_WORKER_RETENTION  remove workers LOST this long; default 24h, 0 = never
   --read-max-bytes N        MESHWORK_READ_MAX_BYTES      default 4194304
   --max-artifact-bytes N    MESHWORK_MAX_ARTIFACT_BYTES  default 1073741824
   --tls-cert FILE           MESHWORK_TLS_CERT     PEM certificate: serve TLS (ALPN h2, http/1.1)
@@ -300,6 +304,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
       3600,
     ),
     retentionMs: durationFlag("--retention", get("retention"), 7 * 86_400_000),
+    workerRetentionMs: durationFlag("--worker-retention", get("worker-retention"), 86_400_000),
     sweepIntervalMs: 1000,
     shutdownGraceMs: 10_000,
     readMaxBytes: intFlag(

@@ -38,6 +38,7 @@ export const policy: Record<string, MethodRule> = {
   "meshwork.v1.FleetService/DrainWorker": { roles: worker, actsFor: own },
   "meshwork.v1.FleetService/DeregisterWorker": { roles: worker, actsFor: own },
   "meshwork.v1.FleetService/GetFleetStatus": { roles: client },
+  "meshwork.v1.FleetService/PruneWorkers": { roles: [] },
   // Tasks and placement: clients.
   "meshwork.v1.TaskService/CreateTask": { roles: client },
   "meshwork.v1.TaskService/CreateTasks": { roles: client },

@@ -25,6 +25,7 @@ const usage = `Usage:
   meshwork worker drain WORKER
   meshwork worker undrain WORKER
   meshwork worker deregister WORKER
+  meshwork worker prune [--lost-for DURATION] [--dry-run]
 
 WORKER is a worker id, or the peer id it registered with.
 'drain' sets the worker's drained flag (DrainWorker): it gets no new claims or
@@ -32,6 +33,10 @@ WORKER is a worker id, or the peer id it registered with.
 'undrain' clears the flag (DrainWorker with drained=false): it takes work again.
 'deregister' removes the worker and releases its leases: those tasks go back
   to PENDING with their attempt kept; their ids are printed.
+'prune' removes the workers LOST (no heartbeat) for --lost-for (30m, 12h,
+  7d; default the coordinator's --worker-retention, else 24h) that hold no
+  live lease (PruneWorkers, admin). The coordinator prunes by itself every
+  minute with --worker-retention (default 24h). --dry-run counts them.
 
 ${endpointHelp}`;
 
@@ -47,9 +52,39 @@ export async function workerCommand(argv: string[], io: Io = stdio): Promise<num
   }
   return runCommand(`meshwork worker ${sub}`, io, async () => {
     if (sub === "list") return list(rest, io);
+    if (sub === "prune") return prune(rest, io);
     if (sub === "drain" || sub === "undrain" || sub === "deregister") return change(sub, rest, io);
     throw new UsageError(`unknown subcommand ${JSON.stringify(sub)}`);
   });
+}
+
+const units = { s: 1, m: 60, h: 3600, d: 86_400 } as const;
+
+async function prune(args: string[], io: Io): Promise<number> {
+  const { values, positionals } = parse(args, {
+    ...endpointOptions,
+    "lost-for": { type: "string" },
+    "dry-run": { type: "boolean" },
+  });
+  if (values.help) return help(io);
+  positionalsOf(positionals, []);
+  let lostFor: { seconds: bigint; nanos: number } | undefined;
+  if (values["lost-for"] !== undefined) {
+    const m = /^(\d{1,6})([smhd])$/.exec(values["lost-for"]);
+    if (!m) {
+      throw new UsageError(
+        `--lost-for must be a whole number with a unit, s, m, h or d (30m, 12h, 7d), not ${JSON.stringify(values["lost-for"])}`,
+      );
+    }
+    lostFor = { seconds: BigInt(Number(m[1]) * units[m[2] as keyof typeof units]), nanos: 0 };
+  }
+  const fleet = createClient(FleetService, transportFor(endpointOf(values)));
+  const dryRun = values["dry-run"] === true;
+  const { count } = await fleet.pruneWorkers({ lostFor, dryRun });
+  if (values.json) io.out.write(`${JSON.stringify({ count, dryRun })}\n`);
+  else if (dryRun) io.out.write(`${count} LOST workers would be removed (dry run)\n`);
+  else io.out.write(`removed ${count} LOST workers\n`);
+  return 0;
 }
 
 async function list(args: string[], io: Io): Promise<number> {

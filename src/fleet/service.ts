@@ -70,7 +70,7 @@ export function peerIdField(field: string, value: string): string {
 
 /** What FleetService uses. */
 export interface FleetServiceDeps {
-  config: Pick<Config, "heartbeatIntervalSeconds">;
+  config: Pick<Config, "heartbeatIntervalSeconds" | "workerRetentionMs">;
   fleet: FleetStore;
   tasks: Pick<TaskStore, "countByState" | "backlog">;
   /**
@@ -162,6 +162,17 @@ export function createFleetService(app: FleetServiceDeps): ServiceImpl<typeof Fl
       app.workerCache.forget(id);
       app.events.emit(released);
       return { releasedTaskIds: released };
+    },
+
+    async pruneWorkers(req) {
+      let lostForMs = app.config.workerRetentionMs > 0 ? app.config.workerRetentionMs : 86_400_000;
+      if (req.lostFor) {
+        lostForMs = Number(req.lostFor.seconds) * 1000 + Math.floor(req.lostFor.nanos / 1e6);
+        if (!(lostForMs >= 1000 && lostForMs <= 100 * 365 * 86_400_000)) {
+          throw invalid("lost_for must be from 1 s to 100 years");
+        }
+      }
+      return { count: await app.fleet.pruneLost(lostForMs / 1000, req.dryRun) };
     },
 
     async getFleetStatus() {

@@ -86,6 +86,8 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
         return this.registerPeer(input.peerId, input, ownerTokenId, options);
       }
       if (id === undefined) {
+        const reused = await this.reuseLost(input, ownerTokenId);
+        if (reused) return reused;
         const newId = randomUUID();
         await db.insert(workers).values({ id: newId, ownerTokenId, ...fields });
         return this.get(newId);
@@ -230,6 +232,62 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
         .returning({ id: workers.id });
       if (updated.length === 0) throw notFound(id);
       return this.get(id);
+    },
+
+    /**
+     * A worker registered without worker_id or peer_id takes the row of the
+     * same worker restarted: a LOST worker with the same non-empty name, the
+     * same capabilities, the same owner token, no peer id and no live lease
+     * (the most recently seen of them). A live worker of that name is never
+     * taken: two processes under one name stay two workers. Two restarts at
+     * once take one row between them (the other gets a new one).
+     */
+    async reuseLost(
+      input: WorkerInput,
+      ownerTokenId: string | null,
+    ): Promise<WorkerView | undefined> {
+      if (input.name === "") return undefined;
+      const caps = [...new Set(input.capabilities)];
+      const capsLiteral = `{${caps.map((c) => JSON.stringify(c)).join(",")}}`;
+      const [row] = await db
+        .update(workers)
+        .set(fieldsOf(input))
+        .where(
+          sql`${workers.id} = (
+            select w.id from ${workers} w
+            where w.peer_id is null and w.name = ${input.name}
+              and w.capabilities @> ${capsLiteral}::text[] and w.capabilities <@ ${capsLiteral}::text[]
+              and w.owner_token_id is not distinct from ${ownerTokenId}::uuid
+              and w.last_heartbeat_at < now() - make_interval(secs => ${3 * heartbeatIntervalSeconds})
+              and not exists (select 1 from tasks t
+                where (t.lease_worker_id = w.id or t.assigned_worker_id = w.id)
+                  and t.state in ('ASSIGNED', 'RUNNING'))
+            order by w.last_heartbeat_at desc
+            limit 1
+            for update skip locked)`,
+        )
+        .returning({ id: workers.id });
+      return row ? this.get(row.id) : undefined;
+    },
+
+    /**
+     * Removes workers LOST for at least `lostForSeconds` (no heartbeat for
+     * that long, and never less than the 3 intervals that make a worker
+     * LOST) that hold no live lease; the tasks they ran keep their ids in
+     * the history. With `dryRun`, counts them instead.
+     */
+    async pruneLost(lostForSeconds: number, dryRun = false): Promise<number> {
+      const secs = Math.max(lostForSeconds, 3 * heartbeatIntervalSeconds);
+      const where = sql`${workers.lastHeartbeatAt} < now() - make_interval(secs => ${secs}::float8)
+        and not exists (select 1 from tasks t
+          where (t.lease_worker_id = ${workers.id} or t.assigned_worker_id = ${workers.id})
+            and t.state in ('ASSIGNED', 'RUNNING'))`;
+      if (dryRun) {
+        const [row] = await db.select({ n: sql<number>`count(*)::int` }).from(workers).where(where);
+        return Number(row?.n ?? 0);
+      }
+      const gone = await db.delete(workers).where(where).returning({ id: workers.id });
+      return gone.length;
     },
 
     async remove(id: string): Promise<void> {

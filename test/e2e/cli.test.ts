@@ -306,6 +306,18 @@ describe("meshwork operator CLI against a live coordinator with auth on", {
     await tasks().cancelTasks({ filter: { workload } });
   });
 
+  it("prunes LOST workers (a dry run counts them); a bad --lost-for is exit 2", async () => {
+    const dry = await cli(["worker", "prune", "--lost-for", "1h", "--dry-run", "--json"]);
+    expect(dry.code, dry.stderr).toBe(0);
+    const { count, dryRun } = JSON.parse(dry.stdout);
+    expect(dryRun).toBe(true);
+    const pruned = await cli(["worker", "prune", "--lost-for", "1h"]);
+    expect(pruned.stdout).toBe(`removed ${count} LOST workers\n`);
+    const bad = await cli(["worker", "prune", "--lost-for", "soon"]);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toMatch(/--lost-for must be a whole number with a unit/);
+  });
+
   it("retries a running task onto another worker (push placement), and deregisters a worker, releasing its leases", async () => {
     const workload = "cli-retry";
     const register = (name: string) =>

@@ -49,6 +49,7 @@ export function testConfig(overrides: Partial<Config> = {}): Config {
     otelEndpoint: "",
     heartbeatIntervalSeconds: 15,
     retentionMs: 0,
+    workerRetentionMs: 0,
     sweepIntervalMs: 1000,
     shutdownGraceMs: 2000,
     readMaxBytes: 4 * 1024 * 1024,

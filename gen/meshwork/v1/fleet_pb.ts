@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file meshwork/v1/fleet.proto.
  */
 export const file_meshwork_v1_fleet: GenFile = /*@__PURE__*/
-  fileDesc("ChdtZXNod29yay92MS9mbGVldC5wcm90bxILbWVzaHdvcmsudjEi1QMKBldvcmtlchIRCgl3b3JrZXJfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIUCgxjYXBhYmlsaXRpZXMYAyADKAkSLwoGbGFiZWxzGAQgAygLMh8ubWVzaHdvcmsudjEuV29ya2VyLkxhYmVsc0VudHJ5EhEKCWNwdV9jb3VudBgFIAEoBRIRCgltZW1vcnlfbWIYBiABKAMSFAoMYXBpX2Jhc2VfdXJsGAcgASgJEhcKD21heF9jb25jdXJyZW5jeRgIIAEoBRIPCgdkcmFpbmVkGAkgASgIEicKBXN0YXRlGAogASgOMhgubWVzaHdvcmsudjEuV29ya2VyU3RhdGUSEwoLcXVldWVfZGVwdGgYCyABKAUSFQoNYWN0aXZlX2xlYXNlcxgMIAEoBRIxCg1yZWdpc3RlcmVkX2F0GA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI1ChFsYXN0X2hlYXJ0YmVhdF9hdBgOIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHcGVlcl9pZBgPIAEoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIrwCChVSZWdpc3RlcldvcmtlclJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSFAoMY2FwYWJpbGl0aWVzGAMgAygJEj4KBmxhYmVscxgEIAMoCzIuLm1lc2h3b3JrLnYxLlJlZ2lzdGVyV29ya2VyUmVxdWVzdC5MYWJlbHNFbnRyeRIRCgljcHVfY291bnQYBSABKAUSEQoJbWVtb3J5X21iGAYgASgDEhQKDGFwaV9iYXNlX3VybBgHIAEoCRIcCg9tYXhfY29uY3VycmVuY3kYCCABKAVIAIgBARIPCgdwZWVyX2lkGAkgASgJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCEgoQX21heF9jb25jdXJyZW5jeSJ0ChZSZWdpc3RlcldvcmtlclJlc3BvbnNlEhEKCXdvcmtlcl9pZBgBIAEoCRIiChpoZWFydGJlYXRfaW50ZXJ2YWxfc2Vjb25kcxgCIAEoBRIjCgZ3b3JrZXIYAyABKAsyEy5tZXNod29yay52MS5Xb3JrZXIiNgoQR2V0V29ya2VyUmVxdWVzdBIRCgl3b3JrZXJfaWQYASABKAkSDwoHcGVlcl9pZBgCIAEoCSI4ChFHZXRXb3JrZXJSZXNwb25zZRIjCgZ3b3JrZXIYASABKAsyEy5tZXNod29yay52MS5Xb3JrZXIinAIKEkxpc3RXb3JrZXJzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRISCgpjYXBhYmlsaXR5GAMgASgJEkoKDmxhYmVsX3NlbGVjdG9yGAQgAygLMjIubWVzaHdvcmsudjEuTGlzdFdvcmtlcnNSZXF1ZXN0LkxhYmVsU2VsZWN0b3JFbnRyeRInCgVzdGF0ZRgFIAEoDjIYLm1lc2h3b3JrLnYxLldvcmtlclN0YXRlEhQKB2RyYWluZWQYBiABKAhIAIgBARo0ChJMYWJlbFNlbGVjdG9yRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIKCghfZHJhaW5lZCJUChNMaXN0V29ya2Vyc1Jlc3BvbnNlEiQKB3dvcmtlcnMYASADKAsyEy5tZXNod29yay52MS5Xb3JrZXISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIk8KEEhlYXJ0YmVhdFJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEhgKC3F1ZXVlX2RlcHRoGAIgASgFSACIAQFCDgoMX3F1ZXVlX2RlcHRoIkgKEUhlYXJ0YmVhdFJlc3BvbnNlEiIKGmhlYXJ0YmVhdF9pbnRlcnZhbF9zZWNvbmRzGAEgASgFEg8KB2RyYWluZWQYAiABKAgiOAoSRHJhaW5Xb3JrZXJSZXF1ZXN0EhEKCXdvcmtlcl9pZBgBIAEoCRIPCgdkcmFpbmVkGAIgASgIIjoKE0RyYWluV29ya2VyUmVzcG9uc2USIwoGd29ya2VyGAEgASgLMhMubWVzaHdvcmsudjEuV29ya2VyIiwKF0RlcmVnaXN0ZXJXb3JrZXJSZXF1ZXN0EhEKCXdvcmtlcl9pZBgBIAEoCSI1ChhEZXJlZ2lzdGVyV29ya2VyUmVzcG9uc2USGQoRcmVsZWFzZWRfdGFza19pZHMYASADKAkiFwoVR2V0RmxlZXRTdGF0dXNSZXF1ZXN0IkYKDlRhc2tTdGF0ZUNvdW50EiUKBXN0YXRlGAEgASgOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEg0KBWNvdW50GAIgASgDIqABCg9Xb3JrbG9hZEJhY2tsb2cSEAoId29ya2xvYWQYASABKAkSFQoNcGVuZGluZ19jb3VudBgCIAEoAxI1ChFvbGRlc3RfY3JlYXRlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoKb2xkZXN0X2FnZRgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiLRAQoKV29ya2VyTG9hZBIRCgl3b3JrZXJfaWQYASABKAkSDAoEbmFtZRgCIAEoCRInCgVzdGF0ZRgDIAEoDjIYLm1lc2h3b3JrLnYxLldvcmtlclN0YXRlEg8KB2RyYWluZWQYBCABKAgSEwoLcXVldWVfZGVwdGgYBSABKAUSFQoNYWN0aXZlX2xlYXNlcxgGIAEoBRIXCg9tYXhfY29uY3VycmVuY3kYByABKAUSEgoKZnJlZV9zbG90cxgIIAEoBRIPCgdwZWVyX2lkGAkgASgJIqMBChZHZXRGbGVldFN0YXR1c1Jlc3BvbnNlEjAKC3Rhc2tfY291bnRzGAEgAygLMhsubWVzaHdvcmsudjEuVGFza1N0YXRlQ291bnQSLQoHYmFja2xvZxgCIAMoCzIcLm1lc2h3b3JrLnYxLldvcmtsb2FkQmFja2xvZxIoCgd3b3JrZXJzGAMgAygLMhcubWVzaHdvcmsudjEuV29ya2VyTG9hZCpbCgtXb3JrZXJTdGF0ZRIcChhXT1JLRVJfU1RBVEVfVU5TUEVDSUZJRUQQABIXChNXT1JLRVJfU1RBVEVfQUNUSVZFEAESFQoRV09SS0VSX1NUQVRFX0xPU1QQAjLwBAoMRmxlZXRTZXJ2aWNlElkKDlJlZ2lzdGVyV29ya2VyEiIubWVzaHdvcmsudjEuUmVnaXN0ZXJXb3JrZXJSZXF1ZXN0GiMubWVzaHdvcmsudjEuUmVnaXN0ZXJXb3JrZXJSZXNwb25zZRJPCglHZXRXb3JrZXISHS5tZXNod29yay52MS5HZXRXb3JrZXJSZXF1ZXN0Gh4ubWVzaHdvcmsudjEuR2V0V29ya2VyUmVzcG9uc2UiA5ACARJVCgtMaXN0V29ya2VycxIfLm1lc2h3b3JrLnYxLkxpc3RXb3JrZXJzUmVxdWVzdBogLm1lc2h3b3JrLnYxLkxpc3RXb3JrZXJzUmVzcG9uc2UiA5ACARJKCglIZWFydGJlYXQSHS5tZXNod29yay52MS5IZWFydGJlYXRSZXF1ZXN0Gh4ubWVzaHdvcmsudjEuSGVhcnRiZWF0UmVzcG9uc2USUAoLRHJhaW5Xb3JrZXISHy5tZXNod29yay52MS5EcmFpbldvcmtlclJlcXVlc3QaIC5tZXNod29yay52MS5EcmFpbldvcmtlclJlc3BvbnNlEl8KEERlcmVnaXN0ZXJXb3JrZXISJC5tZXNod29yay52MS5EZXJlZ2lzdGVyV29ya2VyUmVxdWVzdBolLm1lc2h3b3JrLnYxLkRlcmVnaXN0ZXJXb3JrZXJSZXNwb25zZRJeCg5HZXRGbGVldFN0YXR1cxIiLm1lc2h3b3JrLnYxLkdldEZsZWV0U3RhdHVzUmVxdWVzdBojLm1lc2h3b3JrLnYxLkdldEZsZWV0U3RhdHVzUmVzcG9uc2UiA5ACAWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_meshwork_v1_task]);
+  fileDesc("ChdtZXNod29yay92MS9mbGVldC5wcm90bxILbWVzaHdvcmsudjEi1QMKBldvcmtlchIRCgl3b3JrZXJfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIUCgxjYXBhYmlsaXRpZXMYAyADKAkSLwoGbGFiZWxzGAQgAygLMh8ubWVzaHdvcmsudjEuV29ya2VyLkxhYmVsc0VudHJ5EhEKCWNwdV9jb3VudBgFIAEoBRIRCgltZW1vcnlfbWIYBiABKAMSFAoMYXBpX2Jhc2VfdXJsGAcgASgJEhcKD21heF9jb25jdXJyZW5jeRgIIAEoBRIPCgdkcmFpbmVkGAkgASgIEicKBXN0YXRlGAogASgOMhgubWVzaHdvcmsudjEuV29ya2VyU3RhdGUSEwoLcXVldWVfZGVwdGgYCyABKAUSFQoNYWN0aXZlX2xlYXNlcxgMIAEoBRIxCg1yZWdpc3RlcmVkX2F0GA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI1ChFsYXN0X2hlYXJ0YmVhdF9hdBgOIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHcGVlcl9pZBgPIAEoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIrwCChVSZWdpc3RlcldvcmtlclJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSFAoMY2FwYWJpbGl0aWVzGAMgAygJEj4KBmxhYmVscxgEIAMoCzIuLm1lc2h3b3JrLnYxLlJlZ2lzdGVyV29ya2VyUmVxdWVzdC5MYWJlbHNFbnRyeRIRCgljcHVfY291bnQYBSABKAUSEQoJbWVtb3J5X21iGAYgASgDEhQKDGFwaV9iYXNlX3VybBgHIAEoCRIcCg9tYXhfY29uY3VycmVuY3kYCCABKAVIAIgBARIPCgdwZWVyX2lkGAkgASgJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCEgoQX21heF9jb25jdXJyZW5jeSJ0ChZSZWdpc3RlcldvcmtlclJlc3BvbnNlEhEKCXdvcmtlcl9pZBgBIAEoCRIiChpoZWFydGJlYXRfaW50ZXJ2YWxfc2Vjb25kcxgCIAEoBRIjCgZ3b3JrZXIYAyABKAsyEy5tZXNod29yay52MS5Xb3JrZXIiNgoQR2V0V29ya2VyUmVxdWVzdBIRCgl3b3JrZXJfaWQYASABKAkSDwoHcGVlcl9pZBgCIAEoCSI4ChFHZXRXb3JrZXJSZXNwb25zZRIjCgZ3b3JrZXIYASABKAsyEy5tZXNod29yay52MS5Xb3JrZXIinAIKEkxpc3RXb3JrZXJzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRISCgpjYXBhYmlsaXR5GAMgASgJEkoKDmxhYmVsX3NlbGVjdG9yGAQgAygLMjIubWVzaHdvcmsudjEuTGlzdFdvcmtlcnNSZXF1ZXN0LkxhYmVsU2VsZWN0b3JFbnRyeRInCgVzdGF0ZRgFIAEoDjIYLm1lc2h3b3JrLnYxLldvcmtlclN0YXRlEhQKB2RyYWluZWQYBiABKAhIAIgBARo0ChJMYWJlbFNlbGVjdG9yRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIKCghfZHJhaW5lZCJUChNMaXN0V29ya2Vyc1Jlc3BvbnNlEiQKB3dvcmtlcnMYASADKAsyEy5tZXNod29yay52MS5Xb3JrZXISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIk8KEEhlYXJ0YmVhdFJlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEhgKC3F1ZXVlX2RlcHRoGAIgASgFSACIAQFCDgoMX3F1ZXVlX2RlcHRoIkgKEUhlYXJ0YmVhdFJlc3BvbnNlEiIKGmhlYXJ0YmVhdF9pbnRlcnZhbF9zZWNvbmRzGAEgASgFEg8KB2RyYWluZWQYAiABKAgiOAoSRHJhaW5Xb3JrZXJSZXF1ZXN0EhEKCXdvcmtlcl9pZBgBIAEoCRIPCgdkcmFpbmVkGAIgASgIIjoKE0RyYWluV29ya2VyUmVzcG9uc2USIwoGd29ya2VyGAEgASgLMhMubWVzaHdvcmsudjEuV29ya2VyIiwKF0RlcmVnaXN0ZXJXb3JrZXJSZXF1ZXN0EhEKCXdvcmtlcl9pZBgBIAEoCSI1ChhEZXJlZ2lzdGVyV29ya2VyUmVzcG9uc2USGQoRcmVsZWFzZWRfdGFza19pZHMYASADKAkiUwoTUHJ1bmVXb3JrZXJzUmVxdWVzdBIrCghsb3N0X2ZvchgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdkcnlfcnVuGAIgASgIIiUKFFBydW5lV29ya2Vyc1Jlc3BvbnNlEg0KBWNvdW50GAEgASgFIhcKFUdldEZsZWV0U3RhdHVzUmVxdWVzdCJGCg5UYXNrU3RhdGVDb3VudBIlCgVzdGF0ZRgBIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRINCgVjb3VudBgCIAEoAyKgAQoPV29ya2xvYWRCYWNrbG9nEhAKCHdvcmtsb2FkGAEgASgJEhUKDXBlbmRpbmdfY291bnQYAiABKAMSNQoRb2xkZXN0X2NyZWF0ZWRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi0KCm9sZGVzdF9hZ2UYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i0QEKCldvcmtlckxvYWQSEQoJd29ya2VyX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSJwoFc3RhdGUYAyABKA4yGC5tZXNod29yay52MS5Xb3JrZXJTdGF0ZRIPCgdkcmFpbmVkGAQgASgIEhMKC3F1ZXVlX2RlcHRoGAUgASgFEhUKDWFjdGl2ZV9sZWFzZXMYBiABKAUSFwoPbWF4X2NvbmN1cnJlbmN5GAcgASgFEhIKCmZyZWVfc2xvdHMYCCABKAUSDwoHcGVlcl9pZBgJIAEoCSKjAQoWR2V0RmxlZXRTdGF0dXNSZXNwb25zZRIwCgt0YXNrX2NvdW50cxgBIAMoCzIbLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZUNvdW50Ei0KB2JhY2tsb2cYAiADKAsyHC5tZXNod29yay52MS5Xb3JrbG9hZEJhY2tsb2cSKAoHd29ya2VycxgDIAMoCzIXLm1lc2h3b3JrLnYxLldvcmtlckxvYWQqWwoLV29ya2VyU3RhdGUSHAoYV09SS0VSX1NUQVRFX1VOU1BFQ0lGSUVEEAASFwoTV09SS0VSX1NUQVRFX0FDVElWRRABEhUKEVdPUktFUl9TVEFURV9MT1NUEAIyxQUKDEZsZWV0U2VydmljZRJZCg5SZWdpc3RlcldvcmtlchIiLm1lc2h3b3JrLnYxLlJlZ2lzdGVyV29ya2VyUmVxdWVzdBojLm1lc2h3b3JrLnYxLlJlZ2lzdGVyV29ya2VyUmVzcG9uc2USTwoJR2V0V29ya2VyEh0ubWVzaHdvcmsudjEuR2V0V29ya2VyUmVxdWVzdBoeLm1lc2h3b3JrLnYxLkdldFdvcmtlclJlc3BvbnNlIgOQAgESVQoLTGlzdFdvcmtlcnMSHy5tZXNod29yay52MS5MaXN0V29ya2Vyc1JlcXVlc3QaIC5tZXNod29yay52MS5MaXN0V29ya2Vyc1Jlc3BvbnNlIgOQAgESSgoJSGVhcnRiZWF0Eh0ubWVzaHdvcmsudjEuSGVhcnRiZWF0UmVxdWVzdBoeLm1lc2h3b3JrLnYxLkhlYXJ0YmVhdFJlc3BvbnNlElAKC0RyYWluV29ya2VyEh8ubWVzaHdvcmsudjEuRHJhaW5Xb3JrZXJSZXF1ZXN0GiAubWVzaHdvcmsudjEuRHJhaW5Xb3JrZXJSZXNwb25zZRJfChBEZXJlZ2lzdGVyV29ya2VyEiQubWVzaHdvcmsudjEuRGVyZWdpc3RlcldvcmtlclJlcXVlc3QaJS5tZXNod29yay52MS5EZXJlZ2lzdGVyV29ya2VyUmVzcG9uc2USUwoMUHJ1bmVXb3JrZXJzEiAubWVzaHdvcmsudjEuUHJ1bmVXb3JrZXJzUmVxdWVzdBohLm1lc2h3b3JrLnYxLlBydW5lV29ya2Vyc1Jlc3BvbnNlEl4KDkdldEZsZWV0U3RhdHVzEiIubWVzaHdvcmsudjEuR2V0RmxlZXRTdGF0dXNSZXF1ZXN0GiMubWVzaHdvcmsudjEuR2V0RmxlZXRTdGF0dXNSZXNwb25zZSIDkAIBYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_meshwork_v1_task]);
 
 /**
  * Worker is a machine that runs tasks.
@@ -541,6 +541,56 @@ export const DeregisterWorkerResponseSchema: GenMessage<DeregisterWorkerResponse
   messageDesc(file_meshwork_v1_fleet, 12);
 
 /**
+ * PruneWorkersRequest says which LOST workers to remove.
+ *
+ * @generated from message meshwork.v1.PruneWorkersRequest
+ */
+export type PruneWorkersRequest = Message<"meshwork.v1.PruneWorkersRequest"> & {
+  /**
+   * lost_for, when set, is how long a worker must have been without a
+   * heartbeat (at least 1 s).
+   *
+   * @generated from field: google.protobuf.Duration lost_for = 1;
+   */
+  lostFor?: Duration | undefined;
+
+  /**
+   * dry_run counts the workers that would be removed and removes none.
+   *
+   * @generated from field: bool dry_run = 2;
+   */
+  dryRun: boolean;
+};
+
+/**
+ * Describes the message meshwork.v1.PruneWorkersRequest.
+ * Use `create(PruneWorkersRequestSchema)` to create a new message.
+ */
+export const PruneWorkersRequestSchema: GenMessage<PruneWorkersRequest> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_fleet, 13);
+
+/**
+ * PruneWorkersResponse says how many workers were (or would be) removed.
+ *
+ * @generated from message meshwork.v1.PruneWorkersResponse
+ */
+export type PruneWorkersResponse = Message<"meshwork.v1.PruneWorkersResponse"> & {
+  /**
+   * count is the number of workers removed, or matched with dry_run.
+   *
+   * @generated from field: int32 count = 1;
+   */
+  count: number;
+};
+
+/**
+ * Describes the message meshwork.v1.PruneWorkersResponse.
+ * Use `create(PruneWorkersResponseSchema)` to create a new message.
+ */
+export const PruneWorkersResponseSchema: GenMessage<PruneWorkersResponse> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_fleet, 14);
+
+/**
  * GetFleetStatusRequest takes no fields.
  *
  * @generated from message meshwork.v1.GetFleetStatusRequest
@@ -553,7 +603,7 @@ export type GetFleetStatusRequest = Message<"meshwork.v1.GetFleetStatusRequest">
  * Use `create(GetFleetStatusRequestSchema)` to create a new message.
  */
 export const GetFleetStatusRequestSchema: GenMessage<GetFleetStatusRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_fleet, 13);
+  messageDesc(file_meshwork_v1_fleet, 15);
 
 /**
  * TaskStateCount is the number of tasks in one state.
@@ -581,7 +631,7 @@ export type TaskStateCount = Message<"meshwork.v1.TaskStateCount"> & {
  * Use `create(TaskStateCountSchema)` to create a new message.
  */
 export const TaskStateCountSchema: GenMessage<TaskStateCount> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_fleet, 14);
+  messageDesc(file_meshwork_v1_fleet, 16);
 
 /**
  * WorkloadBacklog is the PENDING backlog of one workload.
@@ -623,7 +673,7 @@ export type WorkloadBacklog = Message<"meshwork.v1.WorkloadBacklog"> & {
  * Use `create(WorkloadBacklogSchema)` to create a new message.
  */
 export const WorkloadBacklogSchema: GenMessage<WorkloadBacklog> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_fleet, 15);
+  messageDesc(file_meshwork_v1_fleet, 17);
 
 /**
  * WorkerLoad is one worker's share of the work.
@@ -701,7 +751,7 @@ export type WorkerLoad = Message<"meshwork.v1.WorkerLoad"> & {
  * Use `create(WorkerLoadSchema)` to create a new message.
  */
 export const WorkerLoadSchema: GenMessage<WorkerLoad> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_fleet, 16);
+  messageDesc(file_meshwork_v1_fleet, 18);
 
 /**
  * GetFleetStatusResponse summarises the fleet.
@@ -736,7 +786,7 @@ export type GetFleetStatusResponse = Message<"meshwork.v1.GetFleetStatusResponse
  * Use `create(GetFleetStatusResponseSchema)` to create a new message.
  */
 export const GetFleetStatusResponseSchema: GenMessage<GetFleetStatusResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_fleet, 17);
+  messageDesc(file_meshwork_v1_fleet, 19);
 
 /**
  * WorkerState says whether a worker is alive.
@@ -840,6 +890,21 @@ export const FleetService: GenService<{
     methodKind: "unary";
     input: typeof DeregisterWorkerRequestSchema;
     output: typeof DeregisterWorkerResponseSchema;
+  },
+  /**
+   * PruneWorkers removes the workers that have been LOST for at least
+   * `lost_for` (default: the coordinator's --worker-retention, else 24 h;
+   * never less than the 3 heartbeat intervals that make a worker LOST) and
+   * hold no live lease. The tasks they ran keep their ids in their history.
+   * Admin only. The coordinator also does it by itself every minute with
+   * --worker-retention (default 24 h; 0 keeps LOST workers).
+   *
+   * @generated from rpc meshwork.v1.FleetService.PruneWorkers
+   */
+  pruneWorkers: {
+    methodKind: "unary";
+    input: typeof PruneWorkersRequestSchema;
+    output: typeof PruneWorkersResponseSchema;
   },
   /**
    * GetFleetStatus summarises tasks by state, backlog by workload, and each
