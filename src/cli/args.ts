@@ -4,7 +4,10 @@ import { checkedUrl } from "../sdk/rpc.js";
 import { defaultUrl, type Endpoint, resolveToken } from "./connect.js";
 
 /** A mistake in the command line: one line on stderr, exit code 2. */
-export class UsageError extends Error {}
+export class UsageError extends Error {
+  /** The command whose --help to point at, when not the one that failed (an unknown subcommand). */
+  helpFor = "";
+}
 
 /** Where a command writes: stdout for results, stderr for everything else. */
 export interface Io {
@@ -45,8 +48,20 @@ Exit codes: 0 done, 1 the coordinator refused or could not be reached, 2 bad com
  * UsageError line that names the flag ("unknown flag --fast").
  */
 export function parse<T extends Options>(args: string[], options: T): Parsed<T> {
+  // A negative number after a flag that takes a value is its value
+  // (`--limit -1`), for the range check to refuse with a clear line.
+  const joined: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i] ?? "";
+    const next = args[i + 1];
+    const name = a.startsWith("--") ? a.slice(2) : "";
+    if (next !== undefined && /^-\d/.test(next) && options[name]?.type === "string") {
+      joined.push(`${a}=${next}`);
+      i++;
+    } else joined.push(a);
+  }
   try {
-    return parseArgs({ args, options, allowPositionals: true, strict: true });
+    return parseArgs({ args: joined, options, allowPositionals: true, strict: true });
   } catch (error) {
     const e = error as Error & { code?: string };
     const flag = /'(-{1,2}[^' ]+)/.exec(e.message)?.[1] ?? "";
@@ -112,18 +127,20 @@ export async function runCommand(
   prefix: string,
   io: Io,
   body: () => Promise<number>,
+  options: { unauthenticatedHint?: string } = {},
 ): Promise<number> {
   try {
     return await body();
   } catch (error) {
     if (error instanceof UsageError) {
-      io.err.write(`${prefix}: ${error.message} (see '${prefix} --help')\n`);
+      const helpFor = error.helpFor || prefix;
+      io.err.write(`${prefix}: ${error.message} (see '${helpFor} --help')\n`);
       return 2;
     }
     if (error instanceof ConnectError) {
       const hint =
         error.code === Code.Unauthenticated
-          ? " (check --token, $MESHWORK_TOKEN or <data dir>/admin.token)"
+          ? ` (${options.unauthenticatedHint ?? "check --token, $MESHWORK_TOKEN or <data dir>/admin.token"})`
           : "";
       io.err.write(`${prefix}: ${codeName(error.code)}: ${error.rawMessage}${hint}\n`);
       return 1;

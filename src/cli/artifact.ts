@@ -25,6 +25,7 @@ import {
   UsageError,
 } from "./args.js";
 import { type Endpoint, transportFor } from "./connect.js";
+import { unknownSubcommand } from "./suggest.js";
 import { record, when } from "./table.js";
 
 const usage = `Usage:
@@ -216,7 +217,7 @@ export async function artifactCommand(argv: string[], io: Io = stdio): Promise<n
       }
       return corrupt > 0 ? 1 : 0;
     }
-    throw new UsageError(`unknown subcommand ${JSON.stringify(sub)}`);
+    throw unknownSubcommand(sub, ["get", "put", "verify"], "meshwork artifact");
   });
 }
 

@@ -15,9 +15,9 @@ import {
   positionalsOf,
   runCommand,
   stdio,
-  UsageError,
 } from "./args.js";
 import { transportFor } from "./connect.js";
+import { unknownSubcommand } from "./suggest.js";
 import { ago, table } from "./table.js";
 
 const usage = `Usage:
@@ -36,7 +36,7 @@ export async function fleetCommand(argv: string[], io: Io = stdio): Promise<numb
     return sub === undefined ? 2 : 0;
   }
   return runCommand(`meshwork fleet ${sub}`, io, async () => {
-    if (sub !== "status") throw new UsageError(`unknown subcommand ${JSON.stringify(sub)}`);
+    if (sub !== "status") throw unknownSubcommand(sub, ["status"], "meshwork fleet");
     const { values, positionals } = parse(rest, endpointOptions);
     if (values.help) {
       io.out.write(usage);

@@ -1,6 +1,5 @@
 import { createInterface } from "node:readline";
 import type { Readable, Writable } from "node:stream";
-import { parseArgs } from "node:util";
 import { fromJson, toJsonString } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { createClient } from "@connectrpc/connect";
@@ -9,7 +8,9 @@ import {
   KnowledgeEntrySchema,
   KnowledgeService,
 } from "../../gen/meshwork/v1/knowledge_pb.js";
-import { defaultUrl, type Endpoint, resolveToken, transportFor } from "./connect.js";
+import { endpointOf, parse, runCommand, stdio, UsageError } from "./args.js";
+import { type Endpoint, resolveToken, transportFor } from "./connect.js";
+import { unknownSubcommand } from "./suggest.js";
 
 const batch = 500;
 
@@ -126,55 +127,56 @@ export async function knowledgeCommand(argv: string[]): Promise<number> {
     process.stdout.write(usage);
     return 0;
   }
-  const { values } = parseArgs({
-    args: rest,
-    options: {
-      url: { type: "string" },
-      kind: { type: "string" },
-      since: { type: "string" },
-      from: { type: "string" },
-      to: { type: "string" },
-      token: { type: "string" },
-      "from-token": { type: "string" },
-      "to-token": { type: "string" },
-      "data-dir": { type: "string" },
-    },
-    strict: true,
+  return runCommand(`meshwork knowledge ${sub ?? ""}`.trimEnd(), stdio, () => run(sub, rest));
+}
+
+async function run(sub: string | undefined, rest: string[]): Promise<number> {
+  const { values } = parse(rest, {
+    url: { type: "string" },
+    kind: { type: "string" },
+    since: { type: "string" },
+    from: { type: "string" },
+    to: { type: "string" },
+    token: { type: "string" },
+    "from-token": { type: "string" },
+    "to-token": { type: "string" },
+    "data-dir": { type: "string" },
   });
   const token = resolveToken(values.token, values["data-dir"]);
-  const url: Endpoint = { url: values.url ?? defaultUrl(), token };
+  const url: Endpoint = { url: endpointOf({ url: values.url, token }).url, token };
   const report = (c: Counts) => {
     for (const reason of c.reasons) process.stderr.write(`rejected ${reason}\n`);
     process.stderr.write(
       `inserted ${c.inserted}, updated ${c.updated}, unchanged ${c.unchanged}, rejected ${c.rejected}\n`,
     );
+    // Every line rejected is a failed import, not a done one.
+    return c.rejected > 0 && c.inserted + c.updated + c.unchanged === 0 ? 1 : 0;
   };
   switch (sub) {
     case "export": {
       const since = values.since ? new Date(values.since) : undefined;
       if (since && Number.isNaN(since.getTime()))
-        throw new Error(`--since ${values.since} is not a time`);
+        throw new UsageError(
+          `--since must be an RFC 3339 time, not ${JSON.stringify(values.since)}`,
+        );
       const n = await exportKnowledge(url, process.stdout, { kind: values.kind, since });
       process.stderr.write(`exported ${n} entries\n`);
       return 0;
     }
     case "import":
-      report(await importKnowledge(url, process.stdin));
-      return 0;
+      return report(await importKnowledge(url, process.stdin));
     case "sync":
-      if (!values.from || !values.to) {
-        process.stderr.write(usage);
-        return 2;
-      }
-      report(
+      if (!values.from || !values.to) throw new UsageError("sync needs --from URL and --to URL");
+      return report(
         await syncKnowledge(
           { url: values.from, token: values["from-token"] ?? token },
           { url: values.to, token: values["to-token"] ?? token },
         ),
       );
-      return 0;
-    default:
+    case undefined:
       process.stderr.write(usage);
       return 2;
+    default:
+      throw unknownSubcommand(sub, ["export", "import", "sync"], "meshwork knowledge");
   }
 }

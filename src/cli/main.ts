@@ -1,6 +1,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { ConfigError, loadConfig, serveUsage } from "../config.js";
 import { StartupError } from "../data-dir-lock.js";
+import { closest } from "./suggest.js";
 
 // Each command's module is loaded when that command runs: `serve` loads no
 // client code, a client command no server code (bench/RESULTS.md, Memory).
@@ -11,10 +12,10 @@ Commands:
   serve       run the coordinator (default flags: embedded database in ./.meshwork, 127.0.0.1:8080)
   token       create | list | revoke bearer tokens (admin)
   knowledge   export | import | sync knowledge entries between coordinators
-  task        create | get | list | cancel | retry | watch tasks
-  worker      list | drain | undrain | deregister workers
+  task        create | get | list | cancel | rerun | retry | watch tasks
+  worker      list | drain | undrain | deregister | prune workers
   fleet       status: tasks by state, backlog, worker load
-  artifact    get | put artifact bytes (put: task inputs)
+  artifact    get | put | verify artifact bytes (put: task inputs)
   work        run a command per task as a worker (--workload W -- COMMAND [ARGS])
 
 Each command takes --help; operator commands take --url, --token and --json.
@@ -76,13 +77,8 @@ export async function run(argv: string[]): Promise<number> {
     return -1; // keeps running until a signal
   }
   if (command === "token") {
-    try {
-      const { tokenCommand } = await import("./token.js");
-      return await tokenCommand(rest);
-    } catch (error) {
-      process.stderr.write(`meshwork token: ${(error as Error).message}\n`);
-      return 2;
-    }
+    const { tokenCommand } = await import("./token.js");
+    return await tokenCommand(rest);
   }
   if (command === "knowledge") {
     try {
@@ -102,7 +98,10 @@ export async function run(argv: string[]): Promise<number> {
   };
   const load = Object.hasOwn(operator, command) ? operator[command] : undefined;
   if (load) return (await load())(rest);
-  process.stderr.write(`meshwork: unknown command ${JSON.stringify(command)}\n\n${usage}`);
+  const near = closest(command, ["serve", "token", "knowledge", ...Object.keys(operator)]);
+  process.stderr.write(
+    `meshwork: unknown command ${JSON.stringify(command.slice(0, 64))}${near ? ` (did you mean ${JSON.stringify(near)}?)` : ""}\n\n${usage}`,
+  );
   return 2;
 }
 

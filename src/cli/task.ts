@@ -16,6 +16,8 @@ import {
 } from "./args.js";
 import { uploadInput } from "./artifact.js";
 import { transportFor } from "./connect.js";
+import { workerIdOf } from "./resolve.js";
+import { unknownSubcommand } from "./suggest.js";
 import { ago, record, table, when } from "./table.js";
 
 const usage = `Usage:
@@ -25,7 +27,7 @@ const usage = `Usage:
                        [--lease-seconds N] [--steps N] [--deadline ISO]
                        [--idempotency-key K]
   meshwork task get TASK_ID
-  meshwork task list [--state S] [--workload W] [--worker WORKER_ID] [--limit N]
+  meshwork task list [--state S] [--workload W] [--worker WORKER] [--limit N]
   meshwork task cancel TASK_ID... [--reason TEXT]
   meshwork task cancel [TASK_ID...] FILTER [--reason TEXT] [--dry-run]
   meshwork task rerun TASK_ID...
@@ -46,6 +48,7 @@ FILTER (cancel, rerun; every flag given narrows it):
   --param K=V sets one parameter (V is parsed as JSON when it parses, else
   kept as a string); --params takes a JSON object.
 'list' pages newest first, up to --limit tasks (default 100, at most 10000).
+  --worker takes a worker id, peer id or name.
   States: pending, assigned, running, succeeded, failed, canceled.
 'cancel' moves a PENDING, ASSIGNED or RUNNING task to CANCELED; with a
   filter or several ids (CancelTasks), every live task it matches, at most
@@ -105,7 +108,11 @@ export async function taskCommand(argv: string[], io: Io = stdio): Promise<numbe
       case "list":
         return list(rest, io);
       default:
-        throw new UsageError(`unknown subcommand ${JSON.stringify(sub)}`);
+        throw unknownSubcommand(
+          sub,
+          ["create", "get", "list", "cancel", "rerun", "retry", "watch"],
+          "meshwork task",
+        );
     }
   });
 }
@@ -353,7 +360,9 @@ async function list(args: string[], io: Io): Promise<number> {
     state = s;
   }
   const limit = intFlag("limit", values.limit, 1, 10000) ?? 100;
-  const tasks = createClient(TaskService, transportFor(endpointOf(values)));
+  const transport = transportFor(endpointOf(values));
+  const tasks = createClient(TaskService, transport);
+  const workerId = values.worker === undefined ? "" : await workerIdOf(transport, values.worker);
   const rows: Task[] = [];
   let pageToken = "";
   do {
@@ -362,7 +371,7 @@ async function list(args: string[], io: Io): Promise<number> {
       pageToken,
       state,
       workload: values.workload ?? "",
-      workerId: values.worker ?? "",
+      workerId,
     });
     rows.push(...res.tasks.slice(0, limit - rows.length));
     pageToken = res.nextPageToken;

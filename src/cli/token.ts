@@ -1,22 +1,39 @@
-import { parseArgs } from "node:util";
-import { timestampDate } from "@bufbuild/protobuf/wkt";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { type Token, TokenRole, TokenService } from "../../gen/meshwork/v1/token_pb.js";
-import { defaultUrl, resolveToken, transportFor } from "./connect.js";
+import { toJson } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import {
+  type Token,
+  TokenRole,
+  TokenSchema,
+  TokenService,
+} from "../../gen/meshwork/v1/token_pb.js";
+import {
+  endpointHelp,
+  endpointOf,
+  endpointOptions,
+  type Io,
+  parse,
+  positionalsOf,
+  runCommand,
+  stdio,
+  UsageError,
+} from "./args.js";
+import { transportFor } from "./connect.js";
+import { unknownSubcommand } from "./suggest.js";
+import { ago, table } from "./table.js";
 
 const usage = `Usage:
-  meshwork token create --role admin|client|worker --name NAME [--json]
-  meshwork token list [--json]
+  meshwork token create --role admin|client|worker --name NAME
+  meshwork token list
   meshwork token revoke NAME|ID
 
-Common flags:
-  --url URL        the coordinator; default $MESHWORK_URL or http://127.0.0.1:8080
-  --token T        an admin token; default $MESHWORK_TOKEN, else <data dir>/admin.token
-  --data-dir DIR   the local data dir holding admin.token; default $MESHWORK_DATA_DIR or ./.meshwork
-
+Every token command needs an admin token.
 'create' prints the new token alone on stdout (details on stderr): it is shown
-this once. 'list' never prints a secret.
-`;
+  this once. With --json, one object: the token's fields and its secret.
+'list' never prints a secret; --json prints {"tokens": [...]}.
+'revoke' revokes it at once: its calls are refused within half a second and
+  its open streams end within a second, on every replica.
+
+${endpointHelp}`;
 
 const roleOf: Record<string, TokenRole> = {
   admin: TokenRole.ADMIN,
@@ -24,118 +41,103 @@ const roleOf: Record<string, TokenRole> = {
   worker: TokenRole.WORKER,
 };
 
-const roleName = (r: TokenRole) => TokenRole[r].toLowerCase();
-const time = (t: Token["createdAt"]) => (t ? timestampDate(t).toISOString() : "");
-
-function describe(t: Token) {
-  return {
-    token_id: t.tokenId,
-    name: t.name,
-    role: roleName(t.role),
-    created_at: time(t.createdAt),
-    last_used_at: time(t.lastUsedAt) || null,
-    revoked_at: time(t.revokedAt) || null,
-  };
-}
+const roleName = (r: TokenRole) => (TokenRole[r] ?? String(r)).toLowerCase();
+const tokenJson = (t: Token) => toJson(TokenSchema, t);
 
 /** `meshwork token …`; returns the exit code. */
-export async function tokenCommand(
-  argv: string[],
-  out: NodeJS.WritableStream = process.stdout,
-  err: NodeJS.WritableStream = process.stderr,
-): Promise<number> {
+export async function tokenCommand(argv: string[], io: Io = stdio): Promise<number> {
   const [sub, ...rest] = argv;
   if (sub === undefined || sub === "--help" || sub === "-h" || sub === "help") {
-    out.write(usage);
+    (sub === undefined ? io.err : io.out).write(usage);
     return sub === undefined ? 2 : 0;
   }
-  const { values, positionals } = parseArgs({
-    args: rest,
-    options: {
-      url: { type: "string" },
-      token: { type: "string" },
-      "data-dir": { type: "string" },
+  const prefix = `meshwork token ${sub}`;
+  return runCommand(prefix, io, async () => {
+    const { values, positionals } = parse(rest, {
+      ...endpointOptions,
       role: { type: "string" },
       name: { type: "string" },
-      json: { type: "boolean" },
-    },
-    allowPositionals: true,
-    strict: true,
-  });
-  const endpoint = {
-    url: values.url ?? defaultUrl(),
-    token: resolveToken(values.token, values["data-dir"]),
-  };
-  if (endpoint.token === "") {
-    err.write(
-      "meshwork token: no admin token: pass --token, set MESHWORK_TOKEN, or run where <data dir>/admin.token is\n",
-    );
-    return 2;
-  }
-  const tokens = createClient(TokenService, transportFor(endpoint));
-  try {
+    });
+    if (values.help) {
+      io.out.write(usage);
+      return 0;
+    }
+    const only = (flags: ("role" | "name")[]) => {
+      for (const f of ["role", "name"] as const) {
+        if (values[f] !== undefined && !flags.includes(f))
+          throw new UsageError(`unknown flag --${f}`);
+      }
+    };
+    const tokens = () => createClient(TokenService, transportFor(endpointOf(values)));
     switch (sub) {
       case "create": {
-        const role = roleOf[values.role ?? ""];
-        if (role === undefined || !values.name) {
-          err.write(usage);
-          return 2;
+        only(["role", "name"]);
+        positionalsOf(positionals, []);
+        const role = roleOf[(values.role ?? "").toLowerCase()];
+        if (role === undefined) {
+          throw new UsageError(
+            values.role === undefined
+              ? "missing --role (admin, client or worker)"
+              : `--role must be admin, client or worker, not ${JSON.stringify(values.role)}`,
+          );
         }
-        const res = await tokens.createToken({ name: values.name, role });
+        if (!values.name) throw new UsageError("missing --name");
+        const res = await tokens().createToken({ name: values.name, role });
         const t = res.token;
         if (!t) throw new Error("the coordinator answered without the token");
         if (values.json) {
-          out.write(`${JSON.stringify({ ...describe(t), token: res.secret })}\n`);
+          io.out.write(`${JSON.stringify({ token: tokenJson(t), secret: res.secret })}\n`);
         } else {
-          out.write(`${res.secret}\n`);
-          err.write(
+          io.out.write(`${res.secret}\n`);
+          io.err.write(
             `created ${roleName(t.role)} token ${t.name} (${t.tokenId}); it is shown only now\n`,
           );
         }
         return 0;
       }
       case "list": {
+        only([]);
+        positionalsOf(positionals, []);
         let pageToken = "";
-        const rows: ReturnType<typeof describe>[] = [];
+        const rows: Token[] = [];
         for (let page = 0; page < 1000; page++) {
-          const res = await tokens.listTokens({ pageToken, pageSize: 1000 });
-          rows.push(...res.tokens.map(describe));
+          const res = await tokens().listTokens({ pageToken, pageSize: 1000 });
+          rows.push(...res.tokens);
           pageToken = res.nextPageToken;
           if (pageToken === "") break;
         }
         if (values.json) {
-          for (const r of rows) out.write(`${JSON.stringify(r)}\n`);
-        } else {
-          out.write(
-            "ID                                    ROLE    NAME  CREATED  LAST USED  REVOKED\n",
-          );
-          for (const r of rows) {
-            out.write(
-              `${r.token_id}  ${r.role.padEnd(6)}  ${r.name}  ${r.created_at}  ${r.last_used_at ?? "-"}  ${r.revoked_at ?? "-"}\n`,
-            );
-          }
+          io.out.write(`${JSON.stringify({ tokens: rows.map(tokenJson) })}\n`);
+          return 0;
         }
+        io.out.write(
+          table(
+            ["ID", "ROLE", "NAME", "CREATED", "LAST USED", "REVOKED"],
+            rows.map((t) => [
+              t.tokenId,
+              roleName(t.role),
+              t.name,
+              ago(t.createdAt),
+              t.lastUsedAt ? ago(t.lastUsedAt) : "-",
+              t.revokedAt ? ago(t.revokedAt) : "-",
+            ]),
+          ),
+        );
         return 0;
       }
       case "revoke": {
-        const [which] = positionals;
-        if (!which || positionals.length > 1) {
-          err.write(usage);
-          return 2;
-        }
-        const res = await tokens.revokeToken({ tokenId: "", name: "", ...pick(which) });
-        err.write(`revoked token ${res.token?.name} (${res.token?.tokenId})\n`);
+        only([]);
+        const [which = ""] = positionalsOf(positionals, ["NAME|ID"]);
+        const res = await tokens().revokeToken({ tokenId: "", name: "", ...pick(which) });
+        if (values.json)
+          io.out.write(`${JSON.stringify({ token: res.token && tokenJson(res.token) })}\n`);
+        else io.out.write(`revoked token ${res.token?.name} (${res.token?.tokenId})\n`);
         return 0;
       }
       default:
-        err.write(usage);
-        return 2;
+        throw unknownSubcommand(sub, ["create", "list", "revoke"]);
     }
-  } catch (error) {
-    const e = ConnectError.from(error);
-    err.write(`meshwork token ${sub}: ${Code[e.code]}: ${e.rawMessage}\n`);
-    return 1;
-  }
+  });
 }
 
 /** A UUID names a token by id, anything else by name. */

@@ -241,63 +241,68 @@ async function runTask(argv: string[], task: WorkerTask, ctx: TaskContext): Prom
 
 /** `meshwork work …`: a worker that runs a command per task. */
 export async function workCommand(argv: string[], io: Io = stdio): Promise<number> {
-  return runCommand("meshwork work", io, async () => {
-    const split = argv.indexOf("--");
-    const flags = split >= 0 ? argv.slice(0, split) : argv;
-    const command = split >= 0 ? argv.slice(split + 1) : [];
-    const { values, positionals } = parse(flags, options);
-    if (values.help) {
-      io.out.write(usage);
+  return runCommand(
+    "meshwork work",
+    io,
+    async () => {
+      const split = argv.indexOf("--");
+      const flags = split >= 0 ? argv.slice(0, split) : argv;
+      const command = split >= 0 ? argv.slice(split + 1) : [];
+      const { values, positionals } = parse(flags, options);
+      if (values.help) {
+        io.out.write(usage);
+        return 0;
+      }
+      if (positionals.length > 0) {
+        throw new UsageError(
+          `unexpected argument ${JSON.stringify(positionals[0])} (put the command after --)`,
+        );
+      }
+      const workloads = values.workload ?? [];
+      if (workloads.length === 0) throw new UsageError("missing --workload");
+      if (command.length === 0) throw new UsageError("missing the command after --");
+      const concurrency = intFlag("concurrency", values.concurrency, 1, 10_000) ?? 1;
+      // Only a token given for the purpose: never the local admin token
+      // file, which the commands this runs could then read too.
+      if (!values.token && !process.env.MESHWORK_TOKEN) {
+        throw new UsageError(
+          "needs a worker token: set $MESHWORK_TOKEN (or --token); the admin token file is not used to run commands",
+        );
+      }
+      const endpoint = endpointOf(values);
+      const tty = (io.out as NodeJS.WriteStream).isTTY === true;
+      const status = createStatus(io, tty);
+      const log = (m: string) => {
+        if (tty) io.out.write("\r\x1b[2K");
+        io.err.write(`meshwork work: ${m}\n`);
+      };
+      const worker = createWorker({
+        url: endpoint.url,
+        token: endpoint.token,
+        workloads,
+        capabilities: values.capability ?? [],
+        ...(values.name === undefined ? {} : { name: values.name }),
+        concurrency,
+        log,
+        handler: async (task, ctx) => {
+          status.start(task);
+          try {
+            const result = await runTask(command, task, ctx);
+            status.end(task, "done", true);
+            return result;
+          } catch (error) {
+            status.end(task, ctx.signal.aborted ? "stopped" : "failed", false);
+            throw error;
+          }
+        },
+      });
+      try {
+        await worker.done;
+      } finally {
+        status.close();
+      }
       return 0;
-    }
-    if (positionals.length > 0) {
-      throw new UsageError(
-        `unexpected argument ${JSON.stringify(positionals[0])} (put the command after --)`,
-      );
-    }
-    const workloads = values.workload ?? [];
-    if (workloads.length === 0) throw new UsageError("missing --workload");
-    if (command.length === 0) throw new UsageError("missing the command after --");
-    const concurrency = intFlag("concurrency", values.concurrency, 1, 10_000) ?? 1;
-    // Only a token given for the purpose: never the local admin token
-    // file, which the commands this runs could then read too.
-    if (!values.token && !process.env.MESHWORK_TOKEN) {
-      throw new UsageError(
-        "needs a worker token: set $MESHWORK_TOKEN (or --token); the admin token file is not used to run commands",
-      );
-    }
-    const endpoint = endpointOf(values);
-    const tty = (io.out as NodeJS.WriteStream).isTTY === true;
-    const status = createStatus(io, tty);
-    const log = (m: string) => {
-      if (tty) io.out.write("\r\x1b[2K");
-      io.err.write(`meshwork work: ${m}\n`);
-    };
-    const worker = createWorker({
-      url: endpoint.url,
-      token: endpoint.token,
-      workloads,
-      capabilities: values.capability ?? [],
-      ...(values.name === undefined ? {} : { name: values.name }),
-      concurrency,
-      log,
-      handler: async (task, ctx) => {
-        status.start(task);
-        try {
-          const result = await runTask(command, task, ctx);
-          status.end(task, "done", true);
-          return result;
-        } catch (error) {
-          status.end(task, ctx.signal.aborted ? "stopped" : "failed", false);
-          throw error;
-        }
-      },
-    });
-    try {
-      await worker.done;
-    } finally {
-      status.close();
-    }
-    return 0;
-  });
+    },
+    { unauthenticatedHint: "check --token or $MESHWORK_TOKEN: a worker token" },
+  );
 }

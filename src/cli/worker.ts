@@ -18,6 +18,8 @@ import {
   UsageError,
 } from "./args.js";
 import { transportFor } from "./connect.js";
+import { workerIdOf } from "./resolve.js";
+import { unknownSubcommand } from "./suggest.js";
 import { ago, table } from "./table.js";
 
 const usage = `Usage:
@@ -27,7 +29,8 @@ const usage = `Usage:
   meshwork worker deregister WORKER
   meshwork worker prune [--lost-for DURATION] [--dry-run]
 
-WORKER is a worker id, or the peer id it registered with.
+WORKER is a worker id, the peer id it registered with, or its name when no
+  other worker has it.
 'drain' sets the worker's drained flag (DrainWorker): it gets no new claims or
   placements, and the leases it holds run on.
 'undrain' clears the flag (DrainWorker with drained=false): it takes work again.
@@ -40,7 +43,7 @@ WORKER is a worker id, or the peer id it registered with.
 
 ${endpointHelp}`;
 
-const uuid = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+const _uuid = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const stateName = (s: WorkerState) => WorkerState[s] ?? String(s);
 
 /** `meshwork worker …`; returns the exit code. */
@@ -54,7 +57,11 @@ export async function workerCommand(argv: string[], io: Io = stdio): Promise<num
     if (sub === "list") return list(rest, io);
     if (sub === "prune") return prune(rest, io);
     if (sub === "drain" || sub === "undrain" || sub === "deregister") return change(sub, rest, io);
-    throw new UsageError(`unknown subcommand ${JSON.stringify(sub)}`);
+    throw unknownSubcommand(
+      sub,
+      ["list", "drain", "undrain", "deregister", "prune"],
+      "meshwork worker",
+    );
   });
 }
 
@@ -151,10 +158,9 @@ async function change(sub: "drain" | "undrain" | "deregister", args: string[], i
   const { values, positionals } = parse(args, endpointOptions);
   if (values.help) return help(io);
   const [which = ""] = positionalsOf(positionals, ["WORKER"]);
-  const fleet = createClient(FleetService, transportFor(endpointOf(values)));
-  const workerId = uuid.test(which)
-    ? which
-    : ((await fleet.getWorker({ peerId: which })).worker?.workerId ?? which);
+  const transport = transportFor(endpointOf(values));
+  const fleet = createClient(FleetService, transport);
+  const workerId = await workerIdOf(transport, which);
   if (sub === "deregister") {
     const res = await fleet.deregisterWorker({ workerId });
     if (values.json) {

@@ -340,6 +340,8 @@ export function createWorker(options: WorkerOptions): Worker {
     .then(
       (res) => res,
       (error: unknown) => {
+        // A refusal (a bad token, say) is the coordinator's answer, as it is.
+        if (!isTransient(error)) throw error;
         throw new Error(
           `could not register with the coordinator at ${options.url}: ${(error as Error).message}`,
           { cause: error },
