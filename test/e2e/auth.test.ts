@@ -120,12 +120,16 @@ describe("meshwork serve on 0.0.0.0 with auth on", () => {
 
   it("lists tokens without secrets and revokes by name", async () => {
     const listed = await cli("token", "list", "--json");
-    const rows = listed.stdout
-      .trim()
-      .split("\n")
-      .map((l) => JSON.parse(l) as Record<string, unknown>);
+    // One document, camelCase as every other command's --json.
+    const { tokens: rows } = JSON.parse(listed.stdout) as { tokens: Record<string, unknown>[] };
     expect(rows.map((r) => r.name).sort()).toEqual(["admin", "farm-01"]);
+    expect(Object.keys(rows[0] ?? {})).toContain("tokenId");
     for (const s of secrets) expect(listed.stdout).not.toContain(s);
+    // The table's columns line up whatever the names' lengths.
+    const table = (await cli("token", "list")).stdout.trimEnd().split("\n");
+    const at = (line: string) =>
+      [...line.matchAll(/(?:^|\s{2,})(\S)/g)].map((m) => (m.index ?? 0) + m[0].length - 1)[2];
+    expect(new Set(table.map(at)).size).toBe(1);
     await cli("token", "revoke", "farm-01");
     await new Promise((r) => setTimeout(r, 600)); // past the guard's 500 ms cache
     const worker = secrets[1] ?? "";

@@ -217,6 +217,10 @@ describe("meshwork operator CLI against a live coordinator with auth on", {
       ["worker", "--help"],
       ["fleet", "status", "--help"],
       ["artifact", "--help"],
+      ["token", "create", "--help"],
+      ["token", "--help"],
+      ["task", "rerun", "--help"],
+      ["worker", "prune", "--help"],
     ]) {
       const r = await cli(cmd, []);
       expect(r, cmd.join(" ")).toMatchObject({ code: 0, stderr: "" });
@@ -235,6 +239,87 @@ describe("meshwork operator CLI against a live coordinator with auth on", {
     const priority = await cli(["task", "create", "--workload", "w", "--priority", "high"]);
     expect(priority.code).toBe(2);
     expect(priority.stderr).toContain("--priority must be an integer");
+    const negative = await cli(["task", "list", "--limit", "-1"]);
+    expect(negative).toMatchObject({ code: 2 });
+    expect(negative.stderr).toContain("--limit must be an integer from 1 to 10000");
+    // A typo gets a suggestion and the parent's help.
+    const typo = await cli(["task", "lst"]);
+    expect(typo).toMatchObject({
+      code: 2,
+      stderr: `meshwork task lst: unknown subcommand "lst" (did you mean "list"?) (see 'meshwork task --help')\n`,
+    });
+    expect((await cli(["tsk", "list"])).stderr).toMatch(
+      /^meshwork: unknown command "tsk" \(did you mean "task"\?\)/,
+    );
+    // A URL without a scheme: exit 2 and what to write instead.
+    const scheme = await cli(["task", "list"], ["--url", "127.0.0.1:8080", "--token", "x"]);
+    expect(scheme.code).toBe(2);
+    expect(scheme.stderr).toContain('(try "http://127.0.0.1:8080")');
+    // Token errors speak as the others do: code: message in snake_case.
+    const unknownToken = await cli(["token", "revoke", "no-such-token-name"]);
+    expect(unknownToken.code).toBe(1);
+    expect(unknownToken.stderr).toMatch(/^meshwork token revoke: not_found: /);
+    const noRole = await cli(["token", "create", "--name", "x"]);
+    expect(noRole).toMatchObject({ code: 2 });
+    expect(noRole.stderr).toContain("missing --role");
+  });
+
+  it("exits 1 from knowledge import when every line was rejected, 0 when some went in", async () => {
+    const importing = (input: string) =>
+      new Promise<Ran>((resolve) => {
+        const c = execFile(
+          "node",
+          [
+            "bin/meshwork.js",
+            "knowledge",
+            "import",
+            "--url",
+            server.url,
+            "--token",
+            server.adminToken,
+          ],
+          { env, timeout: 20_000 },
+          (error, stdout, stderr) => {
+            const code = error ? ((error as { code?: number }).code ?? null) : 0;
+            resolve({ code: typeof code === "number" ? code : null, stdout, stderr });
+          },
+        );
+        c.stdin?.end(input);
+      });
+    const rejected = await importing('not json\n{"also": "not an entry"}\n');
+    expect(rejected.code).toBe(1);
+    expect(rejected.stderr).toMatch(/rejected 2/);
+    const entry = JSON.stringify({
+      kind: "cli-import",
+      key: `k-${Date.now()}`,
+      value: { a: 1 },
+      version: 1,
+      origin: "lab-a",
+      updatedAt: new Date().toISOString(),
+    });
+    const some = await importing(`${entry}\nnot json\n`);
+    expect(some.code, some.stderr).toBe(0);
+    expect(some.stderr).toMatch(/inserted 1, .* rejected 1/);
+  });
+
+  it("takes a worker's name where it takes a worker id, and says when a name is shared", async () => {
+    const name = `cli-named-${Date.now()}`;
+    const workload = `${name}-w`;
+    const { workerId } = await fleet().registerWorker({ name, capabilities: [workload] });
+    const taskId = (await tasks().createTask({ workload })).task?.taskId ?? "";
+    await leases().claimTasks({ workerId });
+    const listed = JSON.parse((await cli(["task", "list", "--worker", name, "--json"])).stdout);
+    expect(listed.tasks.map((t: { taskId: string }) => t.taskId)).toEqual([taskId]);
+    const drained = await cli(["worker", "drain", name]);
+    expect(drained.stdout).toContain(`worker ${workerId} (${name}) is drained`);
+    await fleet().registerWorker({ name, capabilities: [workload] });
+    const shared = await cli(["worker", "drain", name]);
+    expect(shared.code).toBe(2);
+    expect(shared.stderr).toMatch(/2 workers are named/);
+    const nobody = await cli(["task", "list", "--worker", "nobody-has-this-name"]);
+    expect(nobody.code).toBe(1);
+    expect(nobody.stderr).toMatch(/not_found: no worker has the id, peer id or name/);
+    await tasks().cancelTask({ taskId });
   });
 
   it("reruns a failed task, shows its last lease as ended, and cancels and reruns by filter", async () => {
