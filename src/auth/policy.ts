@@ -96,6 +96,7 @@ export const policy: Record<string, MethodRule> = {
   "meshwork.v1.TokenService/CreateToken": { roles: [] },
   "meshwork.v1.TokenService/ListTokens": { roles: [] },
   "meshwork.v1.TokenService/RevokeToken": { roles: [] },
+  "meshwork.v1.TokenService/WhoAmI": { roles: anyRole },
   // Reflection: any valid token.
   "grpc.reflection.v1.ServerReflection/ServerReflectionInfo": { roles: anyRole },
   "grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": { roles: anyRole },

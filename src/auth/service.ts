@@ -11,6 +11,7 @@ import { invalid } from "../core/errors.js";
 import { decodeCursor, pageSize } from "../core/paging.js";
 import { uuidField } from "../core/validate.js";
 import type { TokenRoleName, TokenRow } from "../db/schema/index.js";
+import { kPrincipal } from "./principal.js";
 import type { TokenStore } from "./token-store.js";
 
 const roleNames: Partial<Record<TokenRole, TokenRoleName>> = {
@@ -47,6 +48,13 @@ export function createTokenService(app: {
         throw invalid("role must be TOKEN_ROLE_ADMIN, TOKEN_ROLE_CLIENT or TOKEN_ROLE_WORKER");
       const { row, secret } = await app.tokens.create(req.name, role);
       return { token: toToken(row), secret };
+    },
+
+    async whoAmI(_req, ctx) {
+      const p = ctx.values.get(kPrincipal);
+      return {
+        token: create(TokenSchema, { tokenId: p.tokenId ?? "", name: p.name, role: roles[p.role] }),
+      };
     },
 
     async listTokens(req) {

@@ -415,6 +415,71 @@ describe.skipIf(!hasChromium)(
       expect(await page.evaluate('sessionStorage.getItem("meshwork.token")')).toBeNull();
     }, 180_000);
 
+    it("runs tasks again and cancels them, one and a selection; not-found pages; fits a 600 px screen", async () => {
+      const rpc = clients();
+      await page.goto(`${url}/`);
+      await page.locator("#token").fill(adminToken);
+      await page.getByRole("button", { name: "Sign in" }).click();
+      await page.locator("#workers").waitFor(seen);
+      const workload = `bulk-${Date.now()}`;
+      const { tasks: made } = await rpc.tasks.createTasks({
+        tasks: ["b-1", "b-2", "b-3"].map((name) => ({ name, workload })),
+      });
+      const [one, two, three] = made.map((t) => t.taskId);
+      await page.goto(`${url}/#/tasks?workload=${workload}`);
+      // Cancel two of them as a selection.
+      await page.locator(`[data-select="${one}"]`).check();
+      await page.locator(`[data-select="${two}"]`).check();
+      await page.locator("#cancel-selected").click();
+      await page.locator("#selected-count").getByText("cancelled 2 of 2").waitFor(seen);
+      await page.locator(`[data-task-row="${one}"]`).getByText("CANCELED").waitFor(seen);
+      await page.locator(`[data-task-row="${three}"]`).getByText("PENDING").waitFor(seen);
+      // Then run both again, the same way.
+      await page.locator(`[data-select="${one}"]`).check();
+      await page.locator(`[data-select="${two}"]`).check();
+      await page.locator("#rerun-selected").click();
+      await page.locator("#selected-count").getByText("reran 2 of 2").waitFor(seen);
+      await page.locator(`[data-task-row="${two}"]`).getByText("PENDING").waitFor(seen);
+      expect((await rpc.tasks.getTask({ taskId: two ?? "" })).task?.state).toBe(TaskState.PENDING);
+      // Search by name narrows the list.
+      await page.locator('input[name="q"]').fill("b-3");
+      await page.getByRole("button", { name: "Filter" }).click();
+      await page.getByText("page 1 · 1 task").waitFor(seen);
+
+      // One task: cancel, then run it again from its page; the history says so.
+      await page.goto(`${url}/#/tasks/${three}`);
+      const state = page.locator("#task-state");
+      await state.getByText("PENDING").waitFor(seen);
+      expect(await page.locator("#rerun").count()).toBe(0); // only a finished task runs again
+      await page.locator("#cancel").click();
+      await state.getByText("CANCELED").waitFor(seen);
+      await page.locator("#rerun").click();
+      await state.getByText("PENDING").waitFor(seen);
+      await page.locator("#history li").last().getByText("RERUN").waitFor(seen);
+
+      // Routes and tasks that do not exist say so.
+      await page.goto(`${url}/#/no-such-page`);
+      await page.getByRole("heading", { name: "Not found" }).waitFor(seen);
+      await page.goto(`${url}/#/tasks/00000000-0000-4000-8000-000000000000`);
+      await page.getByText("There is no task").waitFor(seen);
+
+      // A 600 px screen: nothing wider than it, the navigation in view.
+      await page.setViewportSize({ width: 600, height: 900 });
+      for (const route of ["#/fleet", `#/tasks?workload=${workload}`, `#/tasks/${three}`]) {
+        await page.goto(`${url}/${route}`);
+        await page.locator("main h1").first().waitFor(seen);
+        await page.waitForTimeout(300);
+        const width = await page.evaluate("document.documentElement.scrollWidth");
+        expect(width, route).toBeLessThanOrEqual(600);
+        expect(
+          await page.getByRole("navigation").getByRole("link", { name: "Tasks" }).isVisible(),
+        ).toBe(true);
+      }
+      await page.screenshot({ path: join(shots, "narrow.png"), fullPage: true });
+      await page.setViewportSize({ width: 1280, height: 800 });
+      await page.locator("#sign-out").click();
+    }, 180_000);
+
     it("a token revoked or wrong in the session returns to sign-in with a clear message", async () => {
       await page.evaluate('sessionStorage.setItem("meshwork.token", "mw_revoked")');
       await page.goto(`${url}/#/fleet`);
@@ -423,24 +488,42 @@ describe.skipIf(!hasChromium)(
         .toContain("refused the token");
     });
 
-    it("shows a refused action readably: a client token may read the fleet, not drain it", async () => {
-      const { secret } = await clients().tokens.createToken({
+    it("offers a client token only what it may do, and shows a refusal next to the button", async () => {
+      const rpc = clients();
+      const { secret } = await rpc.tokens.createToken({
         name: "dashboard-viewer",
         role: TokenRole.CLIENT,
       });
+      // A pushed task on a worker that is then drained: a retry finds no other worker.
+      const workload = `push-${Date.now()}`;
+      const { workerId } = await rpc.fleet.registerWorker({
+        name: "push-1",
+        capabilities: [workload],
+        apiBaseUrl: "http://127.0.0.1:1/push-1",
+      });
+      const pushed = (await rpc.tasks.createTask({ name: "pushed", workload })).task?.taskId ?? "";
+      await rpc.tasks.scheduleTask({ taskId: pushed });
+      await rpc.fleet.drainWorker({ workerId, drained: true });
       const viewer = await browser.newPage({ viewport: { width: 1280, height: 800 } });
       viewer.on("dialog", (d) => void d.accept());
       try {
         await viewer.goto(`${url}/`);
         await viewer.locator("#token").fill(secret);
         await viewer.getByRole("button", { name: "Sign in" }).click();
-        await viewer.locator("#workers").getByText("render-2").waitFor(seen);
-        await viewer.locator("#workers").getByRole("button", { name: "Drain" }).first().click();
-        await viewer.locator(".banner").getByText("permission_denied:").waitFor(seen);
-        expect(await viewer.locator(".banner").textContent()).not.toMatch(/\bat \S+:\d+/);
+        await viewer.locator(`[data-worker-row="${workerId}"]`).waitFor(seen);
+        // Draining is an admin's: a client token is not offered it.
+        await viewer.waitForTimeout(500);
+        expect(await viewer.locator("#workers button").count()).toBe(0);
+        await viewer.goto(`${url}/#/tasks/${pushed}`);
+        await viewer.locator("#task-state").getByText("ASSIGNED").waitFor(seen);
+        await viewer.locator("#retry").click();
+        const refusal = viewer.locator("#retry + .refusal[role=alert]");
+        await refusal.getByText("failed_precondition:").waitFor(seen);
+        expect(await refusal.textContent()).not.toMatch(/\bat \S+:\d+/);
         await viewer.screenshot({ path: join(shots, "refused.png") });
       } finally {
         await viewer.close();
+        await rpc.tasks.cancelTask({ taskId: pushed });
       }
     });
 

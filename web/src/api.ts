@@ -4,6 +4,7 @@ import { ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
 import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
+import { TokenRole, TokenService } from "../../gen/meshwork/v1/token_pb.js";
 
 const tokenKey = "meshwork.token";
 
@@ -55,6 +56,41 @@ export const fleet = createClient(FleetService, transport);
 export const tasks = createClient(TaskService, transport);
 export const artifacts = createClient(ArtifactService, transport);
 export const knowledge = createClient(KnowledgeService, transport);
+const tokens = createClient(TokenService, transport);
+
+/** What the signed-in token may do, as the dashboard offers it (the coordinator decides). */
+export interface Abilities {
+  role: "admin" | "client" | "worker";
+  /** Cancel, rerun, retry tasks (client and admin). */
+  manageTasks: boolean;
+  /** Drain, undrain, prune workers (admin; a worker token only its own, not offered here). */
+  manageWorkers: boolean;
+}
+
+let abilities: Promise<Abilities> | undefined;
+let abilitiesOf = "";
+/** The signed-in token's role (TokenService.WhoAmI), asked once per token. */
+export function whatMayI(): Promise<Abilities> {
+  if (!abilities || abilitiesOf !== session.token) {
+    abilitiesOf = session.token;
+    abilities = tokens.whoAmI({}).then(
+      ({ token }) => {
+        const role =
+          token?.role === TokenRole.ADMIN
+            ? "admin"
+            : token?.role === TokenRole.WORKER
+              ? "worker"
+              : "client";
+        return { role, manageTasks: role !== "worker", manageWorkers: role === "admin" };
+      },
+      () => {
+        abilities = undefined;
+        return { role: "client", manageTasks: true, manageWorkers: false };
+      },
+    );
+  }
+  return abilities;
+}
 
 /** "permission_denied" for Code.PermissionDenied (the names of docs/protocol.md#errors). */
 export function codeName(code: Code): string {

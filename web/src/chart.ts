@@ -1,3 +1,4 @@
+import type { GetFleetStatusResponse } from "../../gen/meshwork/v1/fleet_pb.js";
 import { TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { fleet } from "./api.js";
 import { h, s } from "./dom.js";
@@ -30,12 +31,21 @@ function load(): Sample[] {
 }
 
 async function sample(): Promise<void> {
-  const status = await fleet.getFleetStatus({});
+  record(await fleet.getFleetStatus({}));
+}
+
+/**
+ * Adds one look at the fleet to the history. The fleet page gives the
+ * status it read itself, so that its counts and the chart's legend come
+ * from the same read; one taken within a second of the last replaces it.
+ */
+export function record(status: GetFleetStatusResponse): void {
   const count = (...states: TaskState[]) =>
     status.taskCounts
       .filter((c) => states.includes(c.state))
       .reduce((sum, c) => sum + Number(c.count), 0);
   const now = Date.now();
+  if (samples.length > 0 && now - (samples.at(-1)?.t ?? 0) < 1000) samples.pop();
   samples.push({
     t: now,
     finished: count(TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELED),
@@ -106,7 +116,7 @@ export function chart(): HTMLElement {
     const gx = x(now - (windowMs * i) / 5);
     svg.append(s("line", { x1: gx, x2: gx, y1: pad.t, y2: H - pad.b, class: "grid" }));
     const label = s("text", { x: gx, y: H - 5, class: "axis", "text-anchor": "middle" });
-    label.textContent = i === 0 ? "now" : `−${span((windowMs * i) / 5)}`;
+    label.textContent = i === 0 ? "now (time →)" : `−${span((windowMs * i) / 5)}`;
     svg.append(label);
   }
   svg.append(s("line", { x1: pad.l, x2: W - pad.r, y1: H - pad.b, y2: H - pad.b, class: "base" }));
@@ -139,6 +149,21 @@ export function chart(): HTMLElement {
   };
   scale(String(maxDone), pad.l - 6, "end");
   scale(String(maxBacklog), W - pad.r + 6, "start");
+  // Axis titles: bars on the left scale, lines on the right one, time below.
+  const title = (text: string, xx: number, rotate: number, cls: string) => {
+    const y = (H - pad.b + pad.t) / 2;
+    const t = s("text", {
+      x: xx,
+      y,
+      class: `axis-title ${cls}`,
+      "text-anchor": "middle",
+      transform: `rotate(${rotate} ${xx} ${y})`,
+    });
+    t.textContent = text;
+    svg.append(t);
+  };
+  title("finished / 5 s", 10, -90, "left");
+  title("tasks waiting / running", W - 8, 90, "right");
   const last = samples.at(-1);
   const lastDone = points.at(-1)?.done ?? 0;
   return h(

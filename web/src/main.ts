@@ -1,7 +1,7 @@
 import { describe, fleet, session, whenUnauthenticated } from "./api.js";
 import { startSampling, stopSampling } from "./chart.js";
 import { fill, h } from "./dom.js";
-import { createPage } from "./page.js";
+import { createPage, notFound } from "./page.js";
 import { fleetPage } from "./pages/fleet.js";
 import { knowledgePage } from "./pages/knowledge.js";
 import { taskPage } from "./pages/task.js";
@@ -127,7 +127,8 @@ function route(): void {
   if (task?.[1]) taskPage(page, decodeURIComponent(task[1]));
   else if (path === "/tasks") tasksPage(page);
   else if (path === "/knowledge") knowledgePage(page);
-  else fleetPage(page);
+  else if (path === "/fleet" || path === "" || path === "/") fleetPage(page);
+  else notFound(page, `There is no page ${JSON.stringify(path.slice(0, 100))}.`);
 }
 
 window.addEventListener("hashchange", route);

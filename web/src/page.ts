@@ -89,17 +89,44 @@ export function empty(title: string, ...next: (Node | string)[]) {
   );
 }
 
-/** Runs an action from a button: disables it meanwhile, shows a failure in the banner. */
+/**
+ * Runs an action from a button: disables it meanwhile; a refusal is shown
+ * right after the button, where the eye is, and announced to screen readers
+ * (role=alert), until the next try of that button.
+ */
 export async function act(button: HTMLButtonElement, page: Page, fn: () => Promise<void>) {
   button.disabled = true;
+  const next = button.nextElementSibling;
+  if (next?.classList.contains("refusal")) next.remove();
   try {
     await fn();
     page.error("", "action");
   } catch (e) {
-    page.error(e, "action");
+    if (isAbort(e)) return;
+    const note = h(
+      "span",
+      { class: "refusal", role: "alert", "data-refusal-for": button.id || undefined },
+      h("strong", null, "Refused: "),
+      describe(e),
+    );
+    button.after(note);
   } finally {
     button.disabled = false;
   }
+}
+
+/** The page for a route or a thing that does not exist, with the way back. */
+export function notFound(page: Page, what: string): void {
+  page.title("Not found");
+  page.el.replaceChildren(
+    h("h1", null, "Not found"),
+    empty(
+      what,
+      h("a", { href: "#/fleet" }, "Back to the fleet"),
+      " · ",
+      h("a", { href: "#/tasks" }, "Tasks"),
+    ),
+  );
 }
 
 /**

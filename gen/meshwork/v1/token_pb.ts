@@ -12,7 +12,43 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file meshwork/v1/token.proto.
  */
 export const file_meshwork_v1_token: GenFile = /*@__PURE__*/
-  fileDesc("ChdtZXNod29yay92MS90b2tlbi5wcm90bxILbWVzaHdvcmsudjEi3wEKBVRva2VuEhAKCHRva2VuX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSJAoEcm9sZRgDIAEoDjIWLm1lc2h3b3JrLnYxLlRva2VuUm9sZRIuCgpjcmVhdGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxsYXN0X3VzZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnJldm9rZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIkgKEkNyZWF0ZVRva2VuUmVxdWVzdBIMCgRuYW1lGAEgASgJEiQKBHJvbGUYAiABKA4yFi5tZXNod29yay52MS5Ub2tlblJvbGUiSAoTQ3JlYXRlVG9rZW5SZXNwb25zZRIhCgV0b2tlbhgBIAEoCzISLm1lc2h3b3JrLnYxLlRva2VuEg4KBnNlY3JldBgCIAEoCSI6ChFMaXN0VG9rZW5zUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJRChJMaXN0VG9rZW5zUmVzcG9uc2USIgoGdG9rZW5zGAEgAygLMhIubWVzaHdvcmsudjEuVG9rZW4SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjQKElJldm9rZVRva2VuUmVxdWVzdBIQCgh0b2tlbl9pZBgBIAEoCRIMCgRuYW1lGAIgASgJIjgKE1Jldm9rZVRva2VuUmVzcG9uc2USIQoFdG9rZW4YASABKAsyEi5tZXNod29yay52MS5Ub2tlbiprCglUb2tlblJvbGUSGgoWVE9LRU5fUk9MRV9VTlNQRUNJRklFRBAAEhQKEFRPS0VOX1JPTEVfQURNSU4QARIVChFUT0tFTl9ST0xFX0NMSUVOVBACEhUKEVRPS0VOX1JPTEVfV09SS0VSEAMyhgIKDFRva2VuU2VydmljZRJQCgtDcmVhdGVUb2tlbhIfLm1lc2h3b3JrLnYxLkNyZWF0ZVRva2VuUmVxdWVzdBogLm1lc2h3b3JrLnYxLkNyZWF0ZVRva2VuUmVzcG9uc2USUgoKTGlzdFRva2VucxIeLm1lc2h3b3JrLnYxLkxpc3RUb2tlbnNSZXF1ZXN0Gh8ubWVzaHdvcmsudjEuTGlzdFRva2Vuc1Jlc3BvbnNlIgOQAgESUAoLUmV2b2tlVG9rZW4SHy5tZXNod29yay52MS5SZXZva2VUb2tlblJlcXVlc3QaIC5tZXNod29yay52MS5SZXZva2VUb2tlblJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_timestamp]);
+  fileDesc("ChdtZXNod29yay92MS90b2tlbi5wcm90bxILbWVzaHdvcmsudjEiDwoNV2hvQW1JUmVxdWVzdCIzCg5XaG9BbUlSZXNwb25zZRIhCgV0b2tlbhgBIAEoCzISLm1lc2h3b3JrLnYxLlRva2VuIt8BCgVUb2tlbhIQCgh0b2tlbl9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEiQKBHJvbGUYAyABKA4yFi5tZXNod29yay52MS5Ub2tlblJvbGUSLgoKY3JlYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMAoMbGFzdF91c2VkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpyZXZva2VkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJIChJDcmVhdGVUb2tlblJlcXVlc3QSDAoEbmFtZRgBIAEoCRIkCgRyb2xlGAIgASgOMhYubWVzaHdvcmsudjEuVG9rZW5Sb2xlIkgKE0NyZWF0ZVRva2VuUmVzcG9uc2USIQoFdG9rZW4YASABKAsyEi5tZXNod29yay52MS5Ub2tlbhIOCgZzZWNyZXQYAiABKAkiOgoRTGlzdFRva2Vuc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiUQoSTGlzdFRva2Vuc1Jlc3BvbnNlEiIKBnRva2VucxgBIAMoCzISLm1lc2h3b3JrLnYxLlRva2VuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI0ChJSZXZva2VUb2tlblJlcXVlc3QSEAoIdG9rZW5faWQYASABKAkSDAoEbmFtZRgCIAEoCSI4ChNSZXZva2VUb2tlblJlc3BvbnNlEiEKBXRva2VuGAEgASgLMhIubWVzaHdvcmsudjEuVG9rZW4qawoJVG9rZW5Sb2xlEhoKFlRPS0VOX1JPTEVfVU5TUEVDSUZJRUQQABIUChBUT0tFTl9ST0xFX0FETUlOEAESFQoRVE9LRU5fUk9MRV9DTElFTlQQAhIVChFUT0tFTl9ST0xFX1dPUktFUhADMs4CCgxUb2tlblNlcnZpY2USUAoLQ3JlYXRlVG9rZW4SHy5tZXNod29yay52MS5DcmVhdGVUb2tlblJlcXVlc3QaIC5tZXNod29yay52MS5DcmVhdGVUb2tlblJlc3BvbnNlElIKCkxpc3RUb2tlbnMSHi5tZXNod29yay52MS5MaXN0VG9rZW5zUmVxdWVzdBofLm1lc2h3b3JrLnYxLkxpc3RUb2tlbnNSZXNwb25zZSIDkAIBElAKC1Jldm9rZVRva2VuEh8ubWVzaHdvcmsudjEuUmV2b2tlVG9rZW5SZXF1ZXN0GiAubWVzaHdvcmsudjEuUmV2b2tlVG9rZW5SZXNwb25zZRJGCgZXaG9BbUkSGi5tZXNod29yay52MS5XaG9BbUlSZXF1ZXN0GhsubWVzaHdvcmsudjEuV2hvQW1JUmVzcG9uc2UiA5ACAWIGcHJvdG8z", [file_google_protobuf_timestamp]);
+
+/**
+ * WhoAmIRequest takes no fields.
+ *
+ * @generated from message meshwork.v1.WhoAmIRequest
+ */
+export type WhoAmIRequest = Message<"meshwork.v1.WhoAmIRequest"> & {
+};
+
+/**
+ * Describes the message meshwork.v1.WhoAmIRequest.
+ * Use `create(WhoAmIRequestSchema)` to create a new message.
+ */
+export const WhoAmIRequestSchema: GenMessage<WhoAmIRequest> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_token, 0);
+
+/**
+ * WhoAmIResponse describes the caller's token.
+ *
+ * @generated from message meshwork.v1.WhoAmIResponse
+ */
+export type WhoAmIResponse = Message<"meshwork.v1.WhoAmIResponse"> & {
+  /**
+   * token is the caller's token (token_id empty with --auth off).
+   *
+   * @generated from field: meshwork.v1.Token token = 1;
+   */
+  token?: Token | undefined;
+};
+
+/**
+ * Describes the message meshwork.v1.WhoAmIResponse.
+ * Use `create(WhoAmIResponseSchema)` to create a new message.
+ */
+export const WhoAmIResponseSchema: GenMessage<WhoAmIResponse> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_token, 1);
 
 /**
  * Token describes a token; it never holds the secret.
@@ -69,7 +105,7 @@ export type Token = Message<"meshwork.v1.Token"> & {
  * Use `create(TokenSchema)` to create a new message.
  */
 export const TokenSchema: GenMessage<Token> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_token, 0);
+  messageDesc(file_meshwork_v1_token, 2);
 
 /**
  * CreateTokenRequest names and scopes a new token.
@@ -97,7 +133,7 @@ export type CreateTokenRequest = Message<"meshwork.v1.CreateTokenRequest"> & {
  * Use `create(CreateTokenRequestSchema)` to create a new message.
  */
 export const CreateTokenRequestSchema: GenMessage<CreateTokenRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_token, 1);
+  messageDesc(file_meshwork_v1_token, 3);
 
 /**
  * CreateTokenResponse carries the new token and, this once, its secret.
@@ -126,7 +162,7 @@ export type CreateTokenResponse = Message<"meshwork.v1.CreateTokenResponse"> & {
  * Use `create(CreateTokenResponseSchema)` to create a new message.
  */
 export const CreateTokenResponseSchema: GenMessage<CreateTokenResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_token, 2);
+  messageDesc(file_meshwork_v1_token, 4);
 
 /**
  * ListTokensRequest pages through tokens.
@@ -154,7 +190,7 @@ export type ListTokensRequest = Message<"meshwork.v1.ListTokensRequest"> & {
  * Use `create(ListTokensRequestSchema)` to create a new message.
  */
 export const ListTokensRequestSchema: GenMessage<ListTokensRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_token, 3);
+  messageDesc(file_meshwork_v1_token, 5);
 
 /**
  * ListTokensResponse is one page of tokens.
@@ -182,7 +218,7 @@ export type ListTokensResponse = Message<"meshwork.v1.ListTokensResponse"> & {
  * Use `create(ListTokensResponseSchema)` to create a new message.
  */
 export const ListTokensResponseSchema: GenMessage<ListTokensResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_token, 4);
+  messageDesc(file_meshwork_v1_token, 6);
 
 /**
  * RevokeTokenRequest names the token to revoke: by id or by name.
@@ -210,7 +246,7 @@ export type RevokeTokenRequest = Message<"meshwork.v1.RevokeTokenRequest"> & {
  * Use `create(RevokeTokenRequestSchema)` to create a new message.
  */
 export const RevokeTokenRequestSchema: GenMessage<RevokeTokenRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_token, 5);
+  messageDesc(file_meshwork_v1_token, 7);
 
 /**
  * RevokeTokenResponse returns the revoked token.
@@ -231,7 +267,7 @@ export type RevokeTokenResponse = Message<"meshwork.v1.RevokeTokenResponse"> & {
  * Use `create(RevokeTokenResponseSchema)` to create a new message.
  */
 export const RevokeTokenResponseSchema: GenMessage<RevokeTokenResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_token, 6);
+  messageDesc(file_meshwork_v1_token, 8);
 
 /**
  * TokenRole is what a token may do.
@@ -280,7 +316,7 @@ export const TokenRoleSchema: GenEnum<TokenRole> = /*@__PURE__*/
 
 /**
  * TokenService manages the bearer tokens that callers present as
- * `Authorization: Bearer <token>`. Admin only. A token is random (256 bits),
+ * `Authorization: Bearer <token>`. Admin only, but WhoAmI. A token is random (256 bits),
  * shown once when created, and stored only as its SHA-256 digest. Revoking
  * takes effect on every replica within a second.
  *
@@ -318,6 +354,18 @@ export const TokenService: GenService<{
     methodKind: "unary";
     input: typeof RevokeTokenRequestSchema;
     output: typeof RevokeTokenResponseSchema;
+  },
+  /**
+   * WhoAmI describes the token the call presents (any role may ask; never
+   * the secret), so that a client can show what its token may do. With
+   * `--auth off` every caller is an anonymous admin: role ADMIN, no token_id.
+   *
+   * @generated from rpc meshwork.v1.TokenService.WhoAmI
+   */
+  whoAmI: {
+    methodKind: "unary";
+    input: typeof WhoAmIRequestSchema;
+    output: typeof WhoAmIResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_meshwork_v1_token, 0);

@@ -1,7 +1,7 @@
-import type { Worker } from "../../../gen/meshwork/v1/fleet_pb.js";
+import { type Worker, WorkerState } from "../../../gen/meshwork/v1/fleet_pb.js";
 import { type Task, TaskState } from "../../../gen/meshwork/v1/task_pb.js";
-import { fleet, tasks } from "../api.js";
-import { chart, onSample } from "../chart.js";
+import { type Abilities, fleet, tasks, whatMayI } from "../api.js";
+import { chart, onSample, record } from "../chart.js";
 import { fill, h } from "../dom.js";
 import {
   durationMs,
@@ -43,7 +43,7 @@ function chips(values: string[], cls = "chip") {
     : h("span", { class: "muted" }, "—");
 }
 
-function workerRow(w: Worker, page: Page, reload: () => Promise<void>) {
+function workerRow(w: Worker, page: Page, reload: () => Promise<void>, may: Abilities) {
   const load = w.maxConcurrency > 0 ? Math.min(1, w.activeLeases / w.maxConcurrency) : 0;
   const button = h(
     "button",
@@ -92,7 +92,9 @@ function workerRow(w: Worker, page: Page, reload: () => Promise<void>) {
       meter(load),
     ),
     h("td", null, when(w.lastHeartbeatAt)),
-    h("td", { class: "actions" }, button),
+    // Drain is an admin's (or the worker's own token's) call; a LOST worker
+    // claims nothing anyway: it is removed with "Remove LOST workers".
+    h("td", { class: "actions" }, may.manageWorkers && w.state !== WorkerState.LOST && button),
   );
 }
 
@@ -106,12 +108,29 @@ export function fleetPage(page: Page): void {
   fill(page.el, h("h1", null, "Fleet"), counts, chartBox, backlog, workers);
   onSample(() => fill(chartBox, chart()), page.signal);
 
+  const prune = h(
+    "button",
+    { class: "btn", type: "button", id: "prune-lost" },
+    "Remove LOST workers",
+  );
+  prune.addEventListener("click", () => {
+    if (!confirm("Remove every LOST worker that holds no lease? Their tasks keep their history."))
+      return;
+    void act(prune, page, async () => {
+      // The shortest the coordinator allows: LOST now (3 missed heartbeats).
+      await fleet.pruneWorkers({ lostFor: { seconds: 1n, nanos: 0 } });
+      await reload();
+    });
+  });
   const reload = async () => {
-    const [status, list, active] = await Promise.all([
+    const [status, list, active, may] = await Promise.all([
       fleet.getFleetStatus({}, { signal: page.signal }),
       allWorkers(page.signal),
       activeByWorkload(page.signal),
+      whatMayI(),
     ]);
+    // The chart's legend shows this same read.
+    record(status);
     const byState = new Map(status.taskCounts.map((c) => [c.state, Number(c.count)]));
     fill(
       counts,
@@ -179,7 +198,12 @@ export function fleetPage(page: Page): void {
 
     fill(
       workers,
-      h("h2", null, `Workers (${list.length})`),
+      h(
+        "div",
+        { class: "panel-head" },
+        h("h2", null, `Workers (${list.length})`),
+        may.manageWorkers && list.some((w) => w.state === WorkerState.LOST) && prune,
+      ),
       list.length
         ? h(
             "table",
@@ -200,7 +224,7 @@ export function fleetPage(page: Page): void {
                 h("th", null, ""),
               ),
             ),
-            h("tbody", null, ...list.map((w) => workerRow(w, page, reload))),
+            h("tbody", null, ...list.map((w) => workerRow(w, page, reload, may))),
           )
         : empty(
             "No workers yet.",

@@ -1,7 +1,7 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import { type Artifact, ArtifactKind } from "../../../gen/meshwork/v1/artifact_pb.js";
 import { type Task, type TaskEvent, TaskState } from "../../../gen/meshwork/v1/task_pb.js";
-import { artifacts, download, isAbort, tasks } from "../api.js";
+import { type Abilities, artifacts, download, isAbort, tasks, whatMayI } from "../api.js";
 import { type Child, fill, h } from "../dom.js";
 import {
   ago,
@@ -15,7 +15,7 @@ import {
   terminal,
   when,
 } from "../format.js";
-import { act, empty, type Page } from "../page.js";
+import { act, empty, notFound, type Page } from "../page.js";
 
 /** Errors after which WatchTask is called again (others, like not_found, are final). */
 const retryable = new Set([
@@ -206,13 +206,18 @@ export function taskPage(page: Page, taskId: string): void {
     fill(files, artifactTable(r.artifacts, page));
   };
 
+  let may: Abilities | undefined;
+  void whatMayI().then((a) => {
+    may = a;
+    if (last) render(last);
+  });
+
   const render = (t: Task) => {
     const cancel = h(
       "button",
       { class: "btn danger", type: "button", id: "cancel" },
       "Cancel task",
     );
-    cancel.disabled = terminal.has(t.state);
     cancel.addEventListener("click", () => {
       if (!confirm(`Cancel task ${t.name || t.taskId}?`)) return;
       void act(cancel, page, async () => {
@@ -225,7 +230,6 @@ export function taskPage(page: Page, taskId: string): void {
       { class: "btn", type: "button", id: "retry" },
       "Retry on another worker",
     );
-    retry.disabled = ![TaskState.ASSIGNED, TaskState.RUNNING, TaskState.FAILED].includes(t.state);
     retry.addEventListener("click", () => {
       if (!confirm(`Retry task ${t.name || t.taskId} on another worker (a new attempt)?`)) return;
       void act(retry, page, async () => {
@@ -234,6 +238,28 @@ export function taskPage(page: Page, taskId: string): void {
         watch();
       });
     });
+    const rerun = h("button", { class: "btn primary", type: "button", id: "rerun" }, "Run again");
+    rerun.addEventListener("click", () => {
+      if (!confirm(`Run task ${t.name || t.taskId} again (same id, a fresh attempt budget)?`))
+        return;
+      void act(rerun, page, async () => {
+        const r = await tasks.rerunTask({ taskId });
+        if (r.task) update(r.task);
+        watch();
+      });
+    });
+    // Only what the token may do and what can work for this task: rerun a
+    // FAILED or CANCELED one; retry on another worker only a pushed task
+    // (placed with an API base URL); cancel one that is not finished.
+    const actions: HTMLButtonElement[] = [];
+    if (may?.manageTasks) {
+      if (t.state === TaskState.FAILED || t.state === TaskState.CANCELED) actions.push(rerun);
+      const pushed = t.assignedApiBaseUrl !== "";
+      if (pushed && [TaskState.ASSIGNED, TaskState.RUNNING, TaskState.FAILED].includes(t.state)) {
+        actions.push(retry);
+      }
+      if (!terminal.has(t.state)) actions.push(cancel);
+    }
     fill(
       head,
       h(
@@ -243,7 +269,7 @@ export function taskPage(page: Page, taskId: string): void {
         " ",
         h("span", { id: "task-state" }, statePill(t.state)),
       ),
-      h("div", { class: "task-actions" }, retry, cancel),
+      h("div", { class: "task-actions" }, ...actions),
     );
     const steps = t.steps ?? 0;
     const done = t.progress?.completedSteps ?? 0;
@@ -375,8 +401,15 @@ export function taskPage(page: Page, taskId: string): void {
           break; // The stream ends when the task does.
         } catch (e) {
           if (page.signal.aborted || isAbort(e)) break;
+          const code = ConnectError.from(e).code;
+          // No such task (or not a task id): a not-found page, not empty cards.
+          if (!last && (code === Code.NotFound || code === Code.InvalidArgument)) {
+            notFound(page, `There is no task ${JSON.stringify(taskId.slice(0, 64))}.`);
+            watching = false;
+            return;
+          }
           page.error(e);
-          if (!retryable.has(ConnectError.from(e).code)) {
+          if (!retryable.has(code)) {
             live.textContent = "";
             watching = false;
             return;
