@@ -2,7 +2,7 @@ import { randomUUID } from "node:crypto";
 import { count, eq, sql } from "drizzle-orm";
 import postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type ArtifactRefJson, tasks } from "../../src/db/schema/index.js";
+import { type ArtifactRefJson, artifacts, tasks } from "../../src/db/schema/index.js";
 import { createLeaseStore, type LeaseStore } from "../../src/leases/store.js";
 import { createTaskStore, type NewTask, type TaskStore } from "../../src/tasks/store.js";
 import { within } from "../support/bounded.js";
@@ -182,15 +182,30 @@ describeEachEngine("lease rules", (db) => {
       },
     );
 
+    const sameBytes = randomUUID();
     const same: [string, Partial<NewTask>][] = [
       ["the same request", {}],
       ["another correlation id", { correlationId: "another-trace" }],
       ["parameter keys in another order", { parameters: { z: 1, a: { y: 2, b: 3 } } }],
       [
         "another input artifact of the same bytes",
-        { input: { ...input, artifactId: randomUUID(), uri: "http://elsewhere/x" } },
+        { input: { ...input, artifactId: sameBytes, uri: "http://elsewhere/x" } },
       ],
     ];
+    // A create locks the inputs it names, which must exist (tasks/store.ts).
+    beforeAll(async () => {
+      await db()
+        .db.insert(artifacts)
+        .values(
+          [input.artifactId, sameBytes].map((id) => ({
+            id,
+            filename: "input",
+            kind: "INPUT" as const,
+            sha256: input.sha256,
+            sizeBytes: input.sizeBytes,
+          })),
+        );
+    });
     it.each(same)("returns the existing task for the same key with %s", async (_, change) => {
       const key = randomUUID();
       const first = { ...base(key), parameters: { a: { b: 3, y: 2 }, z: 1 } };
