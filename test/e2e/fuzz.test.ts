@@ -26,7 +26,7 @@
  * `data_loss` and grpc-status 2, 13, 15 count as 500s. Protocol answers that
  * no Meshwork code writes are allowed where they are the protocol's answer:
  * 405 for another method than POST on an RPC path, 505 for a bidi stream
- * over HTTP/1.1, an empty 404/415 from Connect's router, an empty 400 from
+ * over HTTP/1.1, an empty 415 from Connect's router, an empty 400 from
  * Node's HTTP parser (connection: close), 416 with Content-Range and no body.
  * Every request is bounded by a guard (a hang detector, not a speed
  * assertion); the long polls and streams that may legitimately stay open
@@ -589,8 +589,10 @@ function check(answer: Answer, sent: Sent): string[] {
   if (answer.error) problems.push(`incomplete answer: ${answer.error}`);
   // 505: Connect refuses a bidi stream over HTTP/1.1 (it needs HTTP/2); the protocol's answer.
   const bidiOverH1 = !sent.h2 && sent.target?.method.methodKind === "bidi_streaming";
-  // 405: Connect's answer to another method than POST (GET only for side-effect-free RPCs).
-  const wrongMethod = sent.method !== "POST" && !isPlainRoute(sent.method, sent.path);
+  // 405: Connect's answer to another method than POST (GET only for side-effect-free RPCs),
+  // and a plain route's to a method it does not take (with Allow).
+  const wrongMethod =
+    (sent.method !== "POST" || sent.protocol === "plain") && !isPlainRoute(sent.method, sent.path);
   if (
     !allowedStatuses.has(answer.status) &&
     !(bidiOverH1 && answer.status === 505) &&
@@ -641,7 +643,10 @@ function check(answer: Answer, sent: Sent): string[] {
       // No body to a HEAD.
     } else if (json === undefined) problems.push("JSON answer that is not JSON");
     else if (answer.status >= 400) {
-      if (sent.protocol === "plain" && isPlainRoute(sent.method, sent.path)) {
+      // Plain routes answer {error, message}, and so do an unknown path (404)
+      // and a route's path asked with another method (405, with Allow).
+      const plainShaped = isRecord(json) && "error" in json && !("code" in json);
+      if (sent.protocol === "plain" && (isPlainRoute(sent.method, sent.path) || plainShaped)) {
         if (!isRecord(json)) problems.push("plain error: not a JSON object");
         else {
           if (typeof json.error !== "string" || !connectCodes.has(json.error))
