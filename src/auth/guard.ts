@@ -231,10 +231,10 @@ export function createGuard(options: GuardOptions) {
       if (r instanceof DomainError) throw r;
       if (!("digest" in r)) return r;
       // A lookup is paid for by the request that starts it: requests with the
-      // same digest that arrive meanwhile wait for it without a charge of
-      // their own, but each reserves what its body may buffer meanwhile.
+      // same digest that arrive meanwhile wait for it at no cost (a fleet
+      // starting at once with one new token is one lookup, not a refusal).
       const joined = inFlight.get(r.digest);
-      const reserve = asker.mayBuffer ?? 0;
+      const reserve = joined ? 0 : (asker.mayBuffer ?? 0);
       if (maxPending > 0 && reserve > 0 && pending + reserve > maxPending) {
         throw failed("busy", asker, busy);
       }
