@@ -1,5 +1,16 @@
 import { randomUUID } from "node:crypto";
-import { and, asc, eq, getTableColumns, isNull, or, type SQL, sql } from "drizzle-orm";
+import {
+  and,
+  asc,
+  desc,
+  eq,
+  getTableColumns,
+  inArray,
+  isNull,
+  or,
+  type SQL,
+  sql,
+} from "drizzle-orm";
 import { type DomainError, notFound as notFoundError, permissionDenied } from "../core/errors.js";
 import { byTimeAndId, keysetAfter, type Position, pageOf } from "../core/paging.js";
 import { liveLeases } from "../core/task-sql.js";
@@ -47,6 +58,15 @@ function fieldsOf(input: WorkerInput) {
     lastHeartbeatAt: sql`now()`,
   };
 }
+
+/**
+ * The worker has no ASSIGNED or RUNNING task leased to it or placed on it
+ * (an expired lease the sweeper has not returned yet included): removing or
+ * taking over its row strands nothing.
+ */
+const holdsNoTask = sql`not exists (select 1 from tasks t
+  where (t.lease_worker_id = ${workers.id} or t.assigned_worker_id = ${workers.id})
+    and t.state in ('ASSIGNED', 'RUNNING'))`;
 
 /** Worker registry. LOST is derived: no heartbeat for 3 intervals, by the database clock. */
 export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
@@ -247,25 +267,29 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
       ownerTokenId: string | null,
     ): Promise<WorkerView | undefined> {
       if (input.name === "") return undefined;
-      const caps = [...new Set(input.capabilities)];
-      const capsLiteral = `{${caps.map((c) => JSON.stringify(c)).join(",")}}`;
+      const caps = `{${[...new Set(input.capabilities)].map((c) => JSON.stringify(c)).join(",")}}`;
+      const restarted = db
+        .select({ id: workers.id })
+        .from(workers)
+        .where(
+          and(
+            isNull(workers.peerId),
+            eq(workers.name, input.name),
+            sql`${workers.capabilities} @> ${caps}::text[] and ${workers.capabilities} <@ ${caps}::text[]`,
+            ownerTokenId === null
+              ? isNull(workers.ownerTokenId)
+              : eq(workers.ownerTokenId, ownerTokenId),
+            lost,
+            holdsNoTask,
+          ),
+        )
+        .orderBy(desc(workers.lastHeartbeatAt))
+        .limit(1)
+        .for("update", { skipLocked: true });
       const [row] = await db
         .update(workers)
         .set(fieldsOf(input))
-        .where(
-          sql`${workers.id} = (
-            select w.id from ${workers} w
-            where w.peer_id is null and w.name = ${input.name}
-              and w.capabilities @> ${capsLiteral}::text[] and w.capabilities <@ ${capsLiteral}::text[]
-              and w.owner_token_id is not distinct from ${ownerTokenId}::uuid
-              and w.last_heartbeat_at < now() - make_interval(secs => ${3 * heartbeatIntervalSeconds})
-              and not exists (select 1 from tasks t
-                where (t.lease_worker_id = w.id or t.assigned_worker_id = w.id)
-                  and t.state in ('ASSIGNED', 'RUNNING'))
-            order by w.last_heartbeat_at desc
-            limit 1
-            for update skip locked)`,
-        )
+        .where(inArray(workers.id, restarted))
         .returning({ id: workers.id });
       return row ? this.get(row.id) : undefined;
     },
@@ -278,10 +302,10 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
      */
     async pruneLost(lostForSeconds: number, dryRun = false): Promise<number> {
       const secs = Math.max(lostForSeconds, 3 * heartbeatIntervalSeconds);
-      const where = sql`${workers.lastHeartbeatAt} < now() - make_interval(secs => ${secs}::float8)
-        and not exists (select 1 from tasks t
-          where (t.lease_worker_id = ${workers.id} or t.assigned_worker_id = ${workers.id})
-            and t.state in ('ASSIGNED', 'RUNNING'))`;
+      const where = and(
+        sql`${workers.lastHeartbeatAt} < now() - make_interval(secs => ${secs}::float8)`,
+        holdsNoTask,
+      );
       if (dryRun) {
         const [row] = await db.select({ n: sql<number>`count(*)::int` }).from(workers).where(where);
         return Number(row?.n ?? 0);

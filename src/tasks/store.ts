@@ -109,6 +109,16 @@ const rerunSet = {
   updatedAt: sql`now()`,
 };
 
+/** A cancel (CancelTask, CancelTasks): CANCELED with the reason, its lease revoked at once. */
+const canceledSet = (reason: string) => ({
+  state: "CANCELED" as const,
+  cancelRequested: true,
+  errorCode: "CANCELED",
+  errorMessage: reason,
+  finishedAt: sql`now()`,
+  updatedAt: sql`now()`,
+});
+
 /**
  * What identifies a create request for idempotency: everything but the
  * correlation id and trace context (tracing metadata that differs between
@@ -261,14 +271,7 @@ export function createTaskStore(db: Db) {
     async cancel(id: string, reason: string): Promise<TaskRow> {
       const [row] = await db
         .update(tasks)
-        .set({
-          state: "CANCELED",
-          cancelRequested: true,
-          errorCode: "CANCELED",
-          errorMessage: reason,
-          finishedAt: sql`now()`,
-          updatedAt: sql`now()`,
-        })
+        .set(canceledSet(reason))
         .where(and(eq(tasks.id, id), stateIs("PENDING", "ASSIGNED", "RUNNING")))
         .returning();
       if (row) return row;
@@ -310,14 +313,7 @@ export function createTaskStore(db: Db) {
         db.transaction((tx) =>
           tx
             .update(tasks)
-            .set({
-              state: "CANCELED",
-              cancelRequested: true,
-              errorCode: "CANCELED",
-              errorMessage: reason,
-              finishedAt: sql`now()`,
-              updatedAt: sql`now()`,
-            })
+            .set(canceledSet(reason))
             .where(inArray(tasks.id, oldestFirst(tx, filter, size)))
             .returning({ id: tasks.id }),
         ),
