@@ -401,12 +401,21 @@ function intFlag(name: string, v: string | undefined, dflt: number, min: number,
 
 const durationUnits = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
 
+/**
+ * `30s`, `30m`, `12h`, `7d` (a whole number of up to 6 digits with a unit)
+ * in milliseconds; NaN for anything else. The flags here and the CLI's
+ * durations (`worker prune --lost-for`) read them alike.
+ */
+export function parseDuration(v: string): number {
+  const m = /^(\d{1,6})([smhd])$/.exec(v);
+  return m ? Number(m[1]) * durationUnits[m[2] as keyof typeof durationUnits] : Number.NaN;
+}
+
 /** A whole number with a unit: `30s`, `30m`, `12h`, `7d`; `0` alone means none (at most 100 years). */
 function durationFlag(name: string, v: string | undefined, dflt: number): number {
   if (v === undefined) return dflt;
   if (v === "0") return 0;
-  const m = /^(\d{1,6})([smhd])$/.exec(v);
-  const ms = m ? Number(m[1]) * durationUnits[m[2] as keyof typeof durationUnits] : Number.NaN;
+  const ms = parseDuration(v);
   if (!(ms > 0 && ms <= 36_500 * 86_400_000)) {
     throw new ConfigError(
       `${name} must be 0 or a whole number with a unit, s, m, h or d (30m, 12h, 7d), up to 36500d, not ${v}`,

@@ -1,8 +1,7 @@
 import { Code, ConnectError, createClient, type Transport } from "@connectrpc/connect";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
+import { isUuid } from "../core/validate.js";
 import { UsageError } from "./args.js";
-
-const uuid = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 /**
  * The worker id that `which` names: a worker id as it is; else the worker
@@ -11,7 +10,7 @@ const uuid = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
  * error listing them; a name no worker has is not_found.
  */
 export async function workerIdOf(transport: Transport, which: string): Promise<string> {
-  if (uuid.test(which)) return which;
+  if (isUuid(which)) return which;
   const fleet = createClient(FleetService, transport);
   try {
     const { worker } = await fleet.getWorker({ peerId: which });

@@ -143,15 +143,7 @@ async function create(args: string[], io: Io): Promise<number> {
   }
   const parameters = parameterObject(values.params, values.param ?? []);
   const affinity = pairs("affinity", values.affinity ?? []);
-  let deadline: Date | undefined;
-  if (values.deadline !== undefined) {
-    deadline = new Date(values.deadline);
-    if (Number.isNaN(deadline.getTime())) {
-      throw new UsageError(
-        `--deadline must be an ISO 8601 time, not ${JSON.stringify(values.deadline)}`,
-      );
-    }
-  }
+  const deadline = timeFlag("deadline", values.deadline);
   const request = {
     workload: values.workload,
     name: values.name ?? "",

@@ -6,6 +6,7 @@ import {
   TokenSchema,
   TokenService,
 } from "../../gen/meshwork/v1/token_pb.js";
+import { isUuid } from "../core/validate.js";
 import {
   endpointHelp,
   endpointOf,
@@ -142,7 +143,5 @@ export async function tokenCommand(argv: string[], io: Io = stdio): Promise<numb
 
 /** A UUID names a token by id, anything else by name. */
 function pick(which: string): { tokenId: string } | { name: string } {
-  return /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(which)
-    ? { tokenId: which }
-    : { name: which };
+  return isUuid(which) ? { tokenId: which } : { name: which };
 }

@@ -1,4 +1,5 @@
 import { toJson } from "@bufbuild/protobuf";
+import { durationFromMs } from "@bufbuild/protobuf/wkt";
 import { createClient } from "@connectrpc/connect";
 import {
   FleetService,
@@ -6,6 +7,7 @@ import {
   WorkerSchema,
   WorkerState,
 } from "../../gen/meshwork/v1/fleet_pb.js";
+import { parseDuration } from "../config.js";
 import {
   endpointHelp,
   endpointOf,
@@ -43,7 +45,6 @@ WORKER is a worker id, the peer id it registered with, or its name when no
 
 ${endpointHelp}`;
 
-const _uuid = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const stateName = (s: WorkerState) => WorkerState[s] ?? String(s);
 
 /** `meshwork worker …`; returns the exit code. */
@@ -65,8 +66,6 @@ export async function workerCommand(argv: string[], io: Io = stdio): Promise<num
   });
 }
 
-const units = { s: 1, m: 60, h: 3600, d: 86_400 } as const;
-
 async function prune(args: string[], io: Io): Promise<number> {
   const { values, positionals } = parse(args, {
     ...endpointOptions,
@@ -75,15 +74,15 @@ async function prune(args: string[], io: Io): Promise<number> {
   });
   if (values.help) return help(io);
   positionalsOf(positionals, []);
-  let lostFor: { seconds: bigint; nanos: number } | undefined;
+  let lostFor: ReturnType<typeof durationFromMs> | undefined;
   if (values["lost-for"] !== undefined) {
-    const m = /^(\d{1,6})([smhd])$/.exec(values["lost-for"]);
-    if (!m) {
+    const ms = parseDuration(values["lost-for"]);
+    if (Number.isNaN(ms)) {
       throw new UsageError(
         `--lost-for must be a whole number with a unit, s, m, h or d (30m, 12h, 7d), not ${JSON.stringify(values["lost-for"])}`,
       );
     }
-    lostFor = { seconds: BigInt(Number(m[1]) * units[m[2] as keyof typeof units]), nanos: 0 };
+    lostFor = durationFromMs(ms);
   }
   const fleet = createClient(FleetService, transportFor(endpointOf(values)));
   const dryRun = values["dry-run"] === true;

@@ -1,5 +1,5 @@
 import { create } from "@bufbuild/protobuf";
-import { durationFromMs, timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { durationFromMs, durationMs, timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { ServiceImpl } from "@connectrpc/connect";
 import {
   type FleetService,
@@ -167,7 +167,7 @@ export function createFleetService(app: FleetServiceDeps): ServiceImpl<typeof Fl
     async pruneWorkers(req) {
       let lostForMs = app.config.workerRetentionMs > 0 ? app.config.workerRetentionMs : 86_400_000;
       if (req.lostFor) {
-        lostForMs = Number(req.lostFor.seconds) * 1000 + Math.floor(req.lostFor.nanos / 1e6);
+        lostForMs = durationMs(req.lostFor);
         if (!(lostForMs >= 1000 && lostForMs <= 100 * 365 * 86_400_000)) {
           throw invalid("lost_for must be from 1 s to 100 years");
         }
