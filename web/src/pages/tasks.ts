@@ -20,15 +20,20 @@ function durations(t: Task, now = Date.now()) {
   const created = ms(t.createdAt);
   const started = ms(t.startedAt);
   const finished = ms(t.finishedAt);
-  const queued =
-    created === undefined
-      ? undefined
-      : (started ?? (terminal.has(t.state) ? finished : now) ?? now) - created;
+  // finished_at is set only in a terminal state (a rerun clears it): a task
+  // that finished without starting (cancelled while PENDING) waited until then.
+  const queued = created === undefined ? undefined : (started ?? finished ?? now) - created;
   const running = started === undefined ? undefined : (finished ?? now) - started;
   return { queued, running };
 }
 const spanOr = (v: number | undefined) =>
   v === undefined ? h("span", { class: "muted" }, "—") : span(v);
+
+/** The Queued and Running cells of a task's row. */
+function durationCells(t: Task) {
+  const { queued, running } = durations(t);
+  return [h("td", { class: "num" }, spanOr(queued)), h("td", { class: "num" }, spanOr(running))];
+}
 
 const pageSize = 50;
 
@@ -240,8 +245,7 @@ export function tasksPage(page: Page): void {
                   h("td", { class: "num" }, `${t.attempt} / ${t.maxAttempts}`),
                   h("td", { "data-worker-cell": "" }, workerOf(t)),
                   h("td", null, progress(t)),
-                  h("td", { class: "num" }, spanOr(durations(t).queued)),
-                  h("td", { class: "num" }, spanOr(durations(t).running)),
+                  ...durationCells(t),
                   h("td", null, when(t.createdAt)),
                   h("td", null, when(t.updatedAt)),
                 ),
