@@ -1,4 +1,4 @@
-import { createHash, randomUUID } from "node:crypto";
+import { randomUUID } from "node:crypto";
 import { Readable } from "node:stream";
 import { DrizzleQueryError, eq, sql } from "drizzle-orm";
 import { DomainError } from "../core/errors.js";
@@ -7,6 +7,7 @@ import { blobChunks, blobs, blobUploads } from "../db/schema/index.js";
 import { rowsOf } from "../db/values.js";
 import type { BlobStore } from "./blob-store.js";
 import { isStorageFull, storageFull } from "./blob-unavailable.js";
+import { countingHash } from "./counting-hash.js";
 
 /** Tuning of the PostgreSQL blob store; the defaults suit production. */
 export interface PostgresBlobStoreOptions {
@@ -98,8 +99,7 @@ export function createPostgresBlobStore(
     async stage(source, maxBytes) {
       const uploadId = randomUUID();
       await db.insert(blobUploads).values({ id: uploadId });
-      const hash = createHash("sha256");
-      let size = 0;
+      const bytes = countingHash(source, maxBytes);
       let seq = 0;
       let chunk = Buffer.allocUnsafe(chunkBytes);
       let filled = 0;
@@ -118,16 +118,7 @@ export function createPostgresBlobStore(
         filled = 0;
       };
       try {
-        for await (const data of source) {
-          size += data.byteLength;
-          if (size > maxBytes) {
-            throw new DomainError(
-              "resource_exhausted",
-              "ARTIFACT_TOO_LARGE",
-              `the artifact is larger than the limit of ${maxBytes} bytes`,
-            );
-          }
-          hash.update(data);
+        for await (const data of bytes) {
           if (Date.now() - touched > abandonedAfterMs / 4) {
             touched = Date.now();
             await touch(uploadId);
@@ -149,7 +140,8 @@ export function createPostgresBlobStore(
         await removeUpload(uploadId).catch(() => {});
         throw error;
       }
-      const sha256 = hash.digest("hex");
+      const sha256 = bytes.sha256();
+      const size = bytes.size;
       return {
         sha256,
         size,

@@ -1,10 +1,10 @@
-import { createHash, randomUUID } from "node:crypto";
+import { randomUUID } from "node:crypto";
 import { createReadStream, mkdirSync, rmSync } from "node:fs";
 import { mkdir, open, readdir, rename, rm, stat } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import type { Readable } from "node:stream";
-import { DomainError } from "../core/errors.js";
 import { storageFailure } from "./blob-unavailable.js";
+import { countingHash } from "./counting-hash.js";
 
 /** Bytes hashed into a temporary place, not yet in the content-addressed store. */
 export interface StagedBlob {
@@ -87,8 +87,7 @@ export function createFileBlobStore(
       const fh = await open(tempPath, "wx", 0o600).catch((error: unknown) => {
         throw storageFailure("creating a temporary file", error);
       });
-      const hash = createHash("sha256");
-      let size = 0;
+      const bytes = countingHash(source, maxBytes);
       const writeAll = async (chunk: Uint8Array) => {
         let written = 0;
         try {
@@ -104,16 +103,7 @@ export function createFileBlobStore(
       // hashing (this thread) and writing (the thread pool) overlap.
       let writing: Promise<void> = Promise.resolve();
       try {
-        for await (const chunk of source) {
-          size += chunk.byteLength;
-          if (size > maxBytes) {
-            throw new DomainError(
-              "resource_exhausted",
-              "ARTIFACT_TOO_LARGE",
-              `the artifact is larger than the limit of ${maxBytes} bytes`,
-            );
-          }
-          hash.update(chunk);
+        for await (const chunk of bytes) {
           await writing;
           writing = writeAll(chunk);
           // Handled here, awaited on the next turn: a failed write must not
@@ -131,10 +121,10 @@ export function createFileBlobStore(
         throw error;
       }
       await fh.close();
-      const sha256 = hash.digest("hex");
+      const sha256 = bytes.sha256();
       return {
         sha256,
-        size,
+        size: bytes.size,
         async commit(options = {}) {
           const target = pathOf(sha256);
           try {

@@ -1,10 +1,11 @@
 import type { Config } from "../config.js";
-import { DomainError, invalid } from "../core/errors.js";
+import { invalid } from "../core/errors.js";
 import { type LeaseRef, parseLeaseRef } from "../core/lease-ref.js";
 import type { ArtifactKindName, ArtifactRow } from "../db/schema/index.js";
 import type { Logger } from "../log.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { BlobStore } from "./blob-store.js";
+import { tooLarge } from "./counting-hash.js";
 import type { ArtifactStore } from "./store.js";
 
 /** What storing an upload uses. */
@@ -74,11 +75,7 @@ export async function storeUpload(
   }
   const maxBytes = app.config.maxArtifactBytes;
   if (header.sizeBytes !== undefined && header.sizeBytes > maxBytes) {
-    throw new DomainError(
-      "resource_exhausted",
-      "ARTIFACT_TOO_LARGE",
-      `the artifact is larger than the limit of ${maxBytes} bytes`,
-    );
+    throw tooLarge(maxBytes);
   }
   let lease: LeaseRef | null = null;
   let kind = header.kind;

@@ -1,10 +1,10 @@
-import { createHash } from "node:crypto";
 import { Readable } from "node:stream";
 import { DomainError } from "../core/errors.js";
 import type { Logger } from "../log.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { BlobStore } from "./blob-store.js";
 import { BlobStoreUnavailable, storageFailure } from "./blob-unavailable.js";
+import { countingHash } from "./counting-hash.js";
 import type { ArtifactStore } from "./store.js";
 
 /** What verified reads use: the bytes, the corrupt marks, where a finding is told. */
@@ -66,13 +66,12 @@ export function verifiedRead(
   const end = range?.end ?? bytes.sizeBytes - 1;
   async function* read(): AsyncGenerator<Buffer> {
     const source = deps.blobs.read(bytes.sha256);
-    const hash = createHash("sha256");
+    const hashed = countingHash(source as AsyncIterable<Buffer>);
     let at = 0;
     // The last chunk of the range, given only once the whole blob checked out.
     let held: Buffer | undefined;
     try {
-      for await (const chunk of source as AsyncIterable<Buffer>) {
-        hash.update(chunk);
+      for await (const chunk of hashed) {
         const from = Math.max(start - at, 0);
         const to = Math.min(end + 1 - at, chunk.byteLength);
         at += chunk.byteLength;
@@ -86,8 +85,8 @@ export function verifiedRead(
     } finally {
       source.destroy();
     }
-    const actual = hash.digest("hex");
-    if (actual !== bytes.sha256 || at !== bytes.sizeBytes) {
+    const actual = hashed.sha256();
+    if (actual !== bytes.sha256 || hashed.size !== bytes.sizeBytes) {
       // The copy read may have been replaced meanwhile by good bytes (an
       // upload repairing it): only what is stored now is marked corrupt.
       const now = await hashStored(deps.blobs, bytes.sha256).catch(() => undefined);
@@ -126,17 +125,13 @@ export async function hashStored(
 ): Promise<{ actual: string; bytes: number } | "missing"> {
   if (!(await blobs.has(sha256))) return "missing";
   const source = blobs.read(sha256);
-  const hash = createHash("sha256");
-  let bytes = 0;
+  const hashed = countingHash(source as AsyncIterable<Buffer>);
   try {
-    for await (const chunk of source as AsyncIterable<Buffer>) {
-      hash.update(chunk);
-      bytes += chunk.byteLength;
-    }
+    for await (const _ of hashed);
   } catch (error) {
     throw storageFailure("reading", error);
   } finally {
     source.destroy();
   }
-  return { actual: hash.digest("hex"), bytes };
+  return { actual: hashed.sha256(), bytes: hashed.size };
 }
