@@ -14,6 +14,15 @@ export function asBoolean(value: unknown): boolean {
   return value === true || value === "t";
 }
 
+/**
+ * A number from either driver: a count or sum may come as a number or as
+ * a string (bigint and numeric are text to postgres.js); a missing value
+ * (no row) is 0.
+ */
+export function asNumber(value: unknown): number {
+  return value === null || value === undefined ? 0 : Number(value);
+}
+
 /** Runs a raw statement and returns its rows, whichever driver ran it. */
 export async function rowsOf<T>(db: Db, query: SQL): Promise<T[]> {
   const result: unknown = await db.execute(query);

@@ -2,7 +2,7 @@ import { sql } from "drizzle-orm";
 import type { BlobStore } from "../artifacts/blob-store.js";
 import { lockBlob } from "../artifacts/store.js";
 import type { Db } from "../db/database.js";
-import { rowsOf } from "../db/values.js";
+import { asBoolean, asNumber, rowsOf } from "../db/values.js";
 import type { Logger } from "../log.js";
 
 /** What retention uses: the housekeeping handle, the blob store, the log. */
@@ -104,7 +104,7 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
         artifacts: number | string;
         shas: string;
       }>(
-        tx as unknown as Db,
+        tx,
         // The candidates first, alone: an ordered scan of tasks_finished_idx
         // that stops at the batch size. With the reference check in the same
         // query, the planner chose a merge anti-join over every task by
@@ -153,8 +153,8 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
       );
     });
     return {
-      tasks: Number(row?.tasks ?? 0),
-      artifacts: Number(row?.artifacts ?? 0),
+      tasks: asNumber(row?.tasks),
+      artifacts: asNumber(row?.artifacts),
       shas: row?.shas ? row.shas.split(",") : [],
     };
   }
@@ -176,7 +176,7 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
   async function deleteOrphanInputs(): Promise<{ artifacts: number; shas: string[] }> {
     const [row] = await deps.db.transaction(async (tx) => {
       await tx.execute(sql`set local enable_seqscan = off`);
-      const db = tx as unknown as Db;
+      const db = tx;
       // Oldest first through artifacts_task_idx (task_id is null), by
       // primary key from there; a task's reference by tasks_input_artifact_idx.
       const doomed = await rowsOf<{ id: string }>(
@@ -206,7 +206,7 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
             coalesce((select string_agg(distinct sha256, ',') from gone), '') as shas`,
       );
     });
-    return { artifacts: Number(row?.artifacts ?? 0), shas: row?.shas ? row.shas.split(",") : [] };
+    return { artifacts: asNumber(row?.artifacts), shas: row?.shas ? row.shas.split(",") : [] };
   }
 
   /**
@@ -247,7 +247,7 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
       deps.db,
       sql`select pg_try_advisory_lock(${retentionLockKey}::bigint) as locked`,
     );
-    return row?.locked === true || row?.locked === "t";
+    return asBoolean(row?.locked);
   }
 
   async function run(): Promise<RetentionRun> {

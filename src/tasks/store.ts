@@ -1,6 +1,5 @@
 import { createHash, randomUUID } from "node:crypto";
 import { and, asc, count, desc, eq, gte, inArray, lt, or, type SQL, sql } from "drizzle-orm";
-import { unionAll } from "drizzle-orm/pg-core";
 import { canonicalJson } from "../core/canonical-json.js";
 import { DomainError, notFound } from "../core/errors.js";
 import { byTimeAndId, keysetAfter, type Position, pageOf } from "../core/paging.js";
@@ -16,6 +15,7 @@ import {
   taskEvents,
   tasks,
 } from "../db/schema/index.js";
+import { createTaskCounts } from "./counts.js";
 
 /** A validated, defaulted task to create. */
 export interface NewTask {
@@ -145,6 +145,7 @@ export function createTaskStore(db: Db) {
       .prepare("meshwork_task_by_id"),
   );
   return {
+    ...createTaskCounts(db),
     /**
      * Creates tasks in one transaction, all or none, returned in input
      * order. A task whose idempotency key exists returns the existing task
@@ -324,7 +325,7 @@ export function createTaskStore(db: Db) {
     /** How many tasks a bulk filter matches now. */
     async countMatching(filter: BulkFilter): Promise<number> {
       const [row] = await db.select({ n: count() }).from(tasks).where(bulkWhere(filter));
-      return Number(row?.n ?? 0);
+      return row?.n ?? 0;
     },
 
     /**
@@ -351,73 +352,6 @@ export function createTaskStore(db: Db) {
         .limit(size + 1);
       if (rows.length === 0 && after === undefined) await this.get(taskId);
       return pageOf(rows, size, (r) => ({ at: r.at, keys: [String(r.id)] }));
-    },
-
-    /** Task counts by state (states with no task are absent). */
-    async countByState(): Promise<Map<TaskStateName, number>> {
-      const rows = await db
-        .select({ state: tasks.state, count: sql<number>`count(*)::int` })
-        .from(tasks)
-        .groupBy(tasks.state);
-      return new Map(rows.map((r) => [r.state, Number(r.count)]));
-    },
-
-    /**
-     * Non-terminal tasks by workload and state, with the age in seconds of
-     * the oldest PENDING one (database clock), for the metrics. Two groups
-     * read through the partial indexes of live rows (tasks_claim_idx for
-     * PENDING; one of those `where state in ('ASSIGNED', 'RUNNING')` for the
-     * leased), so the cost follows the backlog and the leases held, not the
-     * finished history (PostgreSQL 15, 200,000 rows of which 4,000 live:
-     * two index scans, 23 ms).
-     */
-    async liveByWorkload(): Promise<
-      { workload: string; state: string; count: number; oldestSeconds: number | null }[]
-    > {
-      const group = (where: SQL, age: boolean) =>
-        db
-          .select({
-            workload: tasks.workload,
-            state: tasks.state,
-            count: sql<number>`count(*)::int`,
-            oldestSeconds: age
-              ? sql<number | null>`extract(epoch from now() - min(${tasks.createdAt}))::float8`
-              : sql<number | null>`null::float8`,
-          })
-          .from(tasks)
-          .where(where)
-          .groupBy(tasks.workload, tasks.state);
-      const rows = await unionAll(
-        group(stateIs("PENDING"), true),
-        group(stateIs("ASSIGNED", "RUNNING"), false),
-      );
-      return rows.map((r) => ({
-        workload: r.workload,
-        state: r.state,
-        count: Number(r.count),
-        oldestSeconds: r.oldestSeconds === null ? null : Number(r.oldestSeconds),
-      }));
-    },
-
-    /** PENDING backlog per workload: count and oldest creation, with the database's now. */
-    async backlog(): Promise<{ workload: string; count: number; oldest: Date; now: Date }[]> {
-      const rows = await db
-        .select({
-          workload: tasks.workload,
-          count: sql<number>`count(*)::int`,
-          oldest: sql<string>`min(${tasks.createdAt})`.mapWith(tasks.createdAt),
-          now: sql<string>`now()`.mapWith(tasks.createdAt),
-        })
-        .from(tasks)
-        .where(stateIs("PENDING"))
-        .groupBy(tasks.workload)
-        .orderBy(desc(sql`count(*)`), tasks.workload);
-      return rows.map((r) => ({
-        workload: r.workload,
-        count: Number(r.count),
-        oldest: r.oldest as unknown as Date,
-        now: r.now as unknown as Date,
-      }));
     },
   };
 }

@@ -42,14 +42,8 @@ export function parseTraceparent(value: string | undefined): TraceParent | undef
   if (!value || value.length > 512) return undefined;
   const m = traceparentPattern.exec(value.trim());
   if (!m) return undefined;
-  const [, version, traceId, parentId, flags, rest] = m as unknown as [
-    string,
-    string,
-    string,
-    string,
-    string,
-    string | undefined,
-  ];
+  // The four groups always match when the pattern does; the defaults only type them.
+  const [, version = "", traceId = "", parentId = "", flags = "", rest] = m;
   if (version === "ff") return undefined;
   if (version === "00" && rest !== undefined) return undefined;
   if (traceId === zeroTraceId || parentId === zeroSpanId) return undefined;
