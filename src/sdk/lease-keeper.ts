@@ -26,7 +26,7 @@ export interface HeldLease {
   expiresAt: number;
   /** When the next renewal is due (local clock, ms). */
   renewAt: number;
-  /** Headers of a RenewLease for this lease: the task's W3C trace context (worker.ts traceHeaders). */
+  /** Headers of a RenewLease for this lease: the task's W3C trace context (trace.ts traceHeaders). */
   headers?: Record<string, string> | undefined;
   /** Progress not yet sent. */
   progress?: { completedSteps: number; message: string } | undefined;

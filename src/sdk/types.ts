@@ -1,0 +1,171 @@
+import type { JsonObject } from "@bufbuild/protobuf";
+import type { Interceptor, Transport } from "@connectrpc/connect";
+import type { Artifact, ArtifactRef } from "../../gen/meshwork/v1/artifact_pb.js";
+
+// The SDK's public types, exported by worker.ts (meshwork/worker).
+
+/** A claimed task as the handler sees it. */
+export interface WorkerTask {
+  /** The task id. */
+  id: string;
+  /** The attempt this lease belongs to (1 for the first). */
+  attempt: number;
+  workload: string;
+  name: string;
+  /** The task's parameters ({} when it has none). */
+  parameters: JsonObject;
+  /** The input artifact, when the task has one; `ctx.input()` downloads it. */
+  input: ArtifactRef | undefined;
+  /** What a previous attempt recorded when it was released ("" for none). */
+  checkpoint: string;
+  correlationId: string;
+  /**
+   * The task's W3C trace context (`traceparent`, "" for a task created
+   * before Meshwork stored one): the trace of the request that created it.
+   * The SDK sends it on its calls for the task (complete, fail, release,
+   * renewals by RenewLease, uploads, downloads); a handler that makes spans
+   * or calls other services parents them on it.
+   */
+  traceparent: string;
+  /** The trace id of `traceparent` (32 hex digits), "" without one. */
+  traceId: string;
+  /** The task's W3C `tracestate`, "" for none. */
+  tracestate: string;
+  /** The task's number of steps, when known. */
+  steps: number | undefined;
+  /** The lease TTL in seconds; the SDK renews it. */
+  leaseSeconds: number;
+}
+
+/** What `ctx.upload` stores: bytes, text, or a stream of chunks (a Node Readable is one). */
+export type UploadBody = Uint8Array | string | AsyncIterable<Uint8Array | string>;
+
+/** Options of `ctx.upload`. */
+export interface UploadOptions {
+  /** Media type; default application/octet-stream. */
+  contentType?: string;
+  /** "output" (default) or "checkpoint" (for `ctx.checkpoint`). */
+  kind?: "output" | "checkpoint";
+}
+
+/** What a handler gets besides the task: its lease's signal and the calls made under its lease. */
+export interface TaskContext {
+  /** Same as `task.parameters`. */
+  parameters: JsonObject;
+  /** Same as `task.traceparent`: the task's W3C trace context. */
+  traceparent: string;
+  /** Same as `task.traceId`. */
+  traceId: string;
+  /**
+   * Aborts when the task is no longer this worker's: the lease was lost, the
+   * task was cancelled, or the worker stopped and released it after its grace
+   * period. `signal.reason` is a LeaseEndedError. Whatever the handler
+   * returns afterwards is dropped: no completion or failure is sent.
+   */
+  signal: AbortSignal;
+  /** Downloads the input and checks its SHA-256 (a TaskError when it has none or it differs). */
+  input(): Promise<Uint8Array>;
+  /**
+   * Streams the input into the file at `path` (created or truncated) without
+   * holding it in memory, checking its SHA-256 as it goes; on a mismatch the
+   * file is removed and a TaskError thrown. Resolves with its size in bytes.
+   */
+  saveInput(path: string): Promise<number>;
+  /** Uploads an artifact of this task under its lease and returns it (pass it as `result`). */
+  upload(name: string, body: UploadBody, options?: UploadOptions): Promise<Artifact>;
+  /** Records progress; it goes with the next lease renewal. */
+  progress(completedSteps: number, message?: string): void;
+  /**
+   * Sets the handle (a CHECKPOINT artifact's id or an opaque string) sent
+   * with ReleaseTask if the worker stops before the handler finishes; the
+   * next attempt gets it as `task.checkpoint`.
+   */
+  checkpoint(handle: string): void;
+}
+
+/** What a handler returns to complete its task (all optional). */
+export interface TaskResult {
+  /** The result artifact: what `ctx.upload` returned. */
+  result?: Pick<ArtifactRef, "artifactId" | "uri" | "sha256"> | undefined;
+  /** A short description (≤ 4 KiB). */
+  summary?: string | undefined;
+  /** Numbers about the run. */
+  metrics?: Record<string, number> | undefined;
+}
+
+/** Runs one task. Return to complete it; throw to fail it (see TaskError). */
+export type TaskHandler = (task: WorkerTask, ctx: TaskContext) => HandlerReturn;
+
+// biome-ignore lint/suspicious/noConfusingVoidType: an async handler that returns nothing is a Promise<void>
+type HandlerReturn = Promise<TaskResult | undefined | void> | TaskResult | undefined | void;
+
+/** Options of createWorker. */
+export interface WorkerOptions {
+  /** The coordinator, e.g. http://127.0.0.1:8080 (h2c) or https://… */
+  url: string;
+  /** A token of role worker ("" when the coordinator runs with auth off). */
+  token: string;
+  /**
+   * The workloads this worker runs. They are registered as capabilities:
+   * the coordinator gives a worker a task when the task's workload and every
+   * one of its required_capabilities are among the worker's capabilities.
+   */
+  workloads: string[];
+  /** Further capabilities (features a task may require, e.g. "gpu"), registered with the workloads. */
+  capabilities?: string[];
+  /** Labels matched by task affinity. */
+  labels?: Record<string, string>;
+  /** Worker name; default the host name. */
+  name?: string;
+  /** A stable peer_id: registering again with it updates the same worker. */
+  peerId?: string;
+  /** Tasks run at once (registered as max_concurrency); default 1. */
+  concurrency?: number;
+  handler: TaskHandler;
+  /** How long one claim waits for work (0–30 s); default 20. */
+  pollSeconds?: number;
+  /** On stop, how long running handlers may take before their tasks are released; default 30 s. */
+  graceMs?: number;
+  /** On stop, after the running tasks: "deregister" (default) removes the worker, "drain" leaves it registered and drained. */
+  onStop?: "deregister" | "drain";
+  /** Stop on SIGTERM/SIGINT (a second signal skips the grace period); default true. */
+  installSignalHandlers?: boolean;
+  /** Renew over one StreamLeases stream (default true); false renews with RenewLease only. */
+  leaseStreams?: boolean;
+  /** How long a finished task waits for others to complete with it in one CompleteTasks; default 20 ms. */
+  completionBatchMs?: number;
+  /**
+   * The deadline of each RegisterWorker, CompleteTask(s), FailTask,
+   * ReleaseTask, DrainWorker and DeregisterWorker call (each try, when it is
+   * retried); default 30 s. Uploads and downloads run as long as the lease.
+   */
+  callTimeoutMs?: number;
+  /**
+   * How long registration keeps trying a coordinator it cannot reach (it
+   * logs one line at the first refused try), then `done` rejects with one
+   * error naming the URL and the cause; default 10 s.
+   */
+  connectWithinMs?: number;
+  /** Extra Connect interceptors (after the bearer token). */
+  interceptors?: Interceptor[];
+  /** A transport to use instead of the SDK's gRPC one (then `url`, `token` and `interceptors` are not used). */
+  transport?: Transport;
+  /** Where log lines go; default stderr. */
+  log?: (message: string) => void;
+}
+
+/** A running worker. */
+export interface Worker {
+  /** Resolves with the worker id once registered. */
+  readonly ready: Promise<string>;
+  /** Settles once the worker has stopped; rejects when it gave up (e.g. the token was refused). */
+  readonly done: Promise<void>;
+  /** Tasks whose handlers are running now. */
+  readonly running: number;
+  /**
+   * Stops claiming, lets running handlers finish within the grace period,
+   * releases the rest (with their checkpoints), then deregisters or drains.
+   * Resolves like `done`.
+   */
+  stop(): Promise<void>;
+}
