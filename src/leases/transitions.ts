@@ -1,5 +1,5 @@
 import { and, getTableColumns, type SQL, type SQLWrapper, sql } from "drizzle-orm";
-import { leaseHeld, leaseHeldBy } from "../core/lease-check.js";
+import { leaseHeld, leaseHeldBy, leaseVerdict, leaseVerdictBy } from "../core/lease-check.js";
 import { expiresIn, stateIs } from "../core/task-sql.js";
 import type { Db } from "../db/database.js";
 import { lazy } from "../db/lazy.js";
@@ -42,8 +42,8 @@ export const released = {
 const backoffMs = sql`least(${tasks.backoffMaxMs},
   ${tasks.backoffInitialMs} * power(${tasks.backoffMultiplier}, greatest(${tasks.failures} - 1, 0)))`;
 
-/** Expired leases, oldest expiry first, locked: for the sweeper. */
-const expiredLease = and(stateIs("ASSIGNED", "RUNNING"), sql`${tasks.leaseExpiresAt} <= now()`);
+/** Expired leases (live-lease.sql, the one definition): for the sweeper. */
+const expiredLease = sql`meshwork_lease_expired(${tasks})`;
 
 /** The prepared transition statements of one database handle. */
 export function createTransitions(db: Db) {
@@ -56,12 +56,32 @@ export function createTransitions(db: Db) {
   );
 
   return {
-    row: lazy(() =>
+    /** A refused request's task, with the database's verdict on it (core/lease-check.ts words it). */
+    judged: lazy(() =>
       db
-        .select()
+        .select({ ...columns, verdict: leaseVerdict })
         .from(tasks)
         .where(sql`${tasks.id} = ${p("id")}::uuid`)
-        .prepare("meshwork_task_row"),
+        .prepare("meshwork_lease_judged"),
+    ),
+
+    /** The same for the items of a batch (`i`: the item's index), each judged on its own values. */
+    judgedMany: lazy(() =>
+      db
+        .select({
+          ...columns,
+          verdict: leaseVerdictBy({
+            attempt: sql`v.attempt`,
+            worker: sql`v.worker`,
+            token: sql`v.token`,
+          }),
+          i: sql<number>`v.i`,
+        })
+        .from(
+          sql`jsonb_to_recordset(${p("items")}::jsonb) as v(i int, id uuid, attempt int, worker uuid, token text)`,
+        )
+        .innerJoin(tasks, sql`${tasks.id} = v.id`)
+        .prepare("meshwork_lease_judged_many"),
     ),
 
     start: lazy(() =>
@@ -208,7 +228,7 @@ export function createTransitions(db: Db) {
         .set({
           state: sql`case when ${exhausted} then 'FAILED' else 'PENDING' end`,
           errorCode: "LEASE_EXPIRED",
-          errorMessage: sql`'the lease on attempt ' || ${tasks.attempt} || ' expired'`,
+          errorMessage: sql`meshwork_expiry_message(${tasks.attempt})`,
           finishedAt: sql`case when ${exhausted} then now() end`,
           assignedWorkerId: null,
           assignedApiBaseUrl: "",
