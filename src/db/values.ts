@@ -14,6 +14,11 @@ export function asBoolean(value: unknown): boolean {
   return value === true || value === "t";
 }
 
+/** A count from either driver (`count(*)` may come as a string): `.mapWith(asCount)`. */
+export function asCount(value: unknown): number {
+  return Number(value);
+}
+
 /** Runs a raw statement and returns its rows, whichever driver ran it. */
 export async function rowsOf<T>(db: Db, query: SQL): Promise<T[]> {
   const result: unknown = await db.execute(query);
