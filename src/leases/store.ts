@@ -1,12 +1,10 @@
 import { createHash } from "node:crypto";
-import { and, eq } from "drizzle-orm";
 import { canonicalJson } from "../core/canonical-json.js";
-import { DomainError } from "../core/errors.js";
+import { DomainError, notFound } from "../core/errors.js";
 import { type Judged, judged, leaseParams, leaseRefusal } from "../core/lease-check.js";
 import type { LeaseRef } from "../core/lease-ref.js";
-import { stateIs } from "../core/task-sql.js";
 import type { Db } from "../db/database.js";
-import { type ArtifactRefJson, type TaskRow, tasks } from "../db/schema/index.js";
+import type { ArtifactRefJson, TaskRow } from "../db/schema/index.js";
 import { createBatcher } from "./batcher.js";
 import {
   type ClaimAnswer,
@@ -14,7 +12,7 @@ import {
   createClaimStatement,
   createSlotsStatement,
 } from "./claim.js";
-import { createTransitions, released } from "./transitions.js";
+import { createTransitions, releaseWorker } from "./transitions.js";
 
 export type { ClaimAnswer, ClaimingWorker, Slots } from "./claim.js";
 
@@ -349,13 +347,25 @@ export function createLeaseStore(db: Db) {
       return row ?? refuse(l);
     },
 
-    /** Releases every live lease of a worker (deregistration): PENDING, attempt kept, no failure counted. */
+    /**
+     * The lease a token names on a task (the director's REST contract names
+     * a lease by its token alone): its holder and attempt, or null when the
+     * token is not the task's lease token; nothing about the lease is told
+     * before its token is shown. `not_found` for no such task. Whether the
+     * lease is live is for the RPC it maps to, which checks everything again.
+     */
+    async leaseByToken(
+      taskId: string,
+      token: string,
+    ): Promise<{ workerId: string; attempt: number } | null> {
+      const [row] = await q.leaseByToken().execute({ id: taskId, token });
+      if (!row) throw notFound(`task ${taskId}`, { taskId });
+      return row.same && row.workerId ? { workerId: row.workerId, attempt: row.attempt } : null;
+    },
+
+    /** Releases every task leased to a worker (deregistration): PENDING, attempt kept, no failure counted. */
     async releaseWorker(workerId: string): Promise<string[]> {
-      const rows = await db
-        .update(tasks)
-        .set(released)
-        .where(and(eq(tasks.leaseWorkerId, workerId), stateIs("ASSIGNED", "RUNNING")))
-        .returning({ id: tasks.id });
+      const rows = await releaseWorker(db, workerId);
       return rows.map((r) => r.id);
     },
   };
