@@ -154,13 +154,13 @@ export function createLeaseStore(db: Db) {
    */
   async function dueRetries(windowMs: number): Promise<Map<string, number>> {
     const rows = await q.retriesDueByWorkload().execute({ ms: Math.round(windowMs) });
-    return new Map(rows.map((r) => [r.workload, Number(r.n)]));
+    return new Map(rows.map((r) => [r.workload, r.n]));
   }
 
   return {
     /**
      * Leases up to `max` claimable tasks to the worker, best first (the
-     * rules are in migration 0006_claim.sql), and counts the slots it has
+     * rules are in sql/claim.sql), and counts the slots it has
      * left after them, in one statement shared with the claims made at the
      * same time. Concurrent claimers take disjoint tasks; a drained or
      * unknown worker gets none.

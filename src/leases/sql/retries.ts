@@ -2,6 +2,7 @@ import { and, sql } from "drizzle-orm";
 import { stateIs } from "../../core/task-sql.js";
 import type { Db } from "../../db/database.js";
 import { tasks } from "../../db/schema/index.js";
+import { asCount } from "../../db/values.js";
 
 /**
  * Retries that just became claimable: a failed attempt's backoff
@@ -31,7 +32,7 @@ export function retryDueStatement(db: Db) {
 /** The PENDING tasks whose not_before passed within the last `ms` milliseconds, counted by workload. */
 export function retriesDueByWorkloadStatement(db: Db) {
   return db
-    .select({ workload: tasks.workload, n: sql<number>`count(*)::int` })
+    .select({ workload: tasks.workload, n: sql<number>`count(*)::int`.mapWith(asCount) })
     .from(tasks)
     .where(retryDueWithin)
     .groupBy(tasks.workload)
