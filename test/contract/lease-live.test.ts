@@ -28,17 +28,21 @@ describeEachEngine("the live-lease rule", (db) => {
     token: row.leaseToken ?? "",
   });
 
-  it("a lease expiring at now() is expired for every one of them", async () => {
+  it("a lease whose expiry has just passed is expired for every one of them", async () => {
     const workload = uniqueWorkload();
     await createTaskStore(db().db).create([newTask({ workload })]);
     const [row] = await leases.claim({ id: holder, capabilities: [workload], labels: {} }, 1);
     if (!row) throw new Error("nothing claimed");
     expect((await leases.slots({ id: holder, capabilities: [], labels: {} })).free).toBe(0);
 
-    // In one transaction now() does not move: expires_at = now() is the boundary itself.
+    // In one transaction now() does not move. expires_at keeps milliseconds:
+    // now() cut to its millisecond is at most now(), the boundary itself at best.
     await db()
       .db.transaction(async (tx) => {
-        await tx.update(tasks).set({ leaseExpiresAt: sql`now()` }).where(eq(tasks.id, row.id));
+        await tx
+          .update(tasks)
+          .set({ leaseExpiresAt: sql`date_trunc('milliseconds', now())` })
+          .where(eq(tasks.id, row.id));
         const [judged] = await rowsOf<{ live: unknown; expired: unknown; verdict: string | null }>(
           tx,
           sql`select meshwork_lease_live(t)::text as live, meshwork_lease_expired(t)::text as expired,
@@ -59,8 +63,11 @@ describeEachEngine("the live-lease rule", (db) => {
         if (!(error instanceof Rollback)) throw error;
       });
 
-    // Rolled back: still leased, its expiry (now() of that transaction) has passed.
-    await db().db.update(tasks).set({ leaseExpiresAt: sql`now()` }).where(eq(tasks.id, row.id));
+    // Rolled back: still leased, and its expiry has passed.
+    await db()
+      .db.update(tasks)
+      .set({ leaseExpiresAt: sql`date_trunc('milliseconds', now())` })
+      .where(eq(tasks.id, row.id));
     await expect(leases.renew(ref(row), undefined, undefined)).rejects.toMatchObject({
       reason: "LEASE_EXPIRED",
     });
