@@ -1,4 +1,4 @@
-import { randomUUID, timingSafeEqual } from "node:crypto";
+import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import type * as http from "node:http";
 import type * as http2 from "node:http2";
@@ -30,10 +30,12 @@ import { byteRoutes } from "./http/bytes.js";
 import { createConnectHandler } from "./http/connect-handler.js";
 import { createConnectionTrust } from "./http/connection-trust.js";
 import { dashboardRoutes } from "./http/dashboard.js";
+import { clampDeadline } from "./http/deadline.js";
+import { healthRoutes } from "./http/health-routes.js";
 import { sendJson } from "./http/json.js";
 import { createListener, h2StreamWindow } from "./http/listener.js";
 import { metricsRoute, observeHttp } from "./http/metrics.js";
-import { createPlainRouter, header, type PlainRoute } from "./http/routes.js";
+import { createPlainRouter, header } from "./http/routes.js";
 import { askerOf } from "./http/source.js";
 import { createTarpit } from "./http/tarpit.js";
 import { createKnowledgeService } from "./knowledge/service.js";
@@ -50,6 +52,8 @@ import { registerReflection } from "./rpc/reflection.js";
 import { toTask } from "./tasks/convert.js";
 import { createTaskService } from "./tasks/service.js";
 import { traceFromHeaders } from "./tracing/context.js";
+
+export { clampDeadline } from "./http/deadline.js";
 
 type Request = http.IncomingMessage | http2.Http2ServerRequest;
 type Response = http.ServerResponse | http2.Http2ServerResponse;
@@ -162,63 +166,6 @@ export function createRoutes(app: App): (router: ConnectRouter) => void {
   };
 }
 
-/** Liveness and readiness: open to anyone, for load balancers and orchestrators. */
-function healthRoutes(app: App): PlainRoute[] {
-  return [
-    {
-      methods: ["GET"],
-      pattern: /^\/healthz$/,
-      roles: "open",
-      what: "check liveness",
-      async handle({ res }) {
-        sendJson(res, 200, { status: "ok" });
-      },
-    },
-    {
-      methods: ["GET"],
-      pattern: /^\/readyz$/,
-      roles: "open",
-      what: "check readiness",
-      async handle({ res }) {
-        if (await app.ready()) sendJson(res, 200, { status: "ready" });
-        else sendJson(res, 503, { status: "database unreachable" });
-      },
-    },
-  ];
-}
-
-const grpcTimeoutUnitMs: Record<string, number> = {
-  H: 3_600_000,
-  M: 60_000,
-  S: 1000,
-  m: 1,
-  u: 0.001,
-  n: 0.000_001,
-};
-
-/**
- * A client's deadline (connect-timeout-ms, grpc-timeout; gRPC-Web uses the
- * latter) is cut to maxMs: a call holds a handler and maybe a long poll, so
- * no client may ask to be served for longer. Rewritten in the request's
- * headers, which connect-node reads next. A call without a deadline keeps
- * none: streams (WatchTask, StreamLeases) are long by design, and unary
- * calls are bounded by the services themselves (ClaimTasks waits ≤ 30 s).
- * Malformed values are left for connect-node to refuse.
- */
-export function clampDeadline(req: Request, maxMs: number): void {
-  const headers = req.headers;
-  const connect = headers["connect-timeout-ms"];
-  if (typeof connect === "string" && /^\d{1,10}$/.test(connect) && Number(connect) > maxMs) {
-    headers["connect-timeout-ms"] = String(maxMs);
-  }
-  const grpc = headers["grpc-timeout"];
-  const m = typeof grpc === "string" ? /^(\d{1,8})([HMSmun])$/.exec(grpc) : null;
-  if (m && Number(m[1]) * (grpcTimeoutUnitMs[m[2] ?? ""] ?? 0) > maxMs) {
-    // grpc-timeout has at most 8 digits; maxTimeoutMs is at most 86_400_000.
-    headers["grpc-timeout"] = maxMs < 1e8 ? `${maxMs}m` : `${Math.floor(maxMs / 1000)}S`;
-  }
-}
-
 /**
  * The request handler: Connect, gRPC and gRPC-Web for every service, the
  * standard health and reflection services, and the plain HTTP routes. It has
@@ -322,17 +269,7 @@ export function createHandler(app: App) {
       ...directorRestRoutes({
         call,
         maxBodyBytes: app.config.readMaxBytes,
-        async leaseOf(taskId, leaseToken) {
-          const row = await app.tasks.get(taskId);
-          const held = row.leaseToken ?? "";
-          // Nothing about the lease is told before its token is shown.
-          const same =
-            held.length === leaseToken.length &&
-            timingSafeEqual(Buffer.from(held), Buffer.from(leaseToken));
-          return same && row.leaseWorkerId
-            ? { workerId: row.leaseWorkerId, attempt: row.attempt }
-            : null;
-        },
+        leaseOf: (taskId, leaseToken) => app.leases.leaseByToken(taskId, leaseToken),
         async readTask(taskId) {
           return toTask(await app.tasks.get(taskId));
         },

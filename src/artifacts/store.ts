@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { and, asc, eq, inArray, isNull, type SQL, sql } from "drizzle-orm";
 import { DomainError } from "../core/errors.js";
-import { leaseHeld, leaseParams, leaseRefusal } from "../core/lease-check.js";
+import { leaseHeld, leaseParams, readLeaseRefusal } from "../core/lease-check.js";
 import type { LeaseRef } from "../core/lease-ref.js";
 import { byTimeAndId, keysetAfter, type Position, pageOf } from "../core/paging.js";
 import type { Db } from "../db/database.js";
@@ -42,13 +42,12 @@ export function lockBlob(sha256: string, mode: "shared" | "exclusive"): SQL {
 export function createArtifactStore(db: Db) {
   /** Throws the lease refusal unless `l` holds a live lease (in `tx`, locking the task row FOR SHARE). */
   async function assertLease(tx: Db, l: LeaseRef, lock: boolean): Promise<void> {
-    // The same lease check as every lease transition (leases/lease-check.ts).
+    // The same lease check as every lease transition (core/lease-check.ts).
     const q = tx.select({ id: tasks.id }).from(tasks).where(leaseHeld);
     const params = leaseParams(l);
     const [held] = lock ? await q.for("share").execute(params) : await q.execute(params);
     if (held) return;
-    const [row] = await tx.select().from(tasks).where(eq(tasks.id, l.taskId));
-    throw leaseRefusal(row, l);
+    throw await readLeaseRefusal(tx, l);
   }
 
   return {

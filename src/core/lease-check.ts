@@ -1,104 +1,130 @@
-import { timingSafeEqual } from "node:crypto";
-import { type SQL, sql } from "drizzle-orm";
+import { eq, getTableColumns, type SQL, sql } from "drizzle-orm";
+import type { Db } from "../db/database.js";
 import { type TaskRow, tasks } from "../db/schema/index.js";
 import { DomainError, notFound } from "./errors.js";
 import type { LeaseRef } from "./lease-ref.js";
-import { activeStates, stateIs } from "./task-sql.js";
 
 /**
- * The lease check, written once. A lease-bound request is accepted only if,
- * in the statement that acts on it: the task is ASSIGNED or RUNNING, the
- * attempt is the current one, the worker holds the lease, the lease has not
- * expired (database clock), and the token matches when one was sent.
- *
- * `ref` gives the request's values as SQL: placeholders for one request,
- * columns of a `jsonb_to_recordset` for a batch.
+ * The lease check, written once, in SQL: `meshwork_lease_verdict`
+ * (src/leases/sql/live-lease.sql) says whether a request holds the lease
+ * on a task, on the database clock, and if not why. A lease-bound request
+ * is accepted only if, in the statement that acts on it, the verdict is
+ * that it holds: the task is ASSIGNED or RUNNING, the attempt is the
+ * current one, the worker holds the lease, the lease is live, and the
+ * token matches when one was sent. A refusal is explained from the verdict
+ * the database gave on the row it read, never judged again here.
  */
-export function leaseHeldBy(ref: { id: SQL; attempt: SQL; worker: SQL; token: SQL }): SQL {
-  return sql`${tasks.id} = ${ref.id} and ${stateIs("ASSIGNED", "RUNNING")}
-    and ${tasks.attempt} = ${ref.attempt} and ${tasks.leaseWorkerId} = ${ref.worker}
-    and ${tasks.leaseExpiresAt} > now()
-    and (${ref.token} = '' or ${tasks.leaseToken} = ${ref.token})`;
+
+/** The values of a lease-bound request as SQL: placeholders for one request, columns of a `jsonb_to_recordset` for a batch. */
+export interface LeaseRefSql {
+  id: SQL;
+  attempt: SQL;
+  worker: SQL;
+  token: SQL;
+}
+
+/** Why `ref` does not hold the lease on the row of `tasks` at hand (a reason), or NULL when it does. */
+export function leaseVerdictBy(ref: Omit<LeaseRefSql, "id">): SQL<string | null> {
+  return sql<
+    string | null
+  >`meshwork_lease_verdict(${tasks}, ${ref.attempt}, ${ref.worker}, ${ref.token})`;
+}
+
+/** The lease check as a WHERE: the row is `ref`'s task and `ref` holds its lease. */
+export function leaseHeldBy(ref: LeaseRefSql): SQL {
+  return sql`${tasks.id} = ${ref.id} and ${leaseVerdictBy(ref)} is null`;
 }
 
 const p = sql.placeholder;
 
-/** The lease check of one request, with placeholders `id`, `attempt`, `worker`, `token` (see leaseParams). */
-export const leaseHeld = leaseHeldBy({
+const oneRequest: LeaseRefSql = {
   id: sql`${p("id")}::uuid`,
   attempt: sql`${p("attempt")}::int`,
   worker: sql`${p("worker")}::uuid`,
   token: sql`${p("token")}::text`,
-});
+};
+
+/** The lease check of one request, with placeholders `id`, `attempt`, `worker`, `token` (see leaseParams). */
+export const leaseHeld = leaseHeldBy(oneRequest);
+
+/** The verdict of one request, with the placeholders of `leaseHeld`. */
+export const leaseVerdict = leaseVerdictBy(oneRequest);
 
 /** The placeholder values of `leaseHeld` for a request. */
 export function leaseParams(l: LeaseRef) {
   return { id: l.taskId, attempt: l.attempt, worker: l.workerId, token: l.token };
 }
 
-function sameToken(a: string, b: string | null): boolean {
-  if (b === null) return false;
-  const x = Buffer.from(a);
-  const y = Buffer.from(b);
-  return x.length === y.length && timingSafeEqual(x, y);
+/** A task row as read to explain a refusal, and the database's verdict on the request. */
+export interface Judged {
+  row: TaskRow;
+  /** Why the request does not hold the lease (live-lease.sql), null when it does. */
+  verdict: string | null;
+}
+
+/** A row read with a `verdict` column, as a Judged. */
+export function judged<T extends TaskRow & { verdict: string | null }>(r: T): Judged {
+  const { verdict, ...row } = r;
+  return { row, verdict };
 }
 
 /**
- * Why `l` does not hold the lease on `row` as read, or undefined when it
- * does. The check itself runs in SQL (leaseHeldBy); this names the reason
- * for a request the statement refused, from the row as it is now.
+ * The refusal of a request the statement did not accept, worded from the
+ * verdict the database gave on `found` (undefined: no such task). Each
+ * refusal's message is written here only. A verdict of "holds" (null) on
+ * the row as read means the lease ran out between the statement and the
+ * read: LEASE_EXPIRED.
  */
-export function whyNotHeld(row: TaskRow | undefined, l: LeaseRef): DomainError | undefined {
-  if (!row) return notFound(`task ${l.taskId}`, { taskId: l.taskId });
-  const details = { taskId: row.id, currentAttempt: row.attempt };
+export function leaseRefusal(found: Judged | undefined, l: LeaseRef): DomainError {
+  if (!found) return notFound(`task ${l.taskId}`, { taskId: l.taskId });
+  const { row, verdict } = found;
   const refuse = (reason: string, message: string) =>
-    new DomainError("aborted", reason, message, details);
-  const expired = () =>
-    refuse("LEASE_EXPIRED", `the lease on attempt ${l.attempt} of task ${row.id} expired`);
-  if (row.state === "CANCELED") return refuse("TASK_CANCELED", `task ${row.id} was cancelled`);
-  if (row.attempt !== l.attempt) {
-    return refuse(
-      "STALE_ATTEMPT",
-      `attempt ${l.attempt} of task ${row.id} is stale: the current attempt is ${row.attempt}`,
-    );
+    new DomainError("aborted", reason, message, {
+      taskId: row.id,
+      currentAttempt: row.attempt,
+    });
+  switch (verdict) {
+    case "TASK_CANCELED":
+      return refuse("TASK_CANCELED", `task ${row.id} was cancelled`);
+    case "STALE_ATTEMPT":
+      return refuse(
+        "STALE_ATTEMPT",
+        `attempt ${l.attempt} of task ${row.id} is stale: the current attempt is ${row.attempt}`,
+      );
+    case "FOREIGN_WORKER":
+      return refuse(
+        "FOREIGN_WORKER",
+        `attempt ${l.attempt} of task ${row.id} is leased to another worker`,
+      );
+    case "NOT_LEASED":
+    case "COMPLETED":
+      return refuse(
+        "NOT_LEASED",
+        `task ${row.id} is ${row.state}: attempt ${l.attempt} holds no lease`,
+      );
+    case "TOKEN_MISMATCH":
+      return refuse(
+        "TOKEN_MISMATCH",
+        `the lease token does not match attempt ${l.attempt} of task ${row.id}`,
+      );
+    default:
+      return refuse("LEASE_EXPIRED", `the lease on attempt ${l.attempt} of task ${row.id} expired`);
   }
-  if (row.leaseWorkerId !== l.workerId) {
-    return refuse(
-      "FOREIGN_WORKER",
-      `attempt ${l.attempt} of task ${row.id} is leased to another worker`,
-    );
-  }
-  if (!activeStates.includes(row.state)) {
-    // The sweeper returned it to PENDING when the lease ran out.
-    if (row.errorCode === "LEASE_EXPIRED" && row.state === "PENDING") return expired();
-    return refuse(
-      "NOT_LEASED",
-      `task ${row.id} is ${row.state}: attempt ${l.attempt} holds no lease`,
-    );
-  }
-  if (l.token !== "" && !sameToken(l.token, row.leaseToken)) {
-    return refuse(
-      "TOKEN_MISMATCH",
-      `the lease token does not match attempt ${l.attempt} of task ${row.id}`,
-    );
-  }
-  if ((row.leaseExpiresAt?.getTime() ?? 0) <= Date.now()) return expired();
-  return undefined;
 }
 
-/**
- * The refusal of a request the statement did not accept. When the row as
- * read still looks held, the lease ran out between the statement and the
- * read (or the clocks differ by a hair): LEASE_EXPIRED.
- */
-export function leaseRefusal(row: TaskRow | undefined, l: LeaseRef): DomainError {
-  return (
-    whyNotHeld(row, l) ??
-    new DomainError(
-      "aborted",
-      "LEASE_EXPIRED",
-      `the lease on attempt ${l.attempt} of task ${l.taskId} expired`,
-      { taskId: l.taskId, currentAttempt: row?.attempt ?? 0 },
-    )
-  );
+/** Reads the task of `l` with the verdict on `l`, and words the refusal (for a request a statement refused). */
+export async function readLeaseRefusal(db: Db, l: LeaseRef): Promise<DomainError> {
+  const [found] = await db
+    .select({ ...getTableColumns(tasks), verdict: leaseVerdictBy(oneRequestValues(l)) })
+    .from(tasks)
+    .where(eq(tasks.id, l.taskId));
+  return leaseRefusal(found && judged(found), l);
+}
+
+function oneRequestValues(l: LeaseRef): Omit<LeaseRefSql, "id"> {
+  return {
+    attempt: sql`${l.attempt}::int`,
+    worker: sql`${l.workerId}::uuid`,
+    token: sql`${l.token}::text`,
+  };
 }

@@ -31,12 +31,13 @@ export function stateIs(...names: TaskStateName[]): SQL {
     : sql`${tasks.state} in (${sql.raw(literals)})`;
 }
 
-/** A new lease token (database function of migration 0006: 64 hex digits from the CSPRNG). */
+/** A new lease token (database function, src/leases/sql/token.sql: 64 hex digits from the CSPRNG). */
 export const newToken = sql`meshwork_new_token()`;
 
 /**
- * The live leases a worker holds (ASSIGNED/RUNNING, unexpired), by the
- * database function of migration 0006, which the claim uses too.
+ * The live leases a worker holds, by the database function the claim uses
+ * too (meshwork_live_leases, over the one live-lease rule of
+ * src/leases/sql/live-lease.sql).
  * `exceptTask` leaves out a task being re-placed.
  */
 export function liveLeases(worker: SQLWrapper, exceptTask?: string): SQL<number> {

@@ -3,6 +3,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { sql } from "drizzle-orm";
 import type { PgDatabase, PgQueryResultHKT } from "drizzle-orm/pg-core";
+import { applyFunctions, functionsSql } from "./functions.js";
 import { createStatementEvents, observePglite, type StatementEvents } from "./observe.js";
 import { initPgliteDataDir, pgliteOptions } from "./pglite-init.js";
 import { createPoolGate, gatedClient, poolDefaults, ungated } from "./pool-gate.js";
@@ -70,7 +71,10 @@ export interface OpenDatabaseOptions {
 
 const migrationsFolder = fileURLToPath(new URL("./migrations", import.meta.url));
 
-/** Opens the database and applies the committed migrations. */
+/**
+ * Opens the database and applies the committed migrations, then the
+ * database functions (functions.ts) when this version's are not installed.
+ */
 export async function openDatabase(options: OpenDatabaseOptions): Promise<Database> {
   const progress = options.progress ?? (() => {});
   return options.url
@@ -122,6 +126,15 @@ async function openPglite(dataDir: string, progress: (step: string) => void): Pr
   const db = drizzlePglite({ client, schema });
   progress("applying database migrations");
   await migratePglite(db, { migrationsFolder });
+  progress("applying database functions");
+  await client.transaction((tx) =>
+    applyFunctions({
+      exec: async (text) => void (await tx.exec(text)),
+      installed: async () =>
+        (await tx.query<{ version: number; hash: string }>(functionsSql.installed)).rows[0],
+      record: async (version, hash) => void (await tx.query(functionsSql.record(version, hash))),
+    }),
+  );
   return {
     kind: "pglite",
     statements,
@@ -162,13 +175,23 @@ async function openPostgres(
   const postgres = (postgresModule as unknown as { default: typeof postgresModule }).default;
   const quiet = { onnotice: () => {} };
   // Migrate on one dedicated connection under an advisory lock, so that
-  // replicas starting together apply each migration once.
+  // replicas starting together apply each migration once, and their
+  // functions one replica after the other (functions.ts).
   const admin = postgres(url, { max: 1, ...quiet });
   progress(`connecting to PostgreSQL at ${postgresPlace(url)}`);
   try {
     await admin`select pg_advisory_lock(7263550101)`;
     progress("applying database migrations");
     await migratePostgres(drizzlePostgres({ client: admin }), { migrationsFolder });
+    progress("applying database functions");
+    await admin.begin((tx) =>
+      applyFunctions({
+        exec: async (text) => void (await tx.unsafe(text).simple()),
+        installed: async () =>
+          (await tx.unsafe<{ version: number; hash: string }[]>(functionsSql.installed))[0],
+        record: async (version, hash) => void (await tx.unsafe(functionsSql.record(version, hash))),
+      }),
+    );
     await admin`select pg_advisory_unlock(7263550101)`;
   } finally {
     await admin.end();

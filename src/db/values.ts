@@ -1,4 +1,4 @@
-import type { SQL } from "drizzle-orm";
+import type { SQL, Subquery } from "drizzle-orm";
 import type { Db } from "./database.js";
 
 /**
@@ -28,4 +28,13 @@ export async function rowsOf<T>(db: Db, query: SQL): Promise<T[]> {
   const result: unknown = await db.execute(query);
   if (Array.isArray(result)) return result as T[];
   return ((result as { rows?: T[] }).rows ?? []) as T[];
+}
+
+/**
+ * A raw subquery whose columns are exactly a table's (a function returning
+ * `SETOF tasks`, say), typed as that table, so that Drizzle maps its rows
+ * as it maps a select from the table. Drizzle's types have no such case.
+ */
+export function asTable<T>(subquery: Subquery, _table: T): T {
+  return subquery as unknown as T;
 }

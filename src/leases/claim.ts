@@ -2,6 +2,7 @@ import { eq, getTableColumns, Subquery, sql } from "drizzle-orm";
 import { liveLeases } from "../core/task-sql.js";
 import type { Db } from "../db/database.js";
 import { type TaskRow, tasks, workers } from "../db/schema/index.js";
+import { asNumber, asTable } from "../db/values.js";
 
 /** The worker a claim is for, with what it offers this time. */
 export interface ClaimingWorker {
@@ -22,9 +23,9 @@ export interface ClaimAnswer {
 }
 
 /**
- * Claims, several in one statement: `meshwork_claim_batch` (migration
- * 0011) runs each through `meshwork_claim` (0006, redefined in 0008 with
- * the `concurrency` parameter), the single SQL text that says which tasks a
+ * Claims, several in one statement: `meshwork_claim_batch`
+ * (sql/claim-batch.sql) runs each through `meshwork_claim` (sql/claim.sql),
+ * the single SQL text that says which tasks a
  * worker may take, in which order, and the lease each gets, with the plan
  * decisions that keep it O(claimed) whatever the backlog and the
  * statistics; after each claim it counts the worker's slots left. Rows come
@@ -50,7 +51,7 @@ export function createClaimStatement(db: Db) {
       claimFree: sql<number | null>`tasks.claim_free`,
       claimCap: sql<number | null>`tasks.claim_cap`,
     })
-    .from(answered as unknown as typeof tasks)
+    .from(asTable(answered, tasks))
     .orderBy(sql`tasks.claim_ord`)
     .prepare("meshwork_claim_batch");
   return async (
@@ -106,7 +107,10 @@ export interface Slots {
  */
 export function createSlotsStatement(db: Db) {
   const statement = db
-    .select({ maxConcurrency: workers.maxConcurrency, live: liveLeases(workers.id) })
+    .select({
+      maxConcurrency: workers.maxConcurrency,
+      live: liveLeases(workers.id).mapWith(asNumber),
+    })
     .from(workers)
     .where(eq(workers.id, p("worker")))
     .prepare("meshwork_claim_slots");
@@ -114,6 +118,6 @@ export function createSlotsStatement(db: Db) {
     const [row] = await statement.execute({ worker: worker.id });
     const maxConcurrency = worker.maxConcurrency ?? row?.maxConcurrency ?? 0;
     if (!row) return { maxConcurrency, free: 0 };
-    return { maxConcurrency, free: Math.max(0, maxConcurrency - Number(row.live)) };
+    return { maxConcurrency, free: Math.max(0, maxConcurrency - row.live) };
   };
 }

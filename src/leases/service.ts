@@ -87,8 +87,9 @@ function progressOf(p: ProgressMessage | undefined): Progress | undefined {
 /**
  * A result must name coordinator-owned bytes: the `uri` is the download URL
  * this coordinator issues for `artifact_id`. Host paths, `file://`,
- * `worker://` and other hosts are refused. (Checking that the artifact exists
- * and belongs to this attempt arrives with ArtifactService.)
+ * `worker://` and other hosts are refused. That the artifact exists and is
+ * one of this attempt's, with this sha256, the completion checks in its
+ * statement (leases/sql/complete.ts).
  */
 function resultRef(
   ref: ArtifactRef | undefined,

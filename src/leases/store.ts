@@ -1,12 +1,10 @@
 import { createHash } from "node:crypto";
-import { and, eq, inArray } from "drizzle-orm";
 import { canonicalJson } from "../core/canonical-json.js";
-import { DomainError } from "../core/errors.js";
-import { leaseParams, leaseRefusal, whyNotHeld } from "../core/lease-check.js";
+import { DomainError, notFound } from "../core/errors.js";
+import { type Judged, judged, leaseParams, leaseRefusal } from "../core/lease-check.js";
 import type { LeaseRef } from "../core/lease-ref.js";
-import { stateIs } from "../core/task-sql.js";
 import type { Db } from "../db/database.js";
-import { type ArtifactRefJson, type TaskRow, tasks } from "../db/schema/index.js";
+import type { ArtifactRefJson, TaskRow } from "../db/schema/index.js";
 import { createBatcher } from "./batcher.js";
 import {
   type ClaimAnswer,
@@ -14,7 +12,7 @@ import {
   createClaimStatement,
   createSlotsStatement,
 } from "./claim.js";
-import { createTransitions, released } from "./transitions.js";
+import { createTransitions, releaseWorker } from "./transitions.js";
 
 export type { ClaimAnswer, ClaimingWorker, Slots } from "./claim.js";
 
@@ -123,15 +121,31 @@ export function createLeaseStore(db: Db) {
   const slots = createSlotsStatement(db);
   const q = createTransitions(db);
 
-  async function rowsById(ids: string[]): Promise<Map<string, TaskRow>> {
-    if (ids.length === 0) return new Map();
-    const rows = await db.select().from(tasks).where(inArray(tasks.id, ids));
-    return new Map(rows.map((r) => [r.id, r]));
+  async function refuse(l: LeaseRef): Promise<never> {
+    const [found] = await q.judged().execute(leaseParams(l));
+    throw leaseRefusal(found && judged(found), l);
   }
 
-  async function refuse(l: LeaseRef): Promise<never> {
-    const [row] = await q.row().execute({ id: l.taskId });
-    throw leaseRefusal(row, l);
+  /**
+   * The tasks of refused items, each with the database's verdict on it
+   * (undefined: no such task), in the items' order: one read for a batch.
+   */
+  async function judge(items: readonly LeaseRef[]): Promise<(Judged | undefined)[]> {
+    if (items.length === 0) return [];
+    const rows = await q.judgedMany().execute({
+      items: JSON.stringify(
+        items.map((l, i) => ({
+          i,
+          id: l.taskId,
+          attempt: l.attempt,
+          worker: l.workerId,
+          token: l.token,
+        })),
+      ),
+    });
+    const found: (Judged | undefined)[] = items.map(() => undefined);
+    for (const { i, ...row } of rows) found[i] = judged(row);
+    return found;
   }
 
   /**
@@ -140,13 +154,13 @@ export function createLeaseStore(db: Db) {
    */
   async function dueRetries(windowMs: number): Promise<Map<string, number>> {
     const rows = await q.retriesDueByWorkload().execute({ ms: Math.round(windowMs) });
-    return new Map(rows.map((r) => [r.workload, Number(r.n)]));
+    return new Map(rows.map((r) => [r.workload, r.n]));
   }
 
   return {
     /**
      * Leases up to `max` claimable tasks to the worker, best first (the
-     * rules are in migration 0006_claim.sql), and counts the slots it has
+     * rules are in sql/claim.sql), and counts the slots it has
      * left after them, in one statement shared with the claims made at the
      * same time. Concurrent claimers take disjoint tasks; a drained or
      * unknown worker gets none.
@@ -239,12 +253,15 @@ export function createLeaseStore(db: Db) {
         q.renewMany().execute({ items: json, worker: workerId }),
       );
       const byId = new Map(renewed.map((r) => [r.id, r]));
-      const lost = items.filter((i) => byId.get(i.taskId)?.attempt !== i.attempt);
-      const rows = await rowsById([...new Set(lost.map((i) => i.taskId))]);
+      const renewedItem = (i: (typeof items)[number]) => byId.get(i.taskId)?.attempt === i.attempt;
+      const lost = items.filter((i) => !renewedItem(i)).map((i) => ({ ...i, workerId }));
+      const verdicts = await judge(lost);
+      let next = 0;
       return items.map((i) => {
         const r = byId.get(i.taskId);
-        if (r && r.attempt === i.attempt) return { ok: r.expiresAt as Date };
-        return { error: leaseRefusal(rows.get(i.taskId), { ...i, workerId }) };
+        if (r && renewedItem(i)) return { ok: r.expiresAt as Date };
+        const l = lost[next] as LeaseRef;
+        return { error: leaseRefusal(verdicts[next++], l) };
       });
     },
 
@@ -272,21 +289,22 @@ export function createLeaseStore(db: Db) {
       );
       const done = await q.complete().execute({ items: json });
       const byId = new Map(done.map((r) => [r.id, r]));
-      const unsettled = items.filter((c, i) => byId.get(c.taskId)?.completionHash !== hashes[i]);
-      const current = await rowsById(
-        [...new Set(unsettled.map((c) => c.taskId))].filter((id) => !byId.has(id)),
-      );
+      // The row the statement completed for this item: the task's attempt
+      // and holder are the item's (the lease check matched them).
+      const answered = (c: Completion) => {
+        const r = byId.get(c.taskId);
+        return r && r.attempt === c.attempt && r.leaseWorkerId === c.workerId ? r : undefined;
+      };
+      // Every other item is explained by the database's verdict on its task now.
+      const others = items.filter((c) => !answered(c));
+      const verdicts = new Map((await judge(others)).map((j, k) => [others[k] as Completion, j]));
       // The first item of a task the statement completed is the completion;
       // any other (a repeat in the same batch, or of an earlier call) is a repeat.
       const completedHere = new Set(byId.keys());
       return items.map((c, i) => {
-        const row = byId.get(c.taskId) ?? current.get(c.taskId);
-        const details = { taskId: c.taskId, currentAttempt: row?.attempt ?? 0 };
-        if (
-          row?.state === "SUCCEEDED" &&
-          row.attempt === c.attempt &&
-          row.leaseWorkerId === c.workerId
-        ) {
+        const found = verdicts.get(c);
+        const row = answered(c) ?? (found?.verdict === "COMPLETED" ? found.row : undefined);
+        if (row) {
           if (row.completionHash === hashes[i]) {
             return { ok: row, repeat: !completedHere.delete(c.taskId) };
           }
@@ -295,22 +313,22 @@ export function createLeaseStore(db: Db) {
               "already_exists",
               "COMPLETION_CONFLICT",
               `attempt ${c.attempt} of task ${c.taskId} was already completed with a different manifest`,
-              details,
+              { taskId: c.taskId, currentAttempt: row.attempt },
             ),
           };
         }
         // The lease holds, so the result artifact was what the statement refused.
-        if (c.result && row && whyNotHeld(row, c) === undefined) {
+        if (c.result && found && found.verdict === null) {
           return {
             error: new DomainError(
               "aborted",
               "ARTIFACT_MISMATCH",
               `result artifact ${c.result.artifactId} is not an artifact of attempt ${c.attempt} of task ${c.taskId} with sha256 ${c.result.sha256}`,
-              details,
+              { taskId: c.taskId, currentAttempt: found.row.attempt },
             ),
           };
         }
-        return { error: leaseRefusal(row, c) };
+        return { error: leaseRefusal(found, c) };
       });
     },
 
@@ -329,13 +347,25 @@ export function createLeaseStore(db: Db) {
       return row ?? refuse(l);
     },
 
-    /** Releases every live lease of a worker (deregistration): PENDING, attempt kept, no failure counted. */
+    /**
+     * The lease a token names on a task (the director's REST contract names
+     * a lease by its token alone): its holder and attempt, or null when the
+     * token is not the task's lease token; nothing about the lease is told
+     * before its token is shown. `not_found` for no such task. Whether the
+     * lease is live is for the RPC it maps to, which checks everything again.
+     */
+    async leaseByToken(
+      taskId: string,
+      token: string,
+    ): Promise<{ workerId: string; attempt: number } | null> {
+      const [row] = await q.leaseByToken().execute({ id: taskId, token });
+      if (!row) throw notFound(`task ${taskId}`, { taskId });
+      return row.same && row.workerId ? { workerId: row.workerId, attempt: row.attempt } : null;
+    },
+
+    /** Releases every task leased to a worker (deregistration): PENDING, attempt kept, no failure counted. */
     async releaseWorker(workerId: string): Promise<string[]> {
-      const rows = await db
-        .update(tasks)
-        .set(released)
-        .where(and(eq(tasks.leaseWorkerId, workerId), stateIs("ASSIGNED", "RUNNING")))
-        .returning({ id: tasks.id });
+      const rows = await releaseWorker(db, workerId);
       return rows.map((r) => r.id);
     },
   };

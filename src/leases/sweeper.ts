@@ -18,8 +18,10 @@ export interface SweeperDeps {
  * The once-a-second housekeeping every replica runs: writes buffered
  * heartbeats, returns expired leases to PENDING (or FAILED when attempts are
  * used up), fails PENDING tasks past their deadline, and wakes claimers when
- * a retry's backoff has passed. Each step is a `SKIP LOCKED` conditional
- * UPDATE, safe beside other replicas and racing completions.
+ * a retry's backoff has passed. Expiry and deadlines are each a
+ * conditional UPDATE of rows a `SKIP LOCKED` select picked (leases/sql/),
+ * safe beside other replicas and racing completions; the heartbeats are
+ * one UPDATE of the buffered workers, and the retry wake-ups a read.
  */
 export function createSweeper(deps: SweeperDeps, intervalMs: number) {
   let timer: NodeJS.Timeout | undefined;

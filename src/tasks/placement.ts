@@ -4,6 +4,17 @@ import { expiresIn, liveLeases, newToken } from "../core/task-sql.js";
 import { workerLost } from "../core/worker-sql.js";
 import type { Db } from "../db/database.js";
 import { type TaskRow, tasks, type WorkerRow, workers } from "../db/schema/index.js";
+import { asBoolean, asNumber } from "../db/values.js";
+
+/**
+ * Whether the worker fits the task, by the claim's own matching function
+ * (src/leases/sql/match.sql), offering what placement offers (its
+ * capabilities and `brick:` labels, meshwork_offered).
+ */
+const workerFits =
+  sql<boolean>`meshwork_fits(${tasks}, meshwork_offered(${workers.capabilities}, ${workers.labels}), ${workers.labels})`.mapWith(
+    asBoolean,
+  );
 
 export interface PlacementRequest {
   taskId: string;
@@ -17,13 +28,33 @@ export interface PlacementRequest {
 interface Candidate extends WorkerRow {
   activeLeases: number;
   lost: boolean;
+  /** The database's verdict: the worker fits the task (meshwork_fits, the claim's rule). */
+  fits: boolean;
 }
 
-/** The capabilities a worker offers for placement: advertised ones, plus `<id>` for every label value `brick:<id>`. */
+/** The capabilities a worker offers for placement: advertised ones, plus `<id>` for every label value `brick:<id>` (as meshwork_offered). */
 export function offered(w: Pick<WorkerRow, "capabilities" | "labels">): Set<string> {
   const set = new Set(w.capabilities);
   for (const v of Object.values(w.labels)) if (v.startsWith("brick:")) set.add(v.slice(6));
   return set;
+}
+
+/**
+ * Which of the task's requirements the worker misses, in words, for the
+ * NO_CANDIDATE message only: whether it fits is the database's verdict
+ * (`fits`, by meshwork_fits in src/leases/sql/match.sql, the rule the claim
+ * uses). test/contract/placement-match.test.ts checks that the two agree.
+ */
+export function unmet(w: Pick<WorkerRow, "capabilities" | "labels">, task: TaskRow): string[] {
+  const why: string[] = [];
+  for (const [k, v] of Object.entries(task.affinity)) {
+    if (w.labels[k] !== v) why.push(`label ${k} is not ${v}`);
+  }
+  const caps = offered(w);
+  for (const c of [task.workload, ...task.requiredCapabilities]) {
+    if (!caps.has(c)) why.push(`missing capability ${c}`);
+  }
+  return why;
 }
 
 /** Every reason a worker cannot take the task (docs/protocol.md#push-placement); empty when it can. */
@@ -32,12 +63,9 @@ export function rejections(w: Candidate, task: TaskRow): string[] {
   if (w.drained) why.push("drained");
   if (w.lost) why.push("lost (no heartbeat for 3 intervals)");
   if (w.apiBaseUrl === "") why.push("no api_base_url");
-  for (const [k, v] of Object.entries(task.affinity)) {
-    if (w.labels[k] !== v) why.push(`label ${k} is not ${v}`);
-  }
-  const caps = offered(w);
-  for (const c of [task.workload, ...task.requiredCapabilities]) {
-    if (!caps.has(c)) why.push(`missing capability ${c}`);
+  if (!w.fits) {
+    const words = unmet(w, task);
+    why.push(...(words.length > 0 ? words : ["does not match the task"]));
   }
   if (w.maxConcurrency !== 0 && w.activeLeases >= w.maxConcurrency) {
     why.push(`no free slot (${w.activeLeases}/${w.maxConcurrency})`);
@@ -82,14 +110,17 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           // Spelled out: Drizzle leaves select-list columns unqualified, and
           // inside this subquery "id" would be the task's.
           // The task being re-placed does not take a slot of its current holder.
-          activeLeases: liveLeases(workers.id, task.id).mapWith(Number),
+          activeLeases: liveLeases(workers.id, task.id).mapWith(asNumber),
           lost: workerLost(heartbeatIntervalSeconds),
+          fits: workerFits,
         })
-        .from(workers);
+        .from(workers)
+        .innerJoin(tasks, eq(tasks.id, task.id));
       const all: Candidate[] = rows.map((r) => ({
         ...r.worker,
         activeLeases: r.activeLeases,
         lost: r.lost,
+        fits: r.fits,
       }));
       // A worker without a limit (max_concurrency 0) has the most free slots.
       const free = (w: Candidate) =>
@@ -116,7 +147,7 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           .where(eq(workers.id, w.id))
           .for("no key update");
         const [now] = await tx
-          .select({ live: liveLeases(workers.id, task.id).mapWith(Number) })
+          .select({ live: liveLeases(workers.id, task.id).mapWith(asNumber) })
           .from(workers)
           .where(eq(workers.id, w.id));
         if (now && (w.maxConcurrency === 0 || now.live < w.maxConcurrency)) {

@@ -327,3 +327,16 @@ export type TaskStateName =
 export type TaskRow = typeof tasks.$inferSelect;
 export type TaskEventRow = typeof taskEvents.$inferSelect;
 export type WorkerRow = typeof workers.$inferSelect;
+
+/**
+ * Which text of the database functions (src/db/functions.ts) is installed:
+ * one row, its version and the hash of its files. A starting replica
+ * replaces the functions only with a version at least as new, so that two
+ * replicas of two releases never undo each other's functions.
+ */
+export const dbFunctions = pgTable("meshwork_functions", {
+  key: text("key").primaryKey(),
+  version: integer("version").notNull(),
+  hash: text("hash").notNull(),
+  appliedAt: timestamptz("applied_at").notNull().defaultNow(),
+});

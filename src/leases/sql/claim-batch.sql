@@ -1,0 +1,56 @@
+-- Claims that arrive together go to the database together: one statement
+-- runs each through meshwork_claim (claim.sql: the rules and plan choices
+-- are all there) and answers, after each claim, the worker's cap and the
+-- slots it has left, counted as the claim counts them, so that a
+-- ClaimTasks answer takes one round trip instead of two.
+--
+-- `claims` is a JSON array of {"worker", "caps", "labels", "max",
+-- "concurrency"} (concurrency null: the registered max_concurrency). Rows:
+-- the claimed tasks of claim 0 in claim order (free and cap null), then one
+-- row for claim 0 with its free slots and cap (task null; none for an
+-- unknown worker), then claim 1, and so on.
+--
+-- One transaction holds every worker lock it takes until it ends. The
+-- caller orders the claims by worker id, so that two batches (on two
+-- replicas) take worker locks in the same order and cannot deadlock each
+-- other.
+--
+-- A batch waits at most 2 s for a worker's lock (held by a placement, a
+-- deregistration, another replica's batch): past that, the database refuses
+-- the batch (55P03), its claims are made again one by one (leases/store.ts)
+-- and only the claim for the locked worker waits and fails (`unavailable`).
+-- Without it, one lock held long would hold every claim of the replica.
+CREATE OR REPLACE FUNCTION meshwork_claim_batch(claims jsonb)
+RETURNS TABLE (claim int, free int, cap int, task tasks)
+LANGUAGE plpgsql VOLATILE
+SET jit = off
+SET lock_timeout = '2s'
+AS $$
+DECLARE
+  c jsonb;
+  i int := 0;
+  w uuid;
+  k int;
+BEGIN
+  FOR c IN SELECT e FROM jsonb_array_elements(claims) AS e LOOP
+    w := (c->>'worker')::uuid;
+    k := (c->>'concurrency')::int;
+    RETURN QUERY
+      SELECT i, NULL::int, NULL::int, t
+      FROM meshwork_claim(
+        w,
+        ARRAY(SELECT jsonb_array_elements_text(c->'caps')),
+        c->'labels',
+        (c->>'max')::int,
+        k) AS t;
+    RETURN QUERY
+      SELECT i,
+        greatest(0, coalesce(k, x.max_concurrency) - meshwork_live_leases(x.id)),
+        coalesce(k, x.max_concurrency),
+        NULL::tasks
+      FROM workers x
+      WHERE x.id = w;
+    i := i + 1;
+  END LOOP;
+END;
+$$;

@@ -1,0 +1,73 @@
+-- A live lease, defined once: a task ASSIGNED or RUNNING whose lease has not
+-- expired by the database clock. Everything that asks whether a lease is
+-- live reads it from here: the claim (an expired lease may be taken over),
+-- the lease check of every lease-bound request (meshwork_lease_verdict
+-- below, through core/lease-check.ts), a worker's slot count
+-- (meshwork_live_leases) and the sweeper's expiry (leases/sql/expire.ts).
+-- The boundary is here and only here: live while expires_at > now(),
+-- expired from expires_at on.
+--
+-- Plain SQL functions of the row, so that the planner inlines them: the
+-- state literals reach the partial indexes (tasks_lease_expiry_idx,
+-- tasks_lease_worker_idx, `where state in ('ASSIGNED', 'RUNNING')`) as if
+-- written in place.
+CREATE OR REPLACE FUNCTION meshwork_lease_live(t tasks) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+  SELECT t.state IN ('ASSIGNED', 'RUNNING') AND t.lease_expires_at > now()
+$$;
+
+-- The other half of the same rule: a leased task whose lease ran out.
+CREATE OR REPLACE FUNCTION meshwork_lease_expired(t tasks) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+  SELECT t.state IN ('ASSIGNED', 'RUNNING') AND t.lease_expires_at <= now()
+$$;
+
+-- The live leases a worker holds, pulled or pushed. `except_task` leaves
+-- out a task being re-placed. One index lookup on tasks_lease_worker_idx.
+CREATE OR REPLACE FUNCTION meshwork_live_leases(worker uuid, except_task uuid DEFAULT NULL) RETURNS int
+LANGUAGE sql STABLE
+AS $$
+  SELECT count(*)::int FROM tasks t
+  WHERE t.lease_worker_id = worker
+    AND meshwork_lease_live(t)
+    AND t.id IS DISTINCT FROM except_task
+$$;
+
+-- The lease check: whether the request (attempt, worker, token; token ''
+-- when none was sent) holds the lease on `t`, and if not, why. NULL: it
+-- holds. Otherwise the reason a client is told (core/lease-check.ts words
+-- it), judged in this order: TASK_CANCELED, STALE_ATTEMPT, FOREIGN_WORKER,
+-- LEASE_EXPIRED (a PENDING task the sweeper took back from this attempt) or
+-- NOT_LEASED (any other state without a lease), TOKEN_MISMATCH,
+-- LEASE_EXPIRED (leased, not live). COMPLETED when this attempt of this
+-- worker already succeeded: a completion sent again is judged by its
+-- manifest (leases/store.ts); to any other request it holds no lease.
+--
+-- Every lease-bound UPDATE has `meshwork_lease_verdict(...) IS NULL` in
+-- its WHERE, so a refused request changes nothing, and the read that
+-- explains a refusal gets its reason from the same function.
+CREATE OR REPLACE FUNCTION meshwork_lease_verdict(t tasks, attempt int, worker uuid, token text) RETURNS text
+LANGUAGE sql STABLE
+AS $$
+  SELECT CASE
+    WHEN t.state = 'SUCCEEDED' AND t.attempt = attempt AND t.lease_worker_id = worker THEN 'COMPLETED'
+    WHEN t.state = 'CANCELED' THEN 'TASK_CANCELED'
+    WHEN t.attempt IS DISTINCT FROM attempt THEN 'STALE_ATTEMPT'
+    WHEN t.lease_worker_id IS DISTINCT FROM worker THEN 'FOREIGN_WORKER'
+    WHEN t.state NOT IN ('ASSIGNED', 'RUNNING') THEN
+      CASE WHEN t.state = 'PENDING' AND t.error_code = 'LEASE_EXPIRED' THEN 'LEASE_EXPIRED' ELSE 'NOT_LEASED' END
+    WHEN token IS DISTINCT FROM '' AND t.lease_token IS DISTINCT FROM token THEN 'TOKEN_MISMATCH'
+    WHEN NOT meshwork_lease_live(t) THEN 'LEASE_EXPIRED'
+  END
+$$;
+
+-- What a task records (error_code LEASE_EXPIRED) when its lease on
+-- `attempt` ran out: written by the sweeper's expiry and by a claim that
+-- takes the task over, in these words only.
+CREATE OR REPLACE FUNCTION meshwork_expiry_message(attempt int) RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+  SELECT 'the lease on attempt ' || attempt::text || ' expired'
+$$;
