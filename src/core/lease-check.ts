@@ -3,6 +3,7 @@ import { type SQL, sql } from "drizzle-orm";
 import { type TaskRow, tasks } from "../db/schema/index.js";
 import { DomainError, notFound } from "./errors.js";
 import type { LeaseRef } from "./lease-ref.js";
+import type { ReasonOf } from "./refusals.js";
 import { activeStates, stateIs } from "./task-sql.js";
 
 /**
@@ -51,7 +52,7 @@ function sameToken(a: string, b: string | null): boolean {
 export function whyNotHeld(row: TaskRow | undefined, l: LeaseRef): DomainError | undefined {
   if (!row) return notFound(`task ${l.taskId}`, { taskId: l.taskId });
   const details = { taskId: row.id, currentAttempt: row.attempt };
-  const refuse = (reason: string, message: string) =>
+  const refuse = (reason: ReasonOf<"aborted">, message: string) =>
     new DomainError("aborted", reason, message, details);
   const expired = () =>
     refuse("LEASE_EXPIRED", `the lease on attempt ${l.attempt} of task ${row.id} expired`);

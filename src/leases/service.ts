@@ -23,7 +23,6 @@ import type { ArtifactRefJson } from "../db/schema/index.js";
 import type { WorkerCache } from "../fleet/cache.js";
 import type { HeartbeatBuffer } from "../fleet/heartbeats.js";
 import type { Metrics } from "../metrics/metrics.js";
-import { codeName, codeOfKind } from "../rpc/errors.js";
 import { toTask } from "../tasks/convert.js";
 import { toClaim } from "./convert.js";
 import { sanitizeMessage } from "./sanitize.js";
@@ -138,7 +137,7 @@ function errorResult(error: DomainError): CompletionResult {
     outcome: {
       case: "error",
       value: {
-        code: codeName(codeOfKind[error.kind]),
+        code: error.kind,
         reason: error.reason,
         message: error.message,
       },

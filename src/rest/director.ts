@@ -3,7 +3,6 @@ import { create } from "@bufbuild/protobuf";
 import { type Timestamp, timestampDate, timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
-import { ErrorInfoSchema } from "../../gen/meshwork/v1/errors_pb.js";
 import { FleetService, type Worker, WorkerState } from "../../gen/meshwork/v1/fleet_pb.js";
 import {
   type KnowledgeEntry,
@@ -16,9 +15,9 @@ import type { Principal } from "../auth/principal.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { isUuid } from "../core/validate.js";
 import { sendJson } from "../http/json.js";
+import { refusalJson } from "../http/refusal-json.js";
 import type { PlainRoute, Request, Response } from "../http/routes.js";
 import type { Correlation } from "../rpc/context.js";
-import { codeName, httpStatusOfCode } from "../rpc/errors.js";
 import { field, type JsonBody, parseTime, readJson } from "./body.js";
 import type { InProcessCaller } from "./in-process.js";
 import { rolesOf } from "./roles.js";
@@ -689,13 +688,8 @@ async function sentAsConflictWithTask(s: Session, res: Response, error: unknown)
   if (!(error instanceof ConnectError) || error.code !== Code.Aborted) return false;
   const [task] = error.findDetails(TaskSchema);
   if (!task) return false;
-  const reason = error.findDetails(ErrorInfoSchema)[0]?.reason;
-  sendJson(res, httpStatusOfCode[error.code] ?? 409, {
-    ...(await s.taskJson(task)),
-    error: codeName(error.code),
-    message: error.rawMessage,
-    ...(reason && { reason }),
-  });
+  const answer = refusalJson(error);
+  sendJson(res, answer.status, { ...(await s.taskJson(task)), ...answer.body });
   return true;
 }
 
