@@ -12,12 +12,12 @@ import {
 import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
 import { type Task, TaskSchema, TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import type { Principal } from "../auth/principal.js";
+import type { Correlation } from "../core/context.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { isUuid } from "../core/validate.js";
 import { sendJson } from "../http/json.js";
 import { refusalJson } from "../http/refusal-json.js";
 import type { PlainRoute, Request, Response } from "../http/routes.js";
-import type { Correlation } from "../rpc/context.js";
 import { field, type JsonBody, parseTime, readJson } from "./body.js";
 import type { InProcessCaller } from "./in-process.js";
 import { rolesOf } from "./roles.js";

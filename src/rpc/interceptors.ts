@@ -6,12 +6,12 @@ import {
   type UnaryRequest,
 } from "@connectrpc/connect";
 import { codeToString } from "@connectrpc/connect/protocol-connect";
+import { kCorrelationId, kTrace } from "../core/context.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { nulPath } from "../core/validate.js";
 import type { Logger } from "../log.js";
 import { newSpanId, type TraceContext, traceFromHeaders } from "../tracing/context.js";
 import type { Tracing } from "../tracing/tracing.js";
-import { kCorrelationId, kTrace } from "./context.js";
 import type { ToClientError } from "./errors.js";
 
 /**
