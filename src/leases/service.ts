@@ -86,8 +86,9 @@ function progressOf(p: ProgressMessage | undefined): Progress | undefined {
 /**
  * A result must name coordinator-owned bytes: the `uri` is the download URL
  * this coordinator issues for `artifact_id`. Host paths, `file://`,
- * `worker://` and other hosts are refused. (Checking that the artifact exists
- * and belongs to this attempt arrives with ArtifactService.)
+ * `worker://` and other hosts are refused. That the artifact exists and is
+ * one of this attempt's with this sha256 is checked by the completion's own
+ * statement (leases/store.ts, ARTIFACT_MISMATCH).
  */
 function resultRef(
   ref: ArtifactRef | undefined,
@@ -174,9 +175,7 @@ async function checkCheckpoint(
  * renewals (unary and streamed), completions (one or a batch), failures and
  * releases.
  */
-export function createLeaseService(
-  app: LeaseServiceDeps,
-): Partial<ServiceImpl<typeof LeaseService>> {
+export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof LeaseService> {
   const publicUrl = app.config.publicUrl;
   /** Each task's completion counts once; an identical repeat, accepted again, counts apart. */
   const countCompletion = (o: { ok: { workload: string }; repeat?: boolean }) =>

@@ -229,7 +229,7 @@ function originOf(values: ContextValues): CreateOrigin {
 }
 
 /** TaskService: create, read, watch, cancel, and push placement (ScheduleTask, RetryTask). */
-export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typeof TaskService>> {
+export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof TaskService> {
   return {
     async createTask(req, ctx) {
       const task = fromCreateRequest(req, originOf(ctx.values));
