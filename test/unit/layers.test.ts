@@ -37,7 +37,7 @@ import { describe, expect, it } from "vitest";
  * 12  server  startup
  * 13  main  cli/     start-up, signals, the meshwork command
  */
-export const ranks: Record<string, number> = {
+const ranks: Record<string, number> = {
   db: 0,
   sdk: 0,
   config: 1,
