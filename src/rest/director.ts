@@ -5,8 +5,6 @@ import { leaseRoutes } from "./director/leases.js";
 import { type DirectorDeps, directorRoute } from "./director/session.js";
 import { taskRoutes } from "./director/tasks.js";
 
-export type { DirectorDeps, LeaseOf } from "./director/session.js";
-
 /**
  * The director REST contract under `/api/mesh` (camelCase JSON): the fleet
  * registry by peer id, tasks and push placement, leases named by their

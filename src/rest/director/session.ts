@@ -137,7 +137,10 @@ function session(deps: DirectorDeps, caller: CallerOf, body: AsyncIterable<Uint8
 
 export type Session = ReturnType<typeof session>;
 
-/** One route of the director contract: its path under `/api/mesh` ({id}: a path segment), its RPCs, and a handler answering [status, JSON body]. */
+/**
+ * One route of the director contract: its path under `/api/mesh` (`{id}`: a
+ * path segment), its RPCs, and a handler answering [status, JSON body].
+ */
 export type DirectorRoute = (
   methods: string[],
   path: string,
