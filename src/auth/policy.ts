@@ -4,8 +4,9 @@ import type { TokenRoleName } from "../db/schema/index.js";
  * Who may call each RPC. Admin may call everything; `roles` lists the other
  * roles allowed. `actsFor` names the workers a request acts for: a worker
  * token may act only for workers registered with it. An RPC missing here is
- * admin only (test/unit/policy.test.ts checks that every served RPC has a
- * rule, so a new one cannot slip through unprotected by accident).
+ * admin only (test/rpc/auth.test.ts, "has a rule for every RPC it serves",
+ * checks that every served RPC has a rule, so a new one cannot slip through
+ * unprotected by accident).
  */
 export interface MethodRule {
   roles: readonly TokenRoleName[];

@@ -1,4 +1,4 @@
-import { createContextKey } from "@connectrpc/connect";
+import { type ContextValues, createContextKey } from "@connectrpc/connect";
 import type { TokenRoleName } from "../db/schema/index.js";
 
 /** Who is calling: the token presented, or everyone when auth is off. */
@@ -36,8 +36,26 @@ export const kPreauthenticated = createContextKey<Principal | undefined>(undefin
   description: "caller authenticated by a plain route",
 });
 
-/** The caller of an RPC: set by the auth interceptor before any handler runs. */
-export const kPrincipal = createContextKey<Principal>(anonymousAdmin, { description: "caller" });
+/**
+ * The caller of an RPC: set by the auth interceptor before any handler
+ * runs. No default: a handler read through callerOf fails closed when the
+ * interceptor did not run, instead of acting as an anonymous admin.
+ */
+export const kPrincipal = createContextKey<Principal | undefined>(undefined, {
+  description: "caller",
+});
+
+/**
+ * The caller of an RPC (kPrincipal). Absent only when a handler runs
+ * without the auth interceptor, which is a wiring bug: the call is refused
+ * (`internal`, logged), never served as anyone. Every path that serves RPCs
+ * (server.ts, the in-process REST calls, the tests' transports) runs it.
+ */
+export function callerOf(values: ContextValues): Principal {
+  const principal = values.get(kPrincipal);
+  if (!principal) throw new Error("no caller in the context: the auth interceptor did not run");
+  return principal;
+}
 
 /**
  * Where a network call comes from (its source address, the body bytes it

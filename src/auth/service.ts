@@ -11,7 +11,7 @@ import { invalid } from "../core/errors.js";
 import { decodeCursor, pageSize } from "../core/paging.js";
 import { uuidField } from "../core/validate.js";
 import type { TokenRoleName, TokenRow } from "../db/schema/index.js";
-import { kPrincipal } from "./principal.js";
+import { callerOf } from "./principal.js";
 import type { TokenStore } from "./token-store.js";
 
 const roleNames: Partial<Record<TokenRole, TokenRoleName>> = {
@@ -51,7 +51,7 @@ export function createTokenService(app: {
     },
 
     async whoAmI(_req, ctx) {
-      const p = ctx.values.get(kPrincipal);
+      const p = callerOf(ctx.values);
       return {
         token: create(TokenSchema, { tokenId: p.tokenId ?? "", name: p.name, role: roles[p.role] }),
       };

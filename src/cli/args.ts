@@ -1,5 +1,6 @@
 import { type ParseArgsConfig, parseArgs } from "node:util";
 import { Code, ConnectError } from "@connectrpc/connect";
+import { codeToString } from "@connectrpc/connect/protocol-connect";
 import { checkedUrl } from "../sdk/rpc.js";
 import { defaultUrl, type Endpoint, resolveToken } from "./connect.js";
 
@@ -142,15 +143,10 @@ export async function runCommand(
         error.code === Code.Unauthenticated
           ? ` (${options.unauthenticatedHint ?? "check --token, $MESHWORK_TOKEN or <data dir>/admin.token"})`
           : "";
-      io.err.write(`${prefix}: ${codeName(error.code)}: ${error.rawMessage}${hint}\n`);
+      io.err.write(`${prefix}: ${codeToString(error.code)}: ${error.rawMessage}${hint}\n`);
       return 1;
     }
     io.err.write(`${prefix}: ${(error as Error).message}\n`);
     return 1;
   }
-}
-
-/** "not_found" for Code.NotFound: the names the protocol documents. */
-export function codeName(code: Code): string {
-  return (Code[code] ?? "unknown").replace(/([a-z])([A-Z])/g, "$1_$2").toLowerCase();
 }

@@ -18,7 +18,8 @@ import { uploadInput } from "./artifact.js";
 import { transportFor } from "./connect.js";
 import { workerIdOf } from "./resolve.js";
 import { unknownSubcommand } from "./suggest.js";
-import { ago, record, table, when } from "./table.js";
+import { ago, table } from "./table.js";
+import { describe, json, stateName, watch } from "./task-view.js";
 
 const usage = `Usage:
   meshwork task create --workload W [--name N] [--param K=V]... [--params JSON]
@@ -80,11 +81,6 @@ const states: Record<string, TaskState> = {
   canceled: TaskState.CANCELED,
   cancelled: TaskState.CANCELED,
 };
-
-const terminal = new Set([TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELED]);
-
-const stateName = (s: TaskState) => TaskState[s] ?? String(s);
-const json = (t: Task) => JSON.stringify(toJson(TaskSchema, t));
 
 /** `meshwork task …`; returns the exit code. */
 export async function taskCommand(argv: string[], io: Io = stdio): Promise<number> {
@@ -299,38 +295,6 @@ async function one(sub: "get" | "retry" | "watch", args: string[], io: Io) {
   return 0;
 }
 
-async function watch(stream: AsyncIterable<{ task?: Task }>, asJson: boolean, io: Io) {
-  let last: Task | undefined;
-  let lastLine = "";
-  for await (const res of stream) {
-    const t = res.task;
-    if (!t) continue;
-    last = t;
-    if (asJson) {
-      io.out.write(`${json(t)}\n`);
-      continue;
-    }
-    const line = [
-      stateName(t.state),
-      `attempt ${t.attempt}`,
-      t.lease?.workerId && !t.lease.endedAt ? `worker ${t.lease.workerId}` : "",
-      t.progress && (t.progress.completedSteps > 0 || t.progress.message)
-        ? `progress ${t.progress.completedSteps}${t.steps !== undefined ? `/${t.steps}` : ""}${t.progress.message ? ` ${t.progress.message}` : ""}`
-        : "",
-      t.error ? `error ${t.error.code}: ${t.error.message}` : "",
-      t.resultSummary ? `result ${t.resultSummary}` : "",
-    ]
-      .filter((s) => s !== "")
-      .join("  ");
-    if (line !== lastLine) io.out.write(`${new Date().toISOString()}  ${line}\n`);
-    lastLine = line;
-  }
-  if (!last || !terminal.has(last.state)) {
-    throw new Error("the watch ended before the task did");
-  }
-  return last.state === TaskState.SUCCEEDED ? 0 : 3;
-}
-
 async function list(args: string[], io: Io): Promise<number> {
   const { values, positionals } = parse(args, {
     ...endpointOptions,
@@ -429,62 +393,4 @@ function pairs(flag: string, each: string[]): Record<string, string> {
     out[p.slice(0, i)] = p.slice(i + 1);
   }
   return out;
-}
-
-/** One task as aligned "key: value" lines. */
-export function describe(t: Task): string {
-  const lines: [string, string][] = [
-    ["task", t.taskId],
-    ["name", t.name || "-"],
-    ["workload", t.workload],
-    [
-      "state",
-      `${stateName(t.state)}${t.cancelRequested && t.state !== TaskState.CANCELED ? " (cancel requested)" : ""}`,
-    ],
-    ["attempt", `${t.attempt} of ${t.maxAttempts}`],
-    ["priority", String(t.priority)],
-  ];
-  if (t.requiredCapabilities.length > 0)
-    lines.push(["capabilities", t.requiredCapabilities.join(", ")]);
-  const aff = Object.entries(t.affinity);
-  if (aff.length > 0) lines.push(["affinity", aff.map(([k, v]) => `${k}=${v}`).join(", ")]);
-  if (t.parameters) lines.push(["parameters", JSON.stringify(t.parameters)]);
-  if (t.input)
-    lines.push([
-      "input",
-      `${t.input.artifactId} (${t.input.sizeBytes} bytes, sha256 ${t.input.sha256})`,
-    ]);
-  // A lease is shown as live only while it holds; after, when it ended.
-  if (t.lease && !t.lease.endedAt)
-    lines.push([
-      "lease",
-      `worker ${t.lease.workerId}, attempt ${t.lease.attempt}, expires ${when(t.lease.expiresAt)}`,
-    ]);
-  else if (t.lease)
-    lines.push([
-      "last lease",
-      `worker ${t.lease.workerId}, attempt ${t.lease.attempt}, ended ${when(t.lease.endedAt)}`,
-    ]);
-  if (t.assignedWorkerId)
-    lines.push(["assigned", `${t.assignedWorkerId} (${t.assignedApiBaseUrl})`]);
-  if (t.progress && (t.progress.completedSteps > 0 || t.progress.message)) {
-    lines.push([
-      "progress",
-      `${t.progress.completedSteps}${t.steps !== undefined ? `/${t.steps}` : ""}${t.progress.message ? ` ${t.progress.message}` : ""}`,
-    ]);
-  }
-  if (t.error) lines.push(["error", `${t.error.code}: ${t.error.message}`]);
-  if (t.result)
-    lines.push([
-      "result",
-      `${t.result.artifactId} (${t.result.sizeBytes} bytes, sha256 ${t.result.sha256})`,
-    ]);
-  if (t.resultSummary) lines.push(["summary", t.resultSummary]);
-  if (t.correlationId) lines.push(["correlation", t.correlationId]);
-  lines.push(["created", when(t.createdAt)], ["updated", when(t.updatedAt)]);
-  if (t.startedAt) lines.push(["started", when(t.startedAt)]);
-  if (t.finishedAt) lines.push(["finished", when(t.finishedAt)]);
-  if (t.deadline) lines.push(["deadline", when(t.deadline)]);
-  if (t.notBefore) lines.push(["not before", when(t.notBefore)]);
-  return record(lines);
 }

@@ -1,29 +1,19 @@
 import type { TaskRow } from "../db/schema/index.js";
-
-/** The kinds of refusal Meshwork answers with; rpc/errors.ts maps each to a Connect code. */
-export type ErrorKind =
-  | "invalid_argument"
-  | "unauthenticated"
-  | "permission_denied"
-  | "not_found"
-  | "already_exists"
-  | "aborted"
-  | "failed_precondition"
-  | "resource_exhausted"
-  | "unavailable"
-  | "data_loss";
+import type { Reason, ReasonOf, refusals } from "./refusals.js";
 
 /**
  * The one error type of the domain: a refusal a client may see. Validators
- * and stores throw it; `reason` is the machine-readable cause (e.g.
- * STALE_ATTEMPT); the message never holds SQL, parameters, paths or tokens.
- * Anything else thrown is a bug and reaches a client as `internal`.
+ * and stores throw it; `reason` is the machine-readable cause, a name from
+ * the refusal table (core/refusals.ts), and `kind` must be that reason's
+ * code there: the compiler checks both at every throw site. The message
+ * never holds SQL, parameters, paths or tokens. Anything else thrown is a
+ * bug and reaches a client as `internal`.
  */
-export class DomainError extends Error {
+export class DomainError<R extends Reason = Reason> extends Error {
   override readonly name = "DomainError";
   constructor(
-    readonly kind: ErrorKind,
-    readonly reason: string,
+    readonly kind: NoInfer<(typeof refusals)[R]["kind"]>,
+    readonly reason: R,
     message: string,
     readonly details: {
       taskId?: string;
@@ -38,7 +28,10 @@ export class DomainError extends Error {
 }
 
 /** Shorthand for a bad-input refusal. */
-export function invalid(message: string, reason = "INVALID_ARGUMENT"): DomainError {
+export function invalid(
+  message: string,
+  reason: ReasonOf<"invalid_argument"> = "INVALID_ARGUMENT",
+): DomainError {
   return new DomainError("invalid_argument", reason, message);
 }
 
@@ -51,7 +44,10 @@ export function unauthenticated(message = "a valid bearer token is required"): D
 }
 
 /** A valid token that may not do this, or that acts for another token's worker. */
-export function permissionDenied(message: string, reason = "PERMISSION_DENIED"): DomainError {
+export function permissionDenied(
+  message: string,
+  reason: ReasonOf<"permission_denied"> = "PERMISSION_DENIED",
+): DomainError {
   return new DomainError("permission_denied", reason, message);
 }
 

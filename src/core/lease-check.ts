@@ -3,6 +3,7 @@ import type { Db } from "../db/database.js";
 import { type TaskRow, tasks } from "../db/schema/index.js";
 import { DomainError, notFound } from "./errors.js";
 import type { LeaseRef } from "./lease-ref.js";
+import type { ReasonOf } from "./refusals.js";
 
 /**
  * The lease check, written once, in SQL: `meshwork_lease_verdict`
@@ -78,7 +79,7 @@ export function judged<T extends TaskRow & { verdict: string | null }>(r: T): Ju
 export function leaseRefusal(found: Judged | undefined, l: LeaseRef): DomainError {
   if (!found) return notFound(`task ${l.taskId}`, { taskId: l.taskId });
   const { row, verdict } = found;
-  const refuse = (reason: string, message: string) =>
+  const refuse = (reason: ReasonOf<"aborted">, message: string) =>
     new DomainError("aborted", reason, message, {
       taskId: row.id,
       currentAttempt: row.attempt,

@@ -7,7 +7,7 @@ import {
   TaskStateCountSchema,
   WorkerState,
 } from "../../gen/meshwork/v1/fleet_pb.js";
-import { kPrincipal } from "../auth/principal.js";
+import { callerOf } from "../auth/principal.js";
 import type { Config } from "../config.js";
 import { invalid } from "../core/errors.js";
 import { decodeCursor, pageSize } from "../core/paging.js";
@@ -96,7 +96,7 @@ export function createFleetService(app: FleetServiceDeps): ServiceImpl<typeof Fl
       if (req.workerId !== "" && input.peerId !== undefined) {
         throw invalid("give worker_id or peer_id, not both");
       }
-      const principal = ctx.values.get(kPrincipal);
+      const principal = callerOf(ctx.values);
       const worker = await app.fleet.register(
         input,
         req.workerId === "" ? undefined : uuidField("worker_id", req.workerId),

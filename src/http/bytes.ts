@@ -1,15 +1,30 @@
 import type * as http from "node:http";
 import { pipeline } from "node:stream/promises";
-import type { App } from "../app.js";
 import { toArtifactRefJson } from "../artifacts/convert.js";
 import { assertReachable } from "../artifacts/reachable.js";
-import { storeUpload } from "../artifacts/uploads.js";
-import { assertNotCorrupt, verifiedRead } from "../artifacts/verify.js";
+import type { ArtifactStore } from "../artifacts/store.js";
+import { storeUpload, type UploadDeps } from "../artifacts/uploads.js";
+import { assertNotCorrupt, type VerifyDeps, verifiedRead } from "../artifacts/verify.js";
+import type { Config } from "../config.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { isUuid } from "../core/validate.js";
 import type { ArtifactRow } from "../db/schema/index.js";
+import type { Metrics } from "../metrics/metrics.js";
+import type { TaskStore } from "../tasks/store.js";
 import { sendJson } from "./json.js";
 import { header, type PlainRoute, type Request, type Response } from "./routes.js";
+
+/**
+ * What the byte routes use (the app satisfies it): an upload's and a
+ * download's dependencies, and the task a task's input or result belongs to.
+ */
+export type ByteRouteDeps = UploadDeps &
+  VerifyDeps & {
+    config: Pick<Config, "publicUrl">;
+    artifacts: Pick<ArtifactStore, "get">;
+    tasks: Pick<TaskStore, "get">;
+    metrics: Pick<Metrics, "artifactBytesIn" | "artifactBytesOut" | "corruptBlobs">;
+  };
 
 /** Parses a single `bytes=` range; undefined for none (or several: served whole). */
 function parseRange(
@@ -37,7 +52,7 @@ function parseRange(
 
 /** Streams an artifact's bytes: Content-Length, ETag (the sha256), one Range → 206. */
 async function sendArtifact(
-  app: App,
+  app: ByteRouteDeps,
   req: Request,
   res: Response,
   row: ArtifactRow,
@@ -98,7 +113,7 @@ async function sendArtifact(
  * upload of a task artifact, and downloads of artifacts, a task's input and
  * its result.
  */
-export function byteRoutes(app: App): PlainRoute[] {
+export function byteRoutes(app: ByteRouteDeps): PlainRoute[] {
   /** A task's input or result bytes (match: task id, "input" or "result"). */
   const taskBytes = (pattern: RegExp): PlainRoute => ({
     methods: ["GET", "HEAD"],

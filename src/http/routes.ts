@@ -1,16 +1,17 @@
 import type * as http from "node:http";
 import type * as http2 from "node:http2";
-import { ErrorInfoSchema } from "../../gen/meshwork/v1/errors_pb.js";
+import { Code } from "@connectrpc/connect";
 import type { Guard } from "../auth/guard.js";
 import { anonymousAdmin, type Principal } from "../auth/principal.js";
+import type { Correlation } from "../core/context.js";
 import { DomainError } from "../core/errors.js";
 import type { TokenRoleName } from "../db/schema/index.js";
 import type { Logger } from "../log.js";
-import type { Correlation } from "../rpc/context.js";
-import { codeName, httpStatusOf, type ToClientError } from "../rpc/errors.js";
+import type { ToClientError } from "../rpc/errors.js";
 import { guardedBody } from "./body-guard.js";
 import type { ConnectionTrust } from "./connection-trust.js";
 import { sendJson } from "./json.js";
+import { refusalJson } from "./refusal-json.js";
 import { askerOf } from "./source.js";
 import type { Tarpit } from "./tarpit.js";
 
@@ -95,16 +96,16 @@ export function createPlainRouter(
     }
     const retryAfter = e.metadata.get("retry-after");
     if (retryAfter) res.setHeader("retry-after", retryAfter);
-    if (e.code === 16) res.setHeader("www-authenticate", 'Bearer realm="meshwork"');
-    const reason = e.findDetails(ErrorInfoSchema)[0]?.reason;
-    if (reason === "STORAGE_FULL") {
-      log.warn({ correlation_id: correlation.id, reason }, "refused: the storage is full");
+    if (e.code === Code.Unauthenticated)
+      res.setHeader("www-authenticate", 'Bearer realm="meshwork"');
+    const answer = refusalJson(e);
+    if (answer.reason === "STORAGE_FULL") {
+      log.warn(
+        { correlation_id: correlation.id, reason: answer.reason },
+        "refused: the storage is full",
+      );
     }
-    sendJson(res, httpStatusOf(e.code, reason), {
-      error: codeName(e.code),
-      message: e.rawMessage,
-      ...(reason && reason !== "INVALID_ARGUMENT" && { reason }),
-    });
+    sendJson(res, answer.status, answer.body);
   }
 
   return (req: Request, res: Response, path: string, correlation: Correlation): boolean => {

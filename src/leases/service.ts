@@ -23,7 +23,6 @@ import type { ArtifactRefJson } from "../db/schema/index.js";
 import type { WorkerCache } from "../fleet/cache.js";
 import type { HeartbeatBuffer } from "../fleet/heartbeats.js";
 import type { Metrics } from "../metrics/metrics.js";
-import { codeName, codeOfKind } from "../rpc/errors.js";
 import { toTask } from "../tasks/convert.js";
 import { toClaim } from "./convert.js";
 import { sanitizeMessage } from "./sanitize.js";
@@ -139,7 +138,7 @@ function errorResult(error: DomainError): CompletionResult {
     outcome: {
       case: "error",
       value: {
-        code: codeName(codeOfKind[error.kind]),
+        code: error.kind,
         reason: error.reason,
         message: error.message,
       },
@@ -176,9 +175,7 @@ async function checkCheckpoint(
  * renewals (unary and streamed), completions (one or a batch), failures and
  * releases.
  */
-export function createLeaseService(
-  app: LeaseServiceDeps,
-): Partial<ServiceImpl<typeof LeaseService>> {
+export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof LeaseService> {
   const publicUrl = app.config.publicUrl;
   /** Each task's completion counts once; an identical repeat, accepted again, counts apart. */
   const countCompletion = (o: { ok: { workload: string }; repeat?: boolean }) =>

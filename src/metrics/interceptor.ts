@@ -1,14 +1,6 @@
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
+import { codeToString } from "@connectrpc/connect/protocol-connect";
 import type { Metrics } from "./metrics.js";
-
-/**
- * A Connect code's name as clients see it (`not_found`), as rpc/errors.ts
- * codeName; not imported from there: rpc/ sits above the services, which
- * count into metrics/.
- */
-function codeName(code: Code): string {
-  return Code[code].replace(/([a-z])([A-Z])/g, "$1_$2").toLowerCase();
-}
 
 /**
  * Counts every RPC and observes its duration by service, method and code
@@ -33,7 +25,7 @@ export function createMetricsInterceptor(
       end({ code });
       metrics.rpcRequests.inc({ ...labels, code });
     };
-    const codeOf = (error: unknown) => codeName(ConnectError.from(error).code);
+    const codeOf = (error: unknown) => codeToString(ConnectError.from(error).code);
     // A call its client left, or whose deadline passed, may still end
     // quietly (a long poll answers "nothing"): it counts as aborted.
     const ended = () => (req.signal.aborted ? codeOf(req.signal.reason) : "ok");
@@ -60,7 +52,7 @@ export function createMetricsInterceptor(
           throw error;
         } finally {
           // Left before its end: whoever read the stream stopped.
-          count(codeName(Code.Canceled));
+          count(codeToString(Code.Canceled));
         }
       })(),
     } as typeof res;

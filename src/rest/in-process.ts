@@ -9,7 +9,7 @@ import {
 import { createAsyncIterable, type UniversalHandler } from "@connectrpc/connect/protocol";
 import { createTransport } from "@connectrpc/connect/protocol-connect";
 import { kPreauthenticated, type Principal } from "../auth/principal.js";
-import { type Correlation, correlationValues } from "../rpc/context.js";
+import { type Correlation, correlationValues } from "../core/context.js";
 
 /** Who makes an in-process call, and for which request. */
 export interface CallerOf {

@@ -7,7 +7,7 @@ import { sendJson } from "../http/json.js";
 import type { PlainRoute, Response } from "../http/routes.js";
 import { field, type JsonBody, readJson, secondsUtc } from "./body.js";
 import type { InProcessCaller } from "./in-process.js";
-import { rolesOf } from "./roles.js";
+import { restRoute } from "./route.js";
 
 /**
  * The coordinator/worker REST contract (snake_case JSON), for workers
@@ -29,12 +29,12 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
   const leaseFields = ["worker_id", "attempt", "lease_token"];
 
   return [
-    {
-      methods: ["POST"],
-      pattern: /^\/workers\/register$/,
-      roles: rolesOf("FleetService/RegisterWorker"),
-      what: "register a worker",
-      async handle({ res, body: bytes, ...caller }) {
+    restRoute(
+      ["POST"],
+      /^\/workers\/register$/,
+      ["FleetService/RegisterWorker"],
+      "register a worker",
+      async ({ res, body: bytes, caller }) => {
         const body = await readJson(bytes, maxBodyBytes, [
           "name",
           "capabilities",
@@ -45,10 +45,7 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
           "max_concurrency",
           "worker_id",
         ]);
-        const registered = await call(FleetService, {
-          ...caller,
-          signal: signalOf(res),
-        }).registerWorker({
+        const registered = await call(FleetService, caller).registerWorker({
           workerId: field.string(body, "worker_id") ?? "",
           name: field.string(body, "name") ?? "",
           capabilities: field.strings(body, "capabilities") ?? [],
@@ -63,23 +60,20 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
           heartbeat_interval_seconds: registered.heartbeatIntervalSeconds,
         });
       },
-    },
-    {
-      methods: ["POST"],
-      pattern: /^\/tasks\/claim$/,
-      roles: rolesOf("LeaseService/ClaimTasks"),
-      what: "claim tasks",
-      async handle({ res, body: bytes, ...caller }) {
+    ),
+    restRoute(
+      ["POST"],
+      /^\/tasks\/claim$/,
+      ["LeaseService/ClaimTasks"],
+      "claim tasks",
+      async ({ res, body: bytes, caller }) => {
         const body = await readJson(bytes, maxBodyBytes, [
           "worker_id",
           "capabilities",
           "max_concurrency",
           "wait_seconds",
         ]);
-        const { claims } = await call(LeaseService, {
-          ...caller,
-          signal: signalOf(res),
-        }).claimTasks({
+        const { claims } = await call(LeaseService, caller).claimTasks({
           workerId: field.string(body, "worker_id") ?? "",
           capabilities: field.strings(body, "capabilities") ?? [],
           maxConcurrency: field.int(body, "max_concurrency"),
@@ -93,15 +87,15 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
         }
         sendJson(res, 200, claimJson(claim));
       },
-    },
-    {
-      methods: ["POST"],
-      pattern: /^\/tasks\/([^/]+)\/heartbeat$/,
-      roles: rolesOf("LeaseService/RenewLease"),
-      what: "renew a lease",
-      async handle({ res, match, body: bytes, ...caller }) {
+    ),
+    restRoute(
+      ["POST"],
+      /^\/tasks\/([^/]+)\/heartbeat$/,
+      ["LeaseService/RenewLease"],
+      "renew a lease",
+      async ({ res, match, body: bytes, caller }) => {
         const body = await readJson(bytes, maxBodyBytes, [...leaseFields, "extend_seconds"]);
-        const renewed = await call(LeaseService, { ...caller, signal: signalOf(res) }).renewLease({
+        const renewed = await call(LeaseService, caller).renewLease({
           ...lease(body, match[1] ?? ""),
           extendSeconds: field.int(body, "extend_seconds"),
         });
@@ -112,13 +106,13 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
           cancel_requested: renewed.cancelRequested,
         });
       },
-    },
-    {
-      methods: ["POST"],
-      pattern: /^\/tasks\/([^/]+)\/result$/,
-      roles: rolesOf("LeaseService/CompleteTask"),
-      what: "complete a task",
-      async handle({ res, match, body: bytes, ...caller }) {
+    ),
+    restRoute(
+      ["POST"],
+      /^\/tasks\/([^/]+)\/result$/,
+      ["LeaseService/CompleteTask"],
+      "complete a task",
+      async ({ res, match, body: bytes, caller }) => {
         const body = await readJson(bytes, maxBodyBytes, [
           ...leaseFields,
           "result",
@@ -133,10 +127,7 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
             }
           }
         }
-        const { task } = await call(LeaseService, {
-          ...caller,
-          signal: signalOf(res),
-        }).completeTask({
+        const { task } = await call(LeaseService, caller).completeTask({
           ...lease(body, match[1] ?? ""),
           result: result && {
             artifactId: field.string(result, "artifact_id") ?? "",
@@ -150,20 +141,20 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
         });
         sendJson(res, 200, taskOutcome(task));
       },
-    },
-    {
-      methods: ["POST"],
-      pattern: /^\/tasks\/([^/]+)\/failure$/,
-      roles: rolesOf("LeaseService/FailTask"),
-      what: "fail a task",
-      async handle({ res, match, body: bytes, ...caller }) {
+    ),
+    restRoute(
+      ["POST"],
+      /^\/tasks\/([^/]+)\/failure$/,
+      ["LeaseService/FailTask"],
+      "fail a task",
+      async ({ res, match, body: bytes, caller }) => {
         const body = await readJson(bytes, maxBodyBytes, [
           ...leaseFields,
           "error_code",
           "error_message",
           "retryable",
         ]);
-        const { task } = await call(LeaseService, { ...caller, signal: signalOf(res) }).failTask({
+        const { task } = await call(LeaseService, caller).failTask({
           ...lease(body, match[1] ?? ""),
           errorCode: field.string(body, "error_code") ?? "",
           errorMessage: field.string(body, "error_message") ?? "",
@@ -174,7 +165,7 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
           retry_at: task?.notBefore ? secondsUtc(timestampDate(task.notBefore)) : null,
         });
       },
-    },
+    ),
   ];
 }
 
@@ -216,13 +207,4 @@ function taskOutcome(task: Task | undefined) {
 function noContent(res: Response): void {
   res.writeHead(204);
   res.end();
-}
-
-/** Aborted when the client goes away before its answer is sent. */
-export function signalOf(res: Response): AbortSignal {
-  const controller = new AbortController();
-  res.on("close", () => {
-    if (!res.writableFinished) controller.abort();
-  });
-  return controller.signal;
 }

@@ -3,54 +3,10 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { ErrorInfoSchema } from "../../gen/meshwork/v1/errors_pb.js";
 import { type Task, TaskSchema } from "../../gen/meshwork/v1/task_pb.js";
 import { BlobStoreUnavailable, isStorageFull, storageFull } from "../artifacts/blob-unavailable.js";
-import { DomainError, type ErrorKind } from "../core/errors.js";
+import { DomainError } from "../core/errors.js";
+import { codeOfKind } from "../core/refusals.js";
 import { isTransientDatabaseError } from "../db/faults.js";
 import type { TaskRow } from "../db/schema/index.js";
-
-/** The one table from a domain refusal to a Connect code (docs/protocol.md#errors). */
-export const codeOfKind: Record<ErrorKind, Code> = {
-  invalid_argument: Code.InvalidArgument,
-  unauthenticated: Code.Unauthenticated,
-  permission_denied: Code.PermissionDenied,
-  not_found: Code.NotFound,
-  already_exists: Code.AlreadyExists,
-  aborted: Code.Aborted,
-  failed_precondition: Code.FailedPrecondition,
-  resource_exhausted: Code.ResourceExhausted,
-  unavailable: Code.Unavailable,
-  data_loss: Code.DataLoss,
-};
-
-/** HTTP status of a Connect code, for the plain HTTP routes. */
-export const httpStatusOfCode: Partial<Record<Code, number>> = {
-  [Code.InvalidArgument]: 400,
-  [Code.Unauthenticated]: 401,
-  [Code.PermissionDenied]: 403,
-  [Code.NotFound]: 404,
-  [Code.Aborted]: 409,
-  [Code.AlreadyExists]: 409,
-  [Code.FailedPrecondition]: 400,
-  [Code.ResourceExhausted]: 429,
-  [Code.Unimplemented]: 501,
-  [Code.Unavailable]: 503,
-  [Code.Canceled]: 499,
-  [Code.DeadlineExceeded]: 504,
-  [Code.DataLoss]: 500,
-};
-
-/**
- * The HTTP status of a refusal on the plain routes: the table above, but
- * 507 (Insufficient Storage) for an upload the storage had no room for.
- */
-export function httpStatusOf(code: Code, reason: string | undefined): number {
-  if (reason === "STORAGE_FULL") return 507;
-  return httpStatusOfCode[code] ?? 500;
-}
-
-/** Connect's lower_snake name of a code, e.g. `already_exists`. */
-export function codeName(code: Code): string {
-  return Code[code].replace(/([a-z])([A-Z])/g, "$1_$2").toLowerCase();
-}
 
 /**
  * What connect-es 2.2 and connect-node say, with code `internal`, about
@@ -160,7 +116,7 @@ export function createErrorMapper(encodeTask: TaskEncoder) {
     const retryAfter = error.details.retryAfterMs;
     return new ConnectError(
       bounded(error.message),
-      codeOfKind[error.kind],
+      codeOfKind(error.kind),
       retryAfter === undefined
         ? undefined
         : { "retry-after": String(Math.ceil(retryAfter / 1000)) },

@@ -5,13 +5,14 @@ import {
   type StreamRequest,
   type UnaryRequest,
 } from "@connectrpc/connect";
+import { codeToString } from "@connectrpc/connect/protocol-connect";
+import { kCorrelationId, kTrace } from "../core/context.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { nulPath } from "../core/validate.js";
 import type { Logger } from "../log.js";
 import { newSpanId, type TraceContext, traceFromHeaders } from "../tracing/context.js";
 import type { Tracing } from "../tracing/tracing.js";
-import { kCorrelationId, kTrace } from "./context.js";
-import { codeName, type ToClientError } from "./errors.js";
+import type { ToClientError } from "./errors.js";
 
 /**
  * Logs every RPC with its correlation id, trace and span ids, method, code
@@ -76,12 +77,12 @@ export function createRpcInterceptor(
         // and nobody is left to tell. One line, no stack.
         const code =
           req.signal.reason instanceof ConnectError ? req.signal.reason.code : Code.Canceled;
-        span?.end(codeName(code));
-        rpcLog.debug({ code: codeName(code), ms }, "rpc ended: the client went away");
+        span?.end(codeToString(code));
+        rpcLog.debug({ code: codeToString(code), ms }, "rpc ended: the client went away");
         return new ConnectError("the client went away", code);
       }
       const mapped = toClientError(error);
-      span?.end(codeName(mapped.error.code));
+      span?.end(codeToString(mapped.error.code));
       if (mapped.unexpected) rpcLog.error({ err: error, code: "internal", ms }, "rpc failed");
       else if (mapped.error.code === Code.Unavailable)
         rpcLog.warn({ err: error, code: "unavailable", ms }, "rpc failed: unavailable");

@@ -13,6 +13,7 @@ import type { ArtifactStore } from "../artifacts/store.js";
 import { storeUpload, type UploadDeps } from "../artifacts/uploads.js";
 import type { Config } from "../config.js";
 import { canonicalJson } from "../core/canonical-json.js";
+import { kCorrelationId, kCorrelationSent, kTrace } from "../core/context.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { decodeCursor, decodePageToken, pageSize } from "../core/paging.js";
 import { linkedSignal } from "../core/signals.js";
@@ -20,7 +21,6 @@ import { terminalStates } from "../core/task-sql.js";
 import { intInRange, text, timeField, uuidField } from "../core/validate.js";
 import type { ArtifactRefJson, TaskRow, TaskStateName } from "../db/schema/index.js";
 import type { Metrics } from "../metrics/metrics.js";
-import { kCorrelationId, kCorrelationSent, kTrace } from "../rpc/context.js";
 import { traceparentOf } from "../tracing/context.js";
 import {
   type CreateOrigin,
@@ -229,7 +229,7 @@ function originOf(values: ContextValues): CreateOrigin {
 }
 
 /** TaskService: create, read, watch, cancel, and push placement (ScheduleTask, RetryTask). */
-export function createTaskService(app: TaskServiceDeps): Partial<ServiceImpl<typeof TaskService>> {
+export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof TaskService> {
   return {
     async createTask(req, ctx) {
       const task = fromCreateRequest(req, originOf(ctx.values));

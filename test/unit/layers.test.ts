@@ -4,8 +4,64 @@ import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 
 // The dependency rules of ARCHITECTURE.md, checked on the source: Biome's
-// noImportCycles catches file cycles; these catch cycles between folders,
-// which make a change in one feature ripple into another.
+// noImportCycles catches file cycles; these catch imports that go up a
+// layer, and cycles between folders, which make a change in one feature
+// ripple into another.
+
+/**
+ * The layers of src/, bottom first: a file may import from its own folder
+ * and from folders of a LOWER rank only (type imports included), never from
+ * its rank or above. A top-level file (app.ts, config.ts, …) is its own
+ * module. Read a failure as "file → the file it imports": move the thing
+ * imported down, or pass it in through the importer's Deps.
+ *
+ *  0  db/            the database: connection, schema, migrations, driver quirks
+ *     sdk/           the worker SDK: a client of the RPCs, importing only gen/
+ *  1  config  log  data-dir-lock  metrics/  tracing/
+ *                    settings and instruments: know nothing of the domain;
+ *                    every layer above may log, count and trace
+ *  2  core/          the domain's vocabulary: refusals, validators, lease
+ *                    reference and check, shared SQL, paging, context keys
+ *  3  artifacts/  knowledge/  auth/
+ *                    features that use only core/ and db/ (auth: tokens,
+ *                    guard, policy, the caller as kPrincipal)
+ *  4  tasks/         uses artifacts/ (inputs)
+ *  5  fleet/         uses tasks/ (the LOST worker's tasks), auth/ (its token)
+ *  6  leases/        uses fleet/ (worker cache, heartbeats) and tasks/
+ *  7  rpc/           Connect plumbing: interceptors (logging, auth, NUL),
+ *                    the mapping of what handlers throw to what clients see
+ *  8  http/          plain HTTP: listener, router, byte routes, /metrics
+ *  9  rest/          the REST contracts: adapters that only call the RPCs
+ * 10  stores         a store per handle
+ * 11  app            shared state, the object every service's Deps is cut from
+ * 12  server  startup
+ * 13  main  cli/     start-up, signals, the meshwork command
+ */
+const ranks: Record<string, number> = {
+  db: 0,
+  sdk: 0,
+  config: 1,
+  log: 1,
+  "data-dir-lock": 1,
+  metrics: 1,
+  tracing: 1,
+  core: 2,
+  artifacts: 3,
+  knowledge: 3,
+  auth: 3,
+  tasks: 4,
+  fleet: 5,
+  leases: 6,
+  rpc: 7,
+  http: 8,
+  rest: 9,
+  stores: 10,
+  app: 11,
+  server: 12,
+  startup: 12,
+  main: 13,
+  cli: 13,
+};
 
 const src = resolve(dirname(fileURLToPath(import.meta.url)), "../../src");
 
@@ -23,22 +79,43 @@ function moduleOf(file: string): string {
   return rest.length === 0 ? (first ?? "").replace(/\.ts$/, "") : (first ?? "");
 }
 
-/** module → the modules it imports (type imports included: they couple as much). */
-function moduleGraph(): Map<string, Set<string>> {
-  const graph = new Map<string, Set<string>>();
+/** Every import of one module by a file of another (type imports included: they couple as much). */
+function imports(): { file: string; target: string; from: string; to: string }[] {
+  const found = [];
   for (const file of sourceFiles(src)) {
-    const from = moduleOf(file);
-    const edges = graph.get(from) ?? new Set<string>();
-    graph.set(from, edges);
     const text = readFileSync(file, "utf8");
     for (const m of text.matchAll(/(?:^|\n)\s*(?:import|export)\b[^;]*?\bfrom\s+"(\.[^"]+)"/g)) {
       const target = resolve(dirname(file), (m[1] ?? "").replace(/\.js$/, ".ts"));
       if (!target.startsWith(`${src}/`)) continue; // gen/ and the like
-      const to = moduleOf(target);
-      if (to !== from) edges.add(to);
+      const [from, to] = [moduleOf(file), moduleOf(target)];
+      if (to !== from)
+        found.push({ file: relative(src, file), target: relative(src, target), from, to });
     }
   }
+  return found;
+}
+
+/** module → the modules it imports. */
+function moduleGraph(): Map<string, Set<string>> {
+  const graph = new Map<string, Set<string>>();
+  for (const { from, to } of imports()) {
+    const edges = graph.get(from) ?? new Set<string>();
+    graph.set(from, edges.add(to));
+  }
   return graph;
+}
+
+/** The imports that do not go down a rank, as "file → target (rank → rank)". */
+function upward(
+  edges: { file: string; target: string; from: string; to: string }[],
+  rankOf: Record<string, number>,
+): string[] {
+  return edges
+    .filter(({ from, to }) => (rankOf[to] ?? Infinity) >= (rankOf[from] ?? -Infinity))
+    .map(
+      ({ file, target, from, to }) =>
+        `${file} → ${target} (${from} is rank ${rankOf[from]}, ${to} is rank ${rankOf[to]})`,
+    );
 }
 
 /** Strongly connected components with more than one module (Tarjan). */
@@ -77,13 +154,38 @@ function cycles(graph: Map<string, Set<string>>): string[][] {
 describe("layers", () => {
   const graph = moduleGraph();
 
+  it("ranks every folder and top-level file of src/", () => {
+    const modules = new Set(sourceFiles(src).map(moduleOf));
+    expect([...modules].filter((m) => ranks[m] === undefined)).toEqual([]);
+  });
+
+  it("imports only from a lower rank", () => {
+    expect(upward(imports(), ranks)).toEqual([]);
+  });
+
   it("has no import cycle between folders", () => {
     expect(cycles(graph)).toEqual([]);
   });
 
   it("keeps db/ at the bottom and core/ right above it", () => {
     expect([...(graph.get("db") ?? [])]).toEqual([]);
-    expect([...(graph.get("core") ?? [])].filter((m) => m !== "db")).toEqual([]);
+    expect(
+      [...(graph.get("core") ?? [])].filter((m) => ranks[m] === undefined || ranks[m] > 1),
+    ).toEqual([]);
+  });
+
+  it("finds an upward import when there is one (the check itself works)", () => {
+    const edge = { file: "db/x.ts", target: "core/y.ts", from: "db", to: "core" };
+    expect(upward([edge], ranks)).toEqual(["db/x.ts → core/y.ts (db is rank 0, core is rank 2)"]);
+    expect(
+      upward(
+        [
+          { ...edge, from: "sdk", file: "sdk/x.ts" },
+          { ...edge, to: "nowhere" },
+        ],
+        ranks,
+      ),
+    ).toHaveLength(2);
   });
 
   it("finds a cycle when there is one (the check itself works)", () => {

@@ -2,34 +2,29 @@
 // @generated from file meshwork/v1/errors.proto (package meshwork.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file meshwork/v1/errors.proto.
  */
 export const file_meshwork_v1_errors: GenFile = /*@__PURE__*/
-  fileDesc("ChhtZXNod29yay92MS9lcnJvcnMucHJvdG8SC21lc2h3b3JrLnYxIkUKCUVycm9ySW5mbxIOCgZyZWFzb24YASABKAkSDwoHdGFza19pZBgCIAEoCRIXCg9jdXJyZW50X2F0dGVtcHQYAyABKAViBnByb3RvMw");
+  fileDesc("ChhtZXNod29yay92MS9lcnJvcnMucHJvdG8SC21lc2h3b3JrLnYxIkUKCUVycm9ySW5mbxIOCgZyZWFzb24YASABKAkSDwoHdGFza19pZBgCIAEoCRIXCg9jdXJyZW50X2F0dGVtcHQYAyABKAUquwcKBlJlYXNvbhIWChJSRUFTT05fVU5TUEVDSUZJRUQQABIYChRSRUFTT05fU1RBTEVfQVRURU1QVBABEhkKFVJFQVNPTl9GT1JFSUdOX1dPUktFUhACEhgKFFJFQVNPTl9MRUFTRV9FWFBJUkVEEAMSGQoVUkVBU09OX1RPS0VOX01JU01BVENIEAQSGAoUUkVBU09OX1RBU0tfQ0FOQ0VMRUQQBRIVChFSRUFTT05fTk9UX0xFQVNFRBAGEhwKGFJFQVNPTl9BUlRJRkFDVF9NSVNNQVRDSBAHEhsKF1JFQVNPTl9BTFJFQURZX0FTU0lHTkVEEAgSGwoXUkVBU09OX1ZFUlNJT05fQ09ORkxJQ1QQCRIZChVSRUFTT05fVVBMT0FEX0VYUElSRUQQChIhCh1SRUFTT05fQVJUSUZBQ1RfQllURVNfUkVNT1ZFRBALEiEKHVJFQVNPTl9JREVNUE9URU5DWV9LRVlfUkVVU0VEEAwSHgoaUkVBU09OX0NPTVBMRVRJT05fQ09ORkxJQ1QQDRIbChdSRUFTT05fVE9LRU5fTkFNRV9UQUtFThAOEhgKFFJFQVNPTl9JTlZBTElEX1NUQVRFEA8SFwoTUkVBU09OX05PX0NBTkRJREFURRAQEhQKEFJFQVNPTl9OT1RfRk9VTkQQERIbChdSRUFTT05fSU5WQUxJRF9BUkdVTUVOVBASEh0KGVJFQVNPTl9JTlZBTElEX1BBR0VfVE9LRU4QExIbChdSRUFTT05fSU5WQUxJRF9GSUxFTkFNRRAUEhwKGFJFQVNPTl9DSEVDS1NVTV9NSVNNQVRDSBAVEhgKFFJFQVNPTl9TSVpFX01JU01BVENIEBYSFgoSUkVBU09OX0ZPUkVJR05fVVJJEBcSGgoWUkVBU09OX1VOQVVUSEVOVElDQVRFRBAYEhwKGFJFQVNPTl9QRVJNSVNTSU9OX0RFTklFRBAZEh8KG1JFQVNPTl9GT1JFSUdOX1dPUktFUl9UT0tFThAaEh0KGVJFQVNPTl9BUlRJRkFDVF9UT09fTEFSR0UQGxIcChhSRUFTT05fTUVTU0FHRV9UT09fTEFSR0UQHBIXChNSRUFTT05fUkFURV9MSU1JVEVEEB0SGQoVUkVBU09OX0FVVEhfVEhST1RUTEVEEB4SFwoTUkVBU09OX1NUT1JBR0VfRlVMTBAfEhQKEFJFQVNPTl9BVVRIX0JVU1kQIBIbChdSRUFTT05fQVJUSUZBQ1RfQ09SUlVQVBAhYgZwcm90bzM");
 
 /**
  * ErrorInfo is attached to every Meshwork error that has a machine-readable
  * reason (Connect error details / gRPC status details). Clients switch on
  * `reason`, never on the message text.
  *
- * Reasons used with `aborted` (HTTP 409) when a lease-bound request is
- * refused: STALE_ATTEMPT (the attempt is not the task's current one),
- * FOREIGN_WORKER (another worker holds the lease), LEASE_EXPIRED,
- * TOKEN_MISMATCH, TASK_CANCELED, NOT_LEASED (the task holds no lease),
- * ARTIFACT_MISMATCH. Other reasons: IDEMPOTENCY_KEY_REUSED and
- * COMPLETION_CONFLICT (`already_exists`), INVALID_STATE
- * (`failed_precondition`), NOT_FOUND (`not_found`).
- *
  * @generated from message meshwork.v1.ErrorInfo
  */
 export type ErrorInfo = Message<"meshwork.v1.ErrorInfo"> & {
   /**
-   * reason is the stable, upper-snake-case cause of the error.
+   * reason is the stable, upper-snake-case cause of the error: the name of
+   * a Reason value without its `REASON_` prefix (e.g. STALE_ATTEMPT). A
+   * string, not the enum, so that a client built before a reason was added
+   * still reads it.
    *
    * @generated from field: string reason = 1;
    */
@@ -57,4 +52,294 @@ export type ErrorInfo = Message<"meshwork.v1.ErrorInfo"> & {
  */
 export const ErrorInfoSchema: GenMessage<ErrorInfo> = /*@__PURE__*/
   messageDesc(file_meshwork_v1_errors, 0);
+
+/**
+ * Reason lists every reason ErrorInfo.reason can carry, with the code it is
+ * sent with, its HTTP status on the plain routes and REST contracts, and
+ * whether the same request may succeed when sent again later. The wire
+ * carries the name without `REASON_`; the server's table of them is
+ * src/core/refusals.ts, and a test keeps the two the same.
+ *
+ * @generated from enum meshwork.v1.Reason
+ */
+export enum Reason {
+  /**
+   * REASON_UNSPECIFIED is never sent.
+   *
+   * @generated from enum value: REASON_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * REASON_STALE_ATTEMPT: the attempt is not the task's current one: the task
+   * was leased again (`aborted`, HTTP 409).
+   *
+   * @generated from enum value: REASON_STALE_ATTEMPT = 1;
+   */
+  STALE_ATTEMPT = 1,
+
+  /**
+   * REASON_FOREIGN_WORKER: the attempt is current but another worker holds its
+   * lease (`aborted`, HTTP 409).
+   *
+   * @generated from enum value: REASON_FOREIGN_WORKER = 2;
+   */
+  FOREIGN_WORKER = 2,
+
+  /**
+   * REASON_LEASE_EXPIRED: the lease ran out; the task may be handed to another
+   * worker (`aborted`, HTTP 409).
+   *
+   * @generated from enum value: REASON_LEASE_EXPIRED = 3;
+   */
+  LEASE_EXPIRED = 3,
+
+  /**
+   * REASON_TOKEN_MISMATCH: everything matches but the lease token (`aborted`,
+   * HTTP 409).
+   *
+   * @generated from enum value: REASON_TOKEN_MISMATCH = 4;
+   */
+  TOKEN_MISMATCH = 4,
+
+  /**
+   * REASON_TASK_CANCELED: the task was cancelled, which revoked its lease
+   * (`aborted`, HTTP 409).
+   *
+   * @generated from enum value: REASON_TASK_CANCELED = 5;
+   */
+  TASK_CANCELED = 5,
+
+  /**
+   * REASON_NOT_LEASED: the task holds no lease for this attempt (pending
+   * again, or finished) (`aborted`, HTTP 409).
+   *
+   * @generated from enum value: REASON_NOT_LEASED = 6;
+   */
+  NOT_LEASED = 6,
+
+  /**
+   * REASON_ARTIFACT_MISMATCH: a result or checkpoint that is not an artifact
+   * of this task and attempt (`aborted`, HTTP 409).
+   *
+   * @generated from enum value: REASON_ARTIFACT_MISMATCH = 7;
+   */
+  ARTIFACT_MISMATCH = 7,
+
+  /**
+   * REASON_ALREADY_ASSIGNED: the task is assigned already, under another
+   * placement key (`aborted`, HTTP 409).
+   *
+   * @generated from enum value: REASON_ALREADY_ASSIGNED = 8;
+   */
+  ALREADY_ASSIGNED = 8,
+
+  /**
+   * REASON_VERSION_CONFLICT: a knowledge entry at this version or newer is
+   * stored (`aborted`, HTTP 409).
+   *
+   * @generated from enum value: REASON_VERSION_CONFLICT = 9;
+   */
+  VERSION_CONFLICT = 9,
+
+  /**
+   * REASON_UPLOAD_EXPIRED: an upload that received nothing for too long was
+   * removed; upload again (`aborted`, HTTP 409).
+   *
+   * @generated from enum value: REASON_UPLOAD_EXPIRED = 10;
+   */
+  UPLOAD_EXPIRED = 10,
+
+  /**
+   * REASON_ARTIFACT_BYTES_REMOVED: the stored bytes an upload matched were
+   * removed by retention meanwhile; upload again (`aborted`, HTTP 409).
+   *
+   * @generated from enum value: REASON_ARTIFACT_BYTES_REMOVED = 11;
+   */
+  ARTIFACT_BYTES_REMOVED = 11,
+
+  /**
+   * REASON_IDEMPOTENCY_KEY_REUSED: an idempotency key reused for a different
+   * request (`already_exists`, HTTP 409).
+   *
+   * @generated from enum value: REASON_IDEMPOTENCY_KEY_REUSED = 12;
+   */
+  IDEMPOTENCY_KEY_REUSED = 12,
+
+  /**
+   * REASON_COMPLETION_CONFLICT: the attempt was completed already, with a
+   * different manifest (`already_exists`, HTTP 409).
+   *
+   * @generated from enum value: REASON_COMPLETION_CONFLICT = 13;
+   */
+  COMPLETION_CONFLICT = 13,
+
+  /**
+   * REASON_TOKEN_NAME_TAKEN: a token of this name exists (`already_exists`,
+   * HTTP 409).
+   *
+   * @generated from enum value: REASON_TOKEN_NAME_TAKEN = 14;
+   */
+  TOKEN_NAME_TAKEN = 14,
+
+  /**
+   * REASON_INVALID_STATE: the task's state does not allow it (cancelling a
+   * finished task, …) (`failed_precondition`, HTTP 400).
+   *
+   * @generated from enum value: REASON_INVALID_STATE = 15;
+   */
+  INVALID_STATE = 15,
+
+  /**
+   * REASON_NO_CANDIDATE: no registered worker fits a placement now; the
+   * message says why each does not (`failed_precondition`, HTTP 400;
+   * retryable).
+   *
+   * @generated from enum value: REASON_NO_CANDIDATE = 16;
+   */
+  NO_CANDIDATE = 16,
+
+  /**
+   * REASON_NOT_FOUND: unknown task, worker, artifact or knowledge entry
+   * (`not_found`, HTTP 404).
+   *
+   * @generated from enum value: REASON_NOT_FOUND = 17;
+   */
+  NOT_FOUND = 17,
+
+  /**
+   * REASON_INVALID_ARGUMENT: a field out of its limits, malformed or missing
+   * (`invalid_argument`, HTTP 400).
+   *
+   * @generated from enum value: REASON_INVALID_ARGUMENT = 18;
+   */
+  INVALID_ARGUMENT = 18,
+
+  /**
+   * REASON_INVALID_PAGE_TOKEN: a page token this coordinator did not issue for
+   * this listing (`invalid_argument`, HTTP 400).
+   *
+   * @generated from enum value: REASON_INVALID_PAGE_TOKEN = 19;
+   */
+  INVALID_PAGE_TOKEN = 19,
+
+  /**
+   * REASON_INVALID_FILENAME: an artifact filename outside [A-Za-z0-9._-], or
+   * badly encoded (`invalid_argument`, HTTP 400).
+   *
+   * @generated from enum value: REASON_INVALID_FILENAME = 20;
+   */
+  INVALID_FILENAME = 20,
+
+  /**
+   * REASON_CHECKSUM_MISMATCH: the uploaded bytes do not hash to the sha256
+   * declared (`invalid_argument`, HTTP 400).
+   *
+   * @generated from enum value: REASON_CHECKSUM_MISMATCH = 21;
+   */
+  CHECKSUM_MISMATCH = 21,
+
+  /**
+   * REASON_SIZE_MISMATCH: the uploaded bytes are not as many as declared
+   * (`invalid_argument`, HTTP 400).
+   *
+   * @generated from enum value: REASON_SIZE_MISMATCH = 22;
+   */
+  SIZE_MISMATCH = 22,
+
+  /**
+   * REASON_FOREIGN_URI: a result uri that is not the coordinator-issued
+   * download URL (`invalid_argument`, HTTP 400).
+   *
+   * @generated from enum value: REASON_FOREIGN_URI = 23;
+   */
+  FOREIGN_URI = 23,
+
+  /**
+   * REASON_UNAUTHENTICATED: no bearer token, a malformed one, or one unknown
+   * or revoked (the same answer for each) (`unauthenticated`, HTTP 401).
+   *
+   * @generated from enum value: REASON_UNAUTHENTICATED = 24;
+   */
+  UNAUTHENTICATED = 24,
+
+  /**
+   * REASON_PERMISSION_DENIED: the token's role may not do this
+   * (`permission_denied`, HTTP 403).
+   *
+   * @generated from enum value: REASON_PERMISSION_DENIED = 25;
+   */
+  PERMISSION_DENIED = 25,
+
+  /**
+   * REASON_FOREIGN_WORKER_TOKEN: a worker token acting for a worker registered
+   * with another token (`permission_denied`, HTTP 403).
+   *
+   * @generated from enum value: REASON_FOREIGN_WORKER_TOKEN = 26;
+   */
+  FOREIGN_WORKER_TOKEN = 26,
+
+  /**
+   * REASON_ARTIFACT_TOO_LARGE: an artifact over the size cap
+   * (`resource_exhausted`, HTTP 429).
+   *
+   * @generated from enum value: REASON_ARTIFACT_TOO_LARGE = 27;
+   */
+  ARTIFACT_TOO_LARGE = 27,
+
+  /**
+   * REASON_MESSAGE_TOO_LARGE: a REST body over the message size limit
+   * (`resource_exhausted`, HTTP 429).
+   *
+   * @generated from enum value: REASON_MESSAGE_TOO_LARGE = 28;
+   */
+  MESSAGE_TOO_LARGE = 28,
+
+  /**
+   * REASON_RATE_LIMITED: the token is over its rate limit; retry after `retry-
+   * after` seconds (`resource_exhausted`, HTTP 429; retryable).
+   *
+   * @generated from enum value: REASON_RATE_LIMITED = 29;
+   */
+  RATE_LIMITED = 29,
+
+  /**
+   * REASON_AUTH_THROTTLED: the address is past its budget of failed
+   * authentications; retry after `retry-after` (`resource_exhausted`, HTTP
+   * 429; retryable).
+   *
+   * @generated from enum value: REASON_AUTH_THROTTLED = 30;
+   */
+  AUTH_THROTTLED = 30,
+
+  /**
+   * REASON_STORAGE_FULL: the storage had no room for the upload; nothing of it
+   * was kept (`resource_exhausted`, HTTP 507; retryable).
+   *
+   * @generated from enum value: REASON_STORAGE_FULL = 31;
+   */
+  STORAGE_FULL = 31,
+
+  /**
+   * REASON_AUTH_BUSY: too many requests are waiting for their token to be
+   * checked; retry (`unavailable`, HTTP 503; retryable).
+   *
+   * @generated from enum value: REASON_AUTH_BUSY = 32;
+   */
+  AUTH_BUSY = 32,
+
+  /**
+   * REASON_ARTIFACT_CORRUPT: stored bytes no longer hash to their sha256;
+   * refused until they are uploaded again (`data_loss`, HTTP 500).
+   *
+   * @generated from enum value: REASON_ARTIFACT_CORRUPT = 33;
+   */
+  ARTIFACT_CORRUPT = 33,
+}
+
+/**
+ * Describes the enum meshwork.v1.Reason.
+ */
+export const ReasonSchema: GenEnum<Reason> = /*@__PURE__*/
+  enumDesc(file_meshwork_v1_errors, 0);
 

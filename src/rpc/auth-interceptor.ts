@@ -1,8 +1,8 @@
 import type { Interceptor } from "@connectrpc/connect";
-import { checkEachMessage } from "../rpc/interceptors.js";
-import type { Guard } from "./guard.js";
-import { adminOnly, openServices, policy } from "./policy.js";
-import { kPreauthenticated, kPrincipal } from "./principal.js";
+import type { Guard } from "../auth/guard.js";
+import { adminOnly, openServices, policy } from "../auth/policy.js";
+import { kPreauthenticated, kPrincipal } from "../auth/principal.js";
+import { checkEachMessage } from "./interceptors.js";
 
 /**
  * Authentication and authorization for every RPC, unary and streaming, on

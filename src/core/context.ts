@@ -1,6 +1,11 @@
 import { type ContextValues, createContextKey, createContextValues } from "@connectrpc/connect";
 import type { TraceContext } from "../tracing/context.js";
 
+// The context values of a request that every layer may read: the services
+// record them (ScheduleTask keeps the caller's correlation id and trace),
+// the interceptors and the plain routes set them. Here, under the features,
+// so that a service reads them without importing the RPC plumbing.
+
 /** The request's correlation id: read from `x-correlation-id` or generated. */
 export const kCorrelationId = createContextKey<string>("", { description: "correlation id" });
 

@@ -1,0 +1,121 @@
+import type { JsonObject } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { TaskState } from "../../../gen/meshwork/v1/task_pb.js";
+import { invalid } from "../../core/errors.js";
+import type { PlainRoute } from "../../http/routes.js";
+import { field } from "../body.js";
+import { type DirectorRoute, orNull, required0, statusName } from "./session.js";
+
+const taskFields = [
+  "name",
+  "workload",
+  "steps",
+  "requiredBrickIds",
+  "affinity",
+  "priority",
+  "deadlineUtc",
+  "parameters",
+  "idempotencyKey",
+  "correlationId",
+  "maxAttempts",
+  "leaseSeconds",
+  "inputArtifactId",
+];
+const placementFields = ["scheduleIdempotencyKey", "correlationId", "leaseSeconds"];
+
+/** The task routes: list, create, read, and push placement (schedule, retry). */
+export function taskRoutes(route: DirectorRoute): PlainRoute[] {
+  return [
+    route(["GET"], "/tasks", ["TaskService/ListTasks"], "list tasks", async (s, req) => {
+      const query = new URL(req.url ?? "/", "http://x").searchParams;
+      const status = query.get("status");
+      const state = status ? stateOfStatus(status) : TaskState.UNSPECIFIED;
+      const pageSizeText = query.get("pageSize");
+      const page = await s.tasks.listTasks({
+        state,
+        workload: query.get("workload") ?? "",
+        correlationId: query.get("correlationId") ?? "",
+        // 0 would mean "the default" to the RPC: here it is out of range, as documented.
+        pageSize: pageSizeText === null ? 0 : queryInt("pageSize", pageSizeText, 1),
+        pageToken: query.get("pageToken") ?? "",
+      });
+      return [
+        200,
+        {
+          tasks: await Promise.all(page.tasks.map(s.taskJson)),
+          nextPageToken: orNull(page.nextPageToken),
+        },
+      ];
+    }),
+
+    route(["POST"], "/tasks", ["TaskService/CreateTask"], "create a task", async (s, _req) => {
+      const body = await s.json(taskFields);
+      const required = field.strings(body, "requiredBrickIds") ?? [];
+      const workload = field.string(body, "workload") ?? required[0];
+      if (!workload) throw invalid("requiredBrickIds (or workload) must name what runs the task");
+      const deadline = field.time(body, "deadlineUtc");
+      const inputArtifactId = field.string(body, "inputArtifactId");
+      const { task } = await s.tasks.createTask({
+        name: field.string(body, "name") ?? "",
+        workload,
+        requiredCapabilities: required,
+        affinity: field.stringMap(body, "affinity") ?? {},
+        priority: field.int(body, "priority") ?? 0,
+        deadline: deadline && timestampFromDate(deadline),
+        parameters: field.object(body, "parameters") as JsonObject | undefined,
+        steps: field.int(body, "steps"),
+        maxAttempts: field.int(body, "maxAttempts"),
+        leaseSeconds: field.int(body, "leaseSeconds"),
+        idempotencyKey: field.string(body, "idempotencyKey") ?? "",
+        correlationId: field.string(body, "correlationId") ?? "",
+        input: inputArtifactId
+          ? { case: "inputArtifactId", value: inputArtifactId }
+          : { case: undefined },
+      });
+      return [200, await s.taskJson(required0(task))];
+    }),
+
+    route(["GET"], "/tasks/{id}", ["TaskService/GetTask"], "read a task", async (s, _req, m) => {
+      const { task } = await s.tasks.getTask({ taskId: m[1] ?? "" });
+      return [200, await s.taskJson(required0(task))];
+    }),
+
+    ...(["schedule", "retry"] as const).map((op) =>
+      route(
+        ["POST"],
+        `/tasks/{id}/${op}`,
+        [op === "schedule" ? "TaskService/ScheduleTask" : "TaskService/RetryTask"],
+        `${op} a task`,
+        async (s, _req, m) => {
+          const body = await s.json(placementFields, { optional: true });
+          const placement = {
+            taskId: m[1] ?? "",
+            scheduleIdempotencyKey: field.string(body, "scheduleIdempotencyKey") ?? "",
+            correlationId: field.string(body, "correlationId") ?? "",
+            leaseSeconds: field.int(body, "leaseSeconds"),
+          };
+          const { task } =
+            op === "schedule"
+              ? await s.tasks.scheduleTask(placement)
+              : await s.tasks.retryTask(placement);
+          return [200, await s.taskJson(required0(task))];
+        },
+      ),
+    ),
+  ];
+}
+
+/** A `status` query value (a director status name, any case) as a task state. */
+function stateOfStatus(status: string): TaskState {
+  for (const [state, name] of Object.entries(statusName)) {
+    if (name && name.toLowerCase() === status.toLowerCase()) return Number(state) as TaskState;
+  }
+  throw invalid(`status must be one of Pending, Assigned, Running, Succeeded, Failed, Canceled`);
+}
+
+function queryInt(name: string, text: string, min: number): number {
+  if (!/^\d{1,9}$/.test(text) || Number(text) < min) {
+    throw invalid(`${name} must be a whole number, at least ${min}`);
+  }
+  return Number(text);
+}
