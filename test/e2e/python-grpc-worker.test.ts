@@ -1,6 +1,6 @@
 import { execFileSync, spawn } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -178,9 +178,18 @@ describe.skipIf(missing.length > 0)(
       const workload = uniqueWorkload("pygrpc-cancel");
       const { task: created } = await tasks().createTask({ workload, leaseSeconds: 6 });
       const taskId = created?.taskId ?? "";
+      // A command that never ends on its own (an hour, far beyond the
+      // worker's 40 s SIGKILL): the worker's exit with 0 means it stopped the
+      // command. It writes its pid, so the test sees the process is gone.
+      const pidFile = join(mkdtempSync(join(tmpdir(), "meshwork-pycmd-")), "pid");
+      const endless = [
+        python,
+        "-c",
+        "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(3600)",
+        pidFile,
+      ];
 
-      const started = Date.now();
-      const running = runWorker(workload, [python, "-c", "import time; time.sleep(30)"], token);
+      const running = runWorker(workload, endless, token);
       // Cancel once the worker holds the lease.
       for (let i = 0; i < 100; i++) {
         const { task } = await tasks().getTask({ taskId });
@@ -189,10 +198,24 @@ describe.skipIf(missing.length > 0)(
       }
       await tasks().cancelTask({ taskId });
       const run = await running;
-      expect(run.code, run.stderr).toBe(0);
-      expect(run.stderr).toMatch(/lease lost \(LEASE_STATUS_CANCELED/);
-      expect(run.stderr).toContain("terminating the command");
-      expect(Date.now() - started).toBeLessThan(20_000); // not the command's 30 s
+      const pid = Number(readFileSync(pidFile, "utf8"));
+      const alive = () => {
+        try {
+          process.kill(pid, 0);
+          return true;
+        } catch {
+          return false;
+        }
+      };
+      try {
+        expect(run.code, run.stderr).toBe(0);
+        expect(run.stderr).toMatch(/lease lost \(LEASE_STATUS_CANCELED/);
+        expect(run.stderr).toContain("terminating the command");
+        // The worker waited for the command it stopped: gone, not left behind.
+        expect(alive()).toBe(false);
+      } finally {
+        if (alive()) process.kill(pid, "SIGKILL");
+      }
       const { task } = await tasks().getTask({ taskId });
       expect(task?.state).toBe(TaskState.CANCELED);
     }, 60_000);

@@ -27,7 +27,7 @@ import {
   type WorkerOptions,
 } from "../../src/sdk/worker.js";
 import { listen, type RunningServer } from "../../src/server.js";
-import { until } from "../support/bounded.js";
+import { until, within } from "../support/bounded.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { appOn, uniqueWorkload } from "../support/harness.js";
 import { freePort } from "../support/serve.js";
@@ -363,9 +363,10 @@ describe("the worker SDK against a coordinator with auth on", () => {
       async () => (await as(FleetService).getWorker({ workerId })).worker?.drained === true,
     );
     expect(running.size).toBe(2);
-    const t0 = Date.now();
-    await stopping;
-    expect(Date.now() - t0).toBeLessThan(5000);
+    // The stop ends with the grace: by the time it resolves, the slow handler
+    // was told its lease is released. The bound only guards against a hang
+    // (a stop that waited for the lease to run out, say).
+    expect(await within(15_000, stopping)).not.toBe("timed out");
     expect((slowReason as LeaseEndedError).kind).toBe("released");
     const q = (await tasks().getTask({ taskId: quick })).task;
     expect(q?.state).toBe(TaskState.SUCCEEDED);
@@ -662,10 +663,11 @@ describe("the worker SDK against a coordinator with auth on", () => {
       import { createWorker } from "meshwork/worker";
       const w = createWorker({
         url: process.env.MW_URL, token: process.env.MW_TOKEN, workloads: [process.env.MW_WORKLOAD],
-        pollSeconds: 2, graceMs: 5000,
+        pollSeconds: 2, graceMs: 600000,
         async handler(task) {
+          const signalled = new Promise((r) => process.once("SIGTERM", r));
           console.log("started " + task.id);
-          await new Promise((r) => setTimeout(r, 800));
+          await signalled;
           return { summary: "finished after the signal" };
         },
       });
@@ -689,11 +691,12 @@ describe("the worker SDK against a coordinator with auth on", () => {
     const timer = setTimeout(() => child.kill("SIGKILL"), 20_000);
     try {
       await until(() => stdout.includes(`started ${taskId}`));
-      const t0 = Date.now();
       child.kill("SIGTERM");
+      // The handler returns on the signal; the grace (10 min) is far beyond
+      // the SIGKILL above: an exit on its own, with 0, means the finished
+      // task and the deregistration ended it, and nothing (not the grace's
+      // timer) was left to hold the process.
       expect(await exited, stderr).toBe(0);
-      // The handler's 0.8 s, not the 5 s grace: nothing is left to hold the process.
-      expect(Date.now() - t0).toBeLessThan(4000);
     } finally {
       clearTimeout(timer);
     }

@@ -1,5 +1,6 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { createServer } from "node:net";
+import { inject } from "vitest";
 import { until } from "./bounded.js";
 
 /** A loopback port free when asked. */
@@ -19,6 +20,12 @@ export function spawnServe(
   args: string[],
   env: NodeJS.ProcessEnv,
 ): { child: ChildProcess; output: () => string; exited: Promise<number | null> } {
+  if (!inject("distBuilt")) {
+    throw new Error(
+      "bin/meshwork.js runs dist/, which this run did not build: import support/serve.js " +
+        'with a static path, so that vitest.config.ts puts this file in the "built" project',
+    );
+  }
   const child = spawn("node", ["bin/meshwork.js", "serve", ...args], {
     env,
     stdio: ["ignore", "pipe", "pipe"],
