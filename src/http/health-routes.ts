@@ -1,9 +1,8 @@
-import type { App } from "../app.js";
 import { sendJson } from "./json.js";
 import type { PlainRoute } from "./routes.js";
 
 /** Liveness and readiness: open to anyone, for load balancers and orchestrators. */
-export function healthRoutes(app: Pick<App, "ready">): PlainRoute[] {
+export function healthRoutes(app: { ready(): Promise<boolean> }): PlainRoute[] {
   return [
     {
       methods: ["GET"],
