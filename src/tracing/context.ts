@@ -1,4 +1,10 @@
 import { randomFillSync } from "node:crypto";
+import { parseTraceparent, type TraceParent } from "../sdk/trace.js";
+
+export { parseTraceparent, type TraceParent };
+
+const zeroTraceId = "0".repeat(32);
+const zeroSpanId = "0".repeat(16);
 
 /**
  * A request's W3C trace context (https://www.w3.org/TR/trace-context/).
@@ -18,36 +24,6 @@ export interface TraceContext {
   flags: string;
   /** The `tracestate` the caller sent when valid, else "". */
   state: string;
-}
-
-const traceparentPattern = /^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$/;
-const zeroTraceId = "0".repeat(32);
-const zeroSpanId = "0".repeat(16);
-
-/** What a valid `traceparent` holds. */
-export interface TraceParent {
-  traceId: string;
-  parentId: string;
-  flags: string;
-}
-
-/**
- * Parses a `traceparent` header; undefined when it is not valid. Version 00
- * must have exactly four fields; a later version may add fields after them
- * (read as version 00, as W3C asks). Version ff, an all-zero trace id or
- * parent id, or uppercase hex are invalid. An invalid header is ignored,
- * never refused: W3C says a receiver starts a new trace instead.
- */
-export function parseTraceparent(value: string | undefined): TraceParent | undefined {
-  if (!value || value.length > 512) return undefined;
-  const m = traceparentPattern.exec(value.trim());
-  if (!m) return undefined;
-  // The four groups always match when the pattern does; the defaults only type them.
-  const [, version = "", traceId = "", parentId = "", flags = "", rest] = m;
-  if (version === "ff") return undefined;
-  if (version === "00" && rest !== undefined) return undefined;
-  if (traceId === zeroTraceId || parentId === zeroSpanId) return undefined;
-  return { traceId, parentId, flags };
 }
 
 /**
