@@ -1,4 +1,5 @@
 import { Code, ConnectError, createClient, type Interceptor } from "@connectrpc/connect";
+import { codeToString } from "@connectrpc/connect/protocol-connect";
 import { createConnectTransport } from "@connectrpc/connect-web";
 import { ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
@@ -92,16 +93,11 @@ export function whatMayI(): Promise<Abilities> {
   return abilities;
 }
 
-/** "permission_denied" for Code.PermissionDenied (the names of docs/protocol.md#errors). */
-export function codeName(code: Code): string {
-  return (Code[code] ?? "unknown").replace(/[A-Z]/g, (c, i) => (i ? "_" : "") + c.toLowerCase());
-}
-
 /** An RPC error as a user reads it: "permission_denied: …", never a stack. */
 export function describe(error: unknown): string {
   if (error instanceof DOMException && error.name === "AbortError") return "canceled";
   const e = ConnectError.from(error);
-  return `${codeName(e.code)}: ${e.rawMessage || "no message"}`;
+  return `${codeToString(e.code)}: ${e.rawMessage || "no message"}`;
 }
 
 /** True for the error an aborted call ends with (the page was left). */
