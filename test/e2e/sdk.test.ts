@@ -161,6 +161,11 @@ describe("the worker SDK against a coordinator with auth on", () => {
       {
         workloads: [workload],
         concurrency: 3,
+        // Each task sends its last progress before it completes; on a loaded
+        // machine those three calls return further apart than the default
+        // 20 ms window, and the completions would go in two batches. A wide
+        // window keeps the test about batching, not about the machine's speed.
+        completionBatchMs: 1000,
         interceptors: [calls.interceptor],
         handler: async (task, ctx) => {
           const input = new TextDecoder().decode(await ctx.input());
