@@ -6,11 +6,11 @@ import type { LeaseRef } from "./lease-ref.js";
 import type { ReasonOf } from "./refusals.js";
 
 /**
- * The lease check, written once, in SQL: `meshwork_lease_verdict`
- * (src/leases/sql/live-lease.sql) says whether a request holds the lease
- * on a task, on the database clock, and if not why. A lease-bound request
- * is accepted only if, in the statement that acts on it, the verdict is
- * that it holds: the task is ASSIGNED or RUNNING, the attempt is the
+ * The lease check, written once, in SQL (src/leases/sql/live-lease.sql):
+ * `meshwork_lease_held` says whether a request holds the lease on a task,
+ * on the database clock, and `meshwork_lease_verdict` why not. A
+ * lease-bound request is accepted only if, in the statement that acts on
+ * it, it holds: the task is ASSIGNED or RUNNING, the attempt is the
  * current one, the worker holds the lease, the lease is live, and the
  * token matches when one was sent. A refusal is explained from the verdict
  * the database gave on the row it read, never judged again here.
@@ -33,7 +33,8 @@ export function leaseVerdictBy(ref: Omit<LeaseRefSql, "id">): SQL<string | null>
 
 /** The lease check as a WHERE: the row is `ref`'s task and `ref` holds its lease. */
 export function leaseHeldBy(ref: LeaseRefSql): SQL {
-  return sql`${tasks.id} = ${ref.id} and ${leaseVerdictBy(ref)} is null`;
+  return sql`${tasks.id} = ${ref.id}
+    and meshwork_lease_held(${tasks}, ${ref.attempt}, ${ref.worker}, ${ref.token})`;
 }
 
 const p = sql.placeholder;

@@ -1,8 +1,8 @@
 -- A live lease, defined once: a task ASSIGNED or RUNNING whose lease has not
 -- expired by the database clock. Everything that asks whether a lease is
 -- live reads it from here: the claim (an expired lease may be taken over),
--- the lease check of every lease-bound request (meshwork_lease_verdict
--- below, through core/lease-check.ts), a worker's slot count
+-- the lease check of every lease-bound request (meshwork_lease_held and
+-- meshwork_lease_verdict below, through core/lease-check.ts), a worker's slot count
 -- (meshwork_live_leases) and the sweeper's expiry (leases/sql/expire.ts).
 -- The boundary is here and only here: live while expires_at > now(),
 -- expired from expires_at on.
@@ -36,22 +36,36 @@ AS $$
 $$;
 
 -- The lease check: whether the request (attempt, worker, token; token ''
--- when none was sent) holds the lease on `t`, and if not, why. NULL: it
--- holds. Otherwise the reason a client is told (core/lease-check.ts words
--- it), judged in this order: TASK_CANCELED, STALE_ATTEMPT, FOREIGN_WORKER,
--- LEASE_EXPIRED (a PENDING task the sweeper took back from this attempt) or
--- NOT_LEASED (any other state without a lease), TOKEN_MISMATCH,
--- LEASE_EXPIRED (leased, not live). COMPLETED when this attempt of this
--- worker already succeeded: a completion sent again is judged by its
--- manifest (leases/store.ts); to any other request it holds no lease.
---
--- Every lease-bound UPDATE has `meshwork_lease_verdict(...) IS NULL` in
--- its WHERE, so a refused request changes nothing, and the read that
--- explains a refusal gets its reason from the same function.
+-- when none was sent) holds the lease on `t`. A plain AND of column tests,
+-- so that a statement's planner sees them as such: completing a batch of
+-- 32 by `tasks.id = v.id AND meshwork_lease_verdict(...) IS NULL` (one
+-- opaque CASE) was planned as a hash join over a sequential scan of every
+-- task, 12 ms per CompleteTasks at 30,000 rows instead of 2.4 ms by the
+-- primary key. Every lease-bound UPDATE has it in its WHERE, so a refused
+-- request changes nothing.
+CREATE OR REPLACE FUNCTION meshwork_lease_held(t tasks, attempt int, worker uuid, token text) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+  SELECT meshwork_lease_live(t)
+     AND t.attempt = attempt
+     AND t.lease_worker_id = worker
+     AND (token = '' OR t.lease_token = token)
+$$;
+
+-- Why a request does not hold the lease on `t` (meshwork_lease_held), or
+-- NULL when it does: the reason a client is told (core/lease-check.ts
+-- words it), judged in this order: TASK_CANCELED, STALE_ATTEMPT,
+-- FOREIGN_WORKER, LEASE_EXPIRED (a PENDING task the sweeper took back from
+-- this attempt) or NOT_LEASED (any other state without a lease),
+-- TOKEN_MISMATCH, LEASE_EXPIRED (leased, not live). COMPLETED when this
+-- attempt of this worker already succeeded: a completion sent again is
+-- judged by its manifest (leases/store.ts); to any other request it holds
+-- no lease. The read that explains a refusal gets its reason here.
 CREATE OR REPLACE FUNCTION meshwork_lease_verdict(t tasks, attempt int, worker uuid, token text) RETURNS text
 LANGUAGE sql STABLE
 AS $$
   SELECT CASE
+    WHEN meshwork_lease_held(t, attempt, worker, token) THEN NULL
     WHEN t.state = 'SUCCEEDED' AND t.attempt = attempt AND t.lease_worker_id = worker THEN 'COMPLETED'
     WHEN t.state = 'CANCELED' THEN 'TASK_CANCELED'
     WHEN t.attempt IS DISTINCT FROM attempt THEN 'STALE_ATTEMPT'
@@ -59,7 +73,7 @@ AS $$
     WHEN t.state NOT IN ('ASSIGNED', 'RUNNING') THEN
       CASE WHEN t.state = 'PENDING' AND t.error_code = 'LEASE_EXPIRED' THEN 'LEASE_EXPIRED' ELSE 'NOT_LEASED' END
     WHEN token IS DISTINCT FROM '' AND t.lease_token IS DISTINCT FROM token THEN 'TOKEN_MISMATCH'
-    WHEN NOT meshwork_lease_live(t) THEN 'LEASE_EXPIRED'
+    ELSE 'LEASE_EXPIRED'
   END
 $$;
 
