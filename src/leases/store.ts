@@ -358,9 +358,15 @@ export function createLeaseStore(db: Db) {
       taskId: string,
       token: string,
     ): Promise<{ workerId: string; attempt: number } | null> {
-      const [row] = await q.leaseByToken().execute({ id: taskId, token });
+      // A token with U+0000 names no lease, and PostgreSQL cannot take it
+      // as text: the task is still looked up (not_found stays not_found),
+      // the token is not sent.
+      const sendable = !token.includes("\u0000");
+      const [row] = await q.leaseByToken().execute({ id: taskId, token: sendable ? token : "" });
       if (!row) throw notFound(`task ${taskId}`, { taskId });
-      return row.same && row.workerId ? { workerId: row.workerId, attempt: row.attempt } : null;
+      return sendable && row.same && row.workerId
+        ? { workerId: row.workerId, attempt: row.attempt }
+        : null;
     },
 
     /** Releases every task leased to a worker (deregistration): PENDING, attempt kept, no failure counted. */

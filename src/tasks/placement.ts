@@ -107,8 +107,6 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
       const rows = await tx
         .select({
           worker: workers,
-          // Spelled out: Drizzle leaves select-list columns unqualified, and
-          // inside this subquery "id" would be the task's.
           // The task being re-placed does not take a slot of its current holder.
           activeLeases: liveLeases(workers.id, task.id).mapWith(asNumber),
           lost: workerLost(heartbeatIntervalSeconds),

@@ -54,6 +54,26 @@ describeEachEngine("lease store", (db) => {
     };
   }
 
+  describe("the lease a token names (the director's REST contract)", () => {
+    it("gives the holder and attempt for the task's token, nothing for another, not_found for no task", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload })]);
+      const row = await claimOne(workload);
+      const token = row.leaseToken ?? "";
+      expect(await leases.leaseByToken(row.id, token)).toEqual({
+        workerId: workerA,
+        attempt: row.attempt,
+      });
+      expect(await leases.leaseByToken(row.id, `${token.slice(0, -1)}0`)).toBeNull();
+      // A token PostgreSQL cannot hold as text names no lease: refused as
+      // any other wrong token, not an internal error.
+      expect(await leases.leaseByToken(row.id, `${token}\u0000`)).toBeNull();
+      await expect(
+        leases.leaseByToken("c0000000-0000-4000-8000-00000000000c", `x\u0000`),
+      ).rejects.toMatchObject({ kind: "not_found" });
+    });
+  });
+
   describe("claims", () => {
     it("leases a task with attempt 1, a 256-bit token and an expiry lease_seconds ahead", async () => {
       const workload = uniqueWorkload();

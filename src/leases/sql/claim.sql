@@ -95,8 +95,10 @@ BEGIN
       LIMIT slots
     ), claimed AS (
       -- The picked rows are locked by this statement: they are as selected.
-      -- The lease granted (attempt, holder, token, expiry) is the one push
-      -- placement grants too (tasks/placement.ts), RUNNING at once here.
+      -- The lease granted: the next attempt, this holder, a new token
+      -- (meshwork_new_token) and an expiry lease_seconds from now. Push
+      -- placement grants the same fields in its own UPDATE
+      -- (tasks/placement.ts), ASSIGNED there, RUNNING at once here.
       UPDATE tasks t SET
         state = 'RUNNING',
         attempt = t.attempt + 1,
