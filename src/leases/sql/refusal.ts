@@ -24,7 +24,12 @@ export function judgedStatement(db: Db) {
     .prepare("meshwork_lease_judged");
 }
 
-/** The same for the items of a batch (`i`: the item's index), each judged on its own values. */
+/**
+ * The same for the items of a batch (`i`: the item's index), each judged on
+ * its own values. From tasks first: the statement's name in the metrics is
+ * the table it reads (db/observe.ts names the first FROM), not the function
+ * that unpacks the items.
+ */
 export function judgedManyStatement(db: Db) {
   return db
     .select({
@@ -36,9 +41,6 @@ export function judgedManyStatement(db: Db) {
       }),
       i: sql<number>`v.i`,
     })
-    // From tasks first: the statement's name in the metrics is the table
-    // it reads (db/observe.ts names the first FROM), not the function that
-    // unpacks the items.
     .from(tasks)
     .innerJoin(
       sql`jsonb_to_recordset(${p("items")}::jsonb) as v(i int, id uuid, attempt int, worker uuid, token text)`,
