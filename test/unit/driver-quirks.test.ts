@@ -1,7 +1,7 @@
-import { readdirSync, readFileSync } from "node:fs";
-import { dirname, join, relative, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { readFileSync } from "node:fs";
+import { relative } from "node:path";
 import { describe, expect, it } from "vitest";
+import { sourceFiles, src } from "../support/source-files.js";
 
 // The two drivers differ in what a value looks like: PGlite gives a computed
 // boolean as `true` where postgres.js may give PostgreSQL's text form "t", a
@@ -12,16 +12,6 @@ import { describe, expect, it } from "vitest";
 // type it hopes for, works on the driver its author tried and breaks on the
 // other — and a `as unknown as` cast silences exactly the check that would
 // have said so. So outside src/db/ neither may appear.
-
-const src = resolve(dirname(fileURLToPath(import.meta.url)), "../../src");
-
-function sourceFiles(dir: string): string[] {
-  return readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
-    const path = join(dir, e.name);
-    if (e.isDirectory()) return sourceFiles(path);
-    return e.name.endsWith(".ts") ? [path] : [];
-  });
-}
 
 const quirks = [/===\s*"t"/, /===\s*'t'/, /\bas\s+unknown\s+as\b/];
 

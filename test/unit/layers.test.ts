@@ -1,7 +1,7 @@
-import { readdirSync, readFileSync } from "node:fs";
-import { dirname, join, relative, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { readFileSync } from "node:fs";
+import { dirname, relative, resolve } from "node:path";
 import { describe, expect, it } from "vitest";
+import { sourceFiles, src } from "../support/source-files.js";
 
 // The dependency rules of ARCHITECTURE.md, checked on the source: Biome's
 // noImportCycles catches file cycles; these catch imports that go up a
@@ -62,16 +62,6 @@ const ranks: Record<string, number> = {
   main: 13,
   cli: 13,
 };
-
-const src = resolve(dirname(fileURLToPath(import.meta.url)), "../../src");
-
-function sourceFiles(dir: string): string[] {
-  return readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
-    const path = join(dir, e.name);
-    if (e.isDirectory()) return sourceFiles(path);
-    return e.name.endsWith(".ts") ? [path] : [];
-  });
-}
 
 /** The module a file belongs to: its folder under src/, or the file itself at the top. */
 function moduleOf(file: string): string {
