@@ -1,5 +1,6 @@
-import { type SQL, type SQLWrapper, sql } from "drizzle-orm";
+import { getTableColumns, type SQL, type SQLWrapper, Subquery, sql } from "drizzle-orm";
 import { type TaskStateName, tasks } from "../db/schema/index.js";
+import { asTable } from "../db/values.js";
 
 /** Every task state, in the order of the state machine. */
 export const allStates: readonly TaskStateName[] = [
@@ -49,4 +50,31 @@ export function liveLeases(worker: SQLWrapper, exceptTask?: string): SQL<number>
 /** `expires_at` of a lease of `seconds` from now, on the database clock. */
 export function expiresIn(seconds: SQLWrapper): SQL {
   return sql`now() + make_interval(secs => ${seconds})`;
+}
+
+/** A push placement's grant: what it writes beside the lease. */
+export interface PushGrant {
+  leaseSeconds: number;
+  /** null: none. */
+  scheduleKey: string | null;
+  /** Empty: keep the task's. */
+  correlationId: string;
+}
+
+/**
+ * The task `taskId` leased to `worker` by the one grant statement
+ * (meshwork_grant, src/leases/sql/grant.sql, which the claim calls too), as
+ * a source Drizzle maps as rows of tasks: `tx.select().from(granted(…))`.
+ * The caller has locked the task and decided.
+ */
+export function pushGranted(taskId: string, worker: string, push: PushGrant): typeof tasks {
+  return asTable(
+    new Subquery(
+      sql`select * from meshwork_grant(array[${taskId}::uuid], ${worker}::uuid, true,
+        ${push.leaseSeconds}::int, ${push.scheduleKey}::text, ${push.correlationId}::text)`,
+      getTableColumns(tasks),
+      "tasks",
+    ),
+    tasks,
+  );
 }

@@ -8,17 +8,20 @@ import { fileURLToPath } from "node:url";
  * (the claim above all) is in one file and not spread over frozen
  * migrations. Migrations keep only schema changes.
  *
- * The files are lease statements and live with the leases
- * (src/leases/sql/); this module only knows their names and order (a
- * function must exist before a SQL function that calls it is created). It
- * imports nothing from there.
+ * Each file lives with the feature whose rule it holds, in that folder's
+ * `sql/` (the lease statements in src/leases/sql/, the task history
+ * triggers' functions in src/tasks/sql/); this module only knows their
+ * paths, relative to src/, and order (a function must exist before a SQL
+ * function that calls it is created). It imports nothing from there.
  */
 export const functionFiles = [
-  "live-lease.sql",
-  "token.sql",
-  "match.sql",
-  "claim.sql",
-  "claim-batch.sql",
+  "leases/sql/live-lease.sql",
+  "leases/sql/token.sql",
+  "leases/sql/match.sql",
+  "leases/sql/grant.sql",
+  "leases/sql/claim.sql",
+  "leases/sql/claim-batch.sql",
+  "tasks/sql/history.sql",
 ] as const;
 
 /**
@@ -29,15 +32,15 @@ export const functionFiles = [
  * hash: nothing to do. test/unit/db-functions.test.ts pins the hash of each
  * version, so that a file changed without a new version fails there.
  */
-export const functionsVersion = 1;
+export const functionsVersion = 2;
 
-const folder = fileURLToPath(new URL("../leases/sql/", import.meta.url));
+const src = fileURLToPath(new URL("../", import.meta.url));
 
 /** The functions' text, in order, and its hash. */
 export function functionsText(): { files: { name: string; text: string }[]; hash: string } {
   const files = functionFiles.map((name) => ({
     name,
-    text: readFileSync(`${folder}${name}`, "utf8"),
+    text: readFileSync(`${src}${name}`, "utf8"),
   }));
   const hash = createHash("sha256");
   for (const f of files) hash.update(`${f.name}\0${f.text}\0`);

@@ -1,6 +1,6 @@
-import { eq, sql } from "drizzle-orm";
+import { eq, getTableColumns, sql } from "drizzle-orm";
 import { DomainError, notFound } from "../core/errors.js";
-import { expiresIn, liveLeases, newToken } from "../core/task-sql.js";
+import { liveLeases, pushGranted } from "../core/task-sql.js";
 import { workerLost } from "../core/worker-sql.js";
 import type { Db } from "../db/database.js";
 import { type TaskRow, tasks, type WorkerRow, workers } from "../db/schema/index.js";
@@ -169,26 +169,13 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           details,
         );
       }
-      const [placed] = await tx
-        .update(tasks)
-        .set({
-          state: "ASSIGNED",
-          attempt: sql`${tasks.attempt} + 1`,
-          leaseWorkerId: chosen.id,
-          leaseToken: newToken,
+      const [placed] = await tx.select(getTableColumns(tasks)).from(
+        pushGranted(task.id, chosen.id, {
           leaseSeconds: p.leaseSeconds,
-          leaseExpiresAt: expiresIn(sql`${p.leaseSeconds}::int`),
-          assignedWorkerId: chosen.id,
-          assignedApiBaseUrl: chosen.apiBaseUrl,
-          scheduleIdempotencyKey: p.key === "" ? null : p.key,
-          correlationId: p.correlationId === "" ? task.correlationId : p.correlationId,
-          notBefore: null,
-          finishedAt: null,
-          cancelRequested: false,
-          updatedAt: sql`now()`,
-        })
-        .where(eq(tasks.id, task.id))
-        .returning();
+          scheduleKey: p.key === "" ? null : p.key,
+          correlationId: p.correlationId,
+        }),
+      );
       if (!placed) throw new Error("placement update returned nothing");
       return placed;
     });

@@ -5,10 +5,11 @@ import { functionFiles, functionsText, functionsVersion } from "../../src/db/fun
 // applies its functions only when its version is at least the installed
 // one (src/db/functions.ts): a file changed without a new version would be
 // two texts under one version, and replicas of both would undo each other.
-// Changing a file in src/leases/sql/*.sql: raise functionsVersion and add
+// Changing a file in src/*/sql/*.sql: raise functionsVersion and add
 // its hash here.
 const hashes: Record<number, string> = {
   1: "1ac462b9a5c12137ee09989dafb1704f429e5a477d4b8968edad233f512d1f1e",
+  2: "b31e26219186b344bde3a13824d741c40c09e9789318b931e3b79e6c888bf7f8",
 };
 
 describe("database functions", () => {
@@ -19,10 +20,16 @@ describe("database functions", () => {
     });
   });
 
-  it("are every .sql file of src/leases/sql, each once", async () => {
-    const { readdirSync } = await import("node:fs");
-    const onDisk = readdirSync(new URL("../../src/leases/sql/", import.meta.url))
-      .filter((f) => f.endsWith(".sql"))
+  it("are every .sql file of a src/<feature>/sql folder, each once", async () => {
+    const { existsSync, readdirSync } = await import("node:fs");
+    const src = new URL("../../src/", import.meta.url);
+    const onDisk = readdirSync(src, { withFileTypes: true })
+      .filter((d) => d.isDirectory() && existsSync(new URL(`${d.name}/sql/`, src)))
+      .flatMap((d) =>
+        readdirSync(new URL(`${d.name}/sql/`, src))
+          .filter((f) => f.endsWith(".sql"))
+          .map((f) => `${d.name}/sql/${f}`),
+      )
       .sort();
     expect([...functionFiles].sort()).toEqual(onDisk);
   });

@@ -1,0 +1,79 @@
+-- A task's history and the ready counts that wake long polls, written by
+-- the two statement-level triggers on tasks (tasks_events_on_insert and
+-- tasks_events_on_update, created in migration 0013), so that every path
+-- that changes a task (CreateTask, the claim and its grant, placement, the
+-- sweeper, cancel, retry, any replica) records it in the same transaction.
+--
+-- Statement-level, with transition tables: a CreateTasks of 1,000 or a
+-- claim of 32 writes its events with one INSERT … SELECT, not one trigger
+-- call per row. An update records an event only when the state, the
+-- attempt or the lease holder changed (not for renewals or progress). An
+-- event carries the task's error only where the change is the error's
+-- (back to PENDING for a retry or after an expiry, FAILED, CANCELED): a new
+-- attempt does not repeat the last one's.
+--
+-- Long polls are woken by how many tasks became claimable, per workload,
+-- not all at once: NOTIFY meshwork_task_ready carries a JSON object of
+-- workload → count ({"render":500}), and each replica wakes about that many
+-- of its parked claims that can take them (src/leases/wakeup.ts). A burst of
+-- 500 new tasks used to wake every parked poll (2,000 claims for 500 tasks).
+-- A task that goes back to PENDING counts once its not_before has passed;
+-- until then the sweeper wakes claims for it when it falls due.
+
+-- Sends the ready counts. A payload too long for NOTIFY (over ~7,900 bytes,
+-- counted in bytes: very many or very long workload names at once) is sent
+-- empty, which wakes every parked claim.
+CREATE OR REPLACE FUNCTION meshwork_notify_ready(ready text) RETURNS void
+LANGUAGE sql AS $$
+  SELECT pg_notify('meshwork_task_ready', CASE WHEN octet_length(ready) <= 7900 THEN ready ELSE '' END)
+  WHERE ready IS NOT NULL
+$$;
+
+-- New tasks: an event each, and the ready counts of those claimable now.
+CREATE OR REPLACE FUNCTION meshwork_task_events_inserted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO task_events (task_id, state, attempt, worker_id, error_code, error_message)
+  SELECT n.id, n.state, n.attempt, coalesce(n.lease_worker_id, n.assigned_worker_id),
+    n.error_code, n.error_message
+  FROM new_rows n;
+  PERFORM meshwork_notify_ready((
+    SELECT json_object_agg(c.workload, c.n)::text
+    FROM (SELECT workload, count(*) AS n FROM new_rows
+      WHERE state = 'PENDING' AND (not_before IS NULL OR not_before <= now())
+      GROUP BY workload) c));
+  RETURN NULL;
+END;
+$$;
+
+-- Changed tasks: one pass over the changed rows, their history, then the
+-- ready counts of those that came back to PENDING and are claimable now.
+CREATE OR REPLACE FUNCTION meshwork_task_events_updated() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+  ready text;
+BEGIN
+  WITH changed AS (
+    SELECT n.id, n.state, n.attempt, n.workload, n.not_before, o.state AS old_state,
+      coalesce(n.lease_worker_id, n.assigned_worker_id) AS worker_id,
+      CASE WHEN n.state IN ('PENDING', 'FAILED', 'CANCELED') THEN n.error_code ELSE '' END AS error_code,
+      CASE WHEN n.state IN ('PENDING', 'FAILED', 'CANCELED') THEN n.error_message ELSE '' END AS error_message
+    FROM new_rows n JOIN old_rows o ON o.id = n.id
+    WHERE o.state IS DISTINCT FROM n.state
+      OR o.attempt IS DISTINCT FROM n.attempt
+      OR o.lease_worker_id IS DISTINCT FROM n.lease_worker_id
+  ), recorded AS (
+    INSERT INTO task_events (task_id, state, attempt, worker_id, error_code, error_message)
+    SELECT id, state, attempt, worker_id, error_code, error_message FROM changed
+  )
+  SELECT json_object_agg(c.workload, c.n)::text INTO ready
+  FROM (
+    SELECT workload, count(*) AS n FROM changed
+    WHERE state = 'PENDING' AND old_state IS DISTINCT FROM 'PENDING'
+      AND (not_before IS NULL OR not_before <= now())
+    GROUP BY workload
+  ) c;
+  PERFORM meshwork_notify_ready(ready);
+  RETURN NULL;
+END;
+$$;
