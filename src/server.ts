@@ -266,14 +266,7 @@ export function createHandler(app: App) {
       metricsRoute(app),
       ...byteRoutes(app),
       ...workerRestRoutes(call, app.config.readMaxBytes),
-      ...directorRestRoutes({
-        call,
-        maxBodyBytes: app.config.readMaxBytes,
-        leaseOf: (taskId, leaseToken) => app.leases.leaseByToken(taskId, leaseToken),
-        async readTask(taskId) {
-          return toTask(await app.tasks.get(taskId));
-        },
-      }),
+      ...directorRestRoutes({ call, maxBodyBytes: app.config.readMaxBytes }),
       // Last: GET / and /assets/* (the web dashboard) shadow nothing above.
       ...dashboardRoutes(),
     ],

@@ -1,6 +1,6 @@
 import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import type { ServiceImpl } from "@connectrpc/connect";
+import type { ContextValues, ServiceImpl } from "@connectrpc/connect";
 import type { ArtifactRef } from "../../gen/meshwork/v1/artifact_pb.js";
 import {
   type CompleteTaskRequest,
@@ -13,9 +13,11 @@ import {
 } from "../../gen/meshwork/v1/lease_pb.js";
 import type { Progress as ProgressMessage } from "../../gen/meshwork/v1/task_pb.js";
 import type { ArtifactStore } from "../artifacts/store.js";
+import type { Guard } from "../auth/guard.js";
+import { callerOf } from "../auth/principal.js";
 import type { Config } from "../config.js";
 import { DomainError, invalid } from "../core/errors.js";
-import { type LeaseRef, leaseToken, parseLeaseRef } from "../core/lease-ref.js";
+import { type LeaseFields, type LeaseRef, leaseToken, parseLeaseRef } from "../core/lease-ref.js";
 import { linkedSignal } from "../core/signals.js";
 import { attemptField, intInRange, isUuid, stringList, text, uuidField } from "../core/validate.js";
 import { isTransientDatabaseError } from "../db/faults.js";
@@ -46,6 +48,8 @@ export interface LeaseServiceDeps {
   wakeups: Pick<ClaimWakeups, "arm" | "passOn">;
   events: { emit(taskIds: Iterable<string>): void };
   artifacts: Pick<ArtifactStore, "get">;
+  /** A worker token acts only for its own workers (auth/guard.ts): checked for a lease named by its token. */
+  guard: Pick<Guard, "actsFor">;
   shutdownSignal: AbortSignal;
   metrics: Pick<Metrics, "claims" | "completions" | "completionRepeats" | "failures">;
 }
@@ -116,7 +120,12 @@ function resultRef(
   };
 }
 
-function completionOf(req: CompleteTaskRequest, publicUrl: string, field = ""): Completion {
+function completionOf(
+  req: CompleteTaskRequest,
+  lease: LeaseRef,
+  publicUrl: string,
+  field = "",
+): Completion {
   const metrics = Object.entries(req.metrics);
   if (metrics.length > 100) throw invalid(`${field}metrics has more than 100 entries`);
   for (const [k, v] of metrics) {
@@ -126,7 +135,7 @@ function completionOf(req: CompleteTaskRequest, publicUrl: string, field = ""): 
   if (req.resultSummary.length > 4096)
     throw invalid(`${field}result_summary is longer than 4096 characters`);
   return {
-    ...parseLeaseRef(req, field),
+    ...lease,
     result: resultRef(req.result, publicUrl, field),
     summary: req.resultSummary,
     metrics: req.metrics,
@@ -182,6 +191,32 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
     (o.repeat ? app.metrics.completionRepeats : app.metrics.completions).inc({
       workload: o.ok.workload,
     });
+  /**
+   * The lease a lease-bound request names: by its fields, or by task_id and
+   * lease_token alone (worker_id empty, attempt 0), whose holder and attempt
+   * are looked up (a token names one attempt of one task) and, for a worker
+   * token, must be one of its own workers. The statement that follows
+   * checks every rule again, the token included, so a lease that changed
+   * hands between the two is refused there.
+   */
+  async function leaseNamed(req: LeaseFields, values: ContextValues): Promise<LeaseRef> {
+    if (req.workerId !== "" || req.attempt !== 0 || req.leaseToken === "") {
+      return parseLeaseRef(req);
+    }
+    const taskId = uuidField("task_id", req.taskId);
+    const token = leaseToken("lease_token", req.leaseToken);
+    const lease = await app.leases.leaseByToken(taskId, token);
+    if (!lease) {
+      throw new DomainError(
+        "aborted",
+        "TOKEN_MISMATCH",
+        `lease_token does not name a lease of task ${taskId}`,
+        { taskId },
+      );
+    }
+    await app.guard.actsFor(callerOf(values), [lease.workerId]);
+    return { taskId, workerId: lease.workerId, attempt: lease.attempt, token };
+  }
   return {
     async claimTasks(req, ctx) {
       const workerId = uuidField("worker_id", req.workerId);
@@ -264,16 +299,16 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
       }
     },
 
-    async startTask(req) {
-      const lease = parseLeaseRef(req);
+    async startTask(req, ctx) {
+      const lease = await leaseNamed(req, ctx.values);
       app.heartbeats.touch(lease.workerId);
       const row = await app.leases.start(lease);
       app.events.emit([row.id]);
       return { task: toTask(row) };
     },
 
-    async renewLease(req) {
-      const lease = parseLeaseRef(req);
+    async renewLease(req, ctx) {
+      const lease = await leaseNamed(req, ctx.values);
       const extend =
         req.extendSeconds === undefined
           ? undefined
@@ -283,8 +318,9 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
       const renewed = await app.urgent.leases.renew(lease, extend, progress);
       if (progress) app.events.emit([lease.taskId]);
       return {
-        leaseExpiresAt: timestampFromDate(renewed.expiresAt),
+        leaseExpiresAt: timestampFromDate(renewed.leaseExpiresAt ?? new Date()),
         cancelRequested: renewed.cancelRequested,
+        task: toTask(renewed),
       };
     },
 
@@ -355,8 +391,10 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
       }
     },
 
-    async completeTask(req) {
-      const outcome = await app.completeOne(completionOf(req, publicUrl));
+    async completeTask(req, ctx) {
+      const outcome = await app.completeOne(
+        completionOf(req, await leaseNamed(req, ctx.values), publicUrl),
+      );
       if ("error" in outcome) throw outcome.error;
       countCompletion(outcome);
       app.events.emit([outcome.ok.id]);
@@ -369,7 +407,8 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
       }
       const parsed = req.completions.map((c, i) => {
         try {
-          return completionOf(c, publicUrl, `completions[${i}].`);
+          const field = `completions[${i}].`;
+          return completionOf(c, parseLeaseRef(c, field), publicUrl, field);
         } catch (error) {
           if (error instanceof DomainError) return error;
           throw error;
@@ -390,8 +429,8 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
       return { results };
     },
 
-    async failTask(req) {
-      const lease = parseLeaseRef(req);
+    async failTask(req, ctx) {
+      const lease = await leaseNamed(req, ctx.values);
       const code = text("error_code", req.errorCode, { optional: true }).slice(0, 128) || "ERROR";
       const row = await app.leases.fail(
         lease,
@@ -407,8 +446,8 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
       return { task: toTask(row) };
     },
 
-    async releaseTask(req) {
-      const lease = parseLeaseRef(req);
+    async releaseTask(req, ctx) {
+      const lease = await leaseNamed(req, ctx.values);
       if (req.checkpointHandle.length > 4096) {
         throw invalid("checkpoint_handle is longer than 4096 characters");
       }

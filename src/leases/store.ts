@@ -213,20 +213,19 @@ export function createLeaseStore(db: Db) {
       return row ?? refuse(l);
     },
 
-    /** Renews one lease: expires_at = now() + (extend_seconds or lease_seconds). */
+    /** Renews one lease: expires_at = now() + (extend_seconds or lease_seconds); the task as renewed. */
     async renew(
       l: LeaseRef,
       extendSeconds: number | undefined,
       progress: Progress | undefined,
-    ): Promise<{ expiresAt: Date; cancelRequested: boolean }> {
+    ): Promise<TaskRow> {
       const [row] = await q.renew().execute({
         ...leaseParams(l),
         extend: extendSeconds ?? null,
         steps: progress?.completedSteps ?? null,
         message: progress?.message ?? null,
       });
-      if (!row) return refuse(l);
-      return { expiresAt: row.expiresAt as Date, cancelRequested: row.cancelRequested };
+      return row ?? refuse(l);
     },
 
     /**
@@ -348,8 +347,9 @@ export function createLeaseStore(db: Db) {
     },
 
     /**
-     * The lease a token names on a task (the director's REST contract names
-     * a lease by its token alone): its holder and attempt, or null when the
+     * The lease a token names on a task (a lease-bound RPC named by
+     * task_id and lease_token alone, as the director's REST contract names
+     * leases): its holder and attempt, or null when the
      * token is not the task's lease token; nothing about the lease is told
      * before its token is shown. `not_found` for no such task. Whether the
      * lease is live is for the RPC it maps to, which checks everything again.

@@ -19,7 +19,7 @@ export function directorRestRoutes(deps: DirectorDeps): PlainRoute[] {
   return [
     ...fleetRoutes(route),
     ...taskRoutes(route),
-    ...leaseRoutes(route, deps),
+    ...leaseRoutes(route),
     ...knowledgeRoutes(route),
   ];
 }

@@ -216,6 +216,9 @@ describe("a worker token acts only for its own workers", () => {
     const [claim] = (await leases.claimTasks({ workerId })).claims;
     if (!claim) throw new Error("nothing claimed");
     const lease = { taskId: claim.taskId, workerId, attempt: 1, leaseToken: claim.leaseToken };
+    // The same lease named by its token alone (LeaseService): the holder it
+    // names is not theirs either.
+    const byToken = { taskId: claim.taskId, leaseToken: claim.leaseToken };
     const before = await h.tasks.getTask({ taskId: claim.taskId }).catch(() => undefined);
     expect(before).toBeUndefined(); // the default client has no token
 
@@ -234,6 +237,11 @@ describe("a worker token acts only for its own workers", () => {
       () => l.completeTasks({ completions: [lease] }),
       () => l.failTask({ ...lease, errorCode: "X" }),
       () => l.releaseTask(lease),
+      () => l.startTask(byToken),
+      () => l.renewLease(byToken),
+      () => l.completeTask(byToken),
+      () => l.failTask({ ...byToken, errorCode: "X" }),
+      () => l.releaseTask(byToken),
       () =>
         (async () => {
           for await (const _ of l.streamLeases(

@@ -8,6 +8,7 @@ import {
 } from "../../gen/meshwork/v1/lease_pb.js";
 import { TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { within } from "../support/bounded.js";
+import { outcome } from "../support/errors.js";
 import { endBackoff, expireLease } from "../support/fixtures.js";
 import {
   claimOne,
@@ -70,6 +71,63 @@ describe("StreamLeases renewals", () => {
     expect(update).toMatchObject({ status: LeaseStatus.LOST, reason: "LEASE_EXPIRED" });
     const other = await registerWorker(h, [workload]);
     expect(await claimOne(h, other)).toMatchObject({ taskId: claim.taskId, attempt: 2 });
+  });
+});
+
+describe("a lease named by task_id and lease_token alone", () => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await createHarness();
+  });
+  afterAll(() => h.close());
+
+  it("renews (answering the task), refuses another or an old token, and completes once", async () => {
+    const workload = uniqueWorkload();
+    const workerId = await registerWorker(h, [workload]);
+    await h.tasks.createTask({ workload });
+    const claim = await claimOne(h, workerId);
+    const byToken = { taskId: claim.taskId, leaseToken: claim.leaseToken };
+
+    const renewed = await h.leases.renewLease({ ...byToken, extendSeconds: 3600 });
+    expect(renewed.task).toMatchObject({
+      taskId: claim.taskId,
+      state: TaskState.RUNNING,
+      lease: { workerId, attempt: 1, leaseToken: "" },
+    });
+    expect(renewed.task?.lease?.expiresAt).toEqual(renewed.leaseExpiresAt);
+
+    const other = `${claim.leaseToken.slice(0, -1)}${claim.leaseToken.endsWith("0") ? "1" : "0"}`;
+    for (const call of [
+      () => h.leases.renewLease({ ...byToken, leaseToken: other }),
+      () => h.leases.completeTask({ ...byToken, leaseToken: other }),
+      () => h.leases.failTask({ ...byToken, leaseToken: other, errorCode: "X" }),
+    ]) {
+      expect(await outcome(call())).toMatchObject({ code: "Aborted", reason: "TOKEN_MISMATCH" });
+    }
+    expect((await h.tasks.getTask({ taskId: claim.taskId })).task?.lease?.expiresAt).toEqual(
+      renewed.leaseExpiresAt,
+    );
+
+    // The lease expires and another worker takes the task: the old token
+    // names no lease any more.
+    await expireLease(h.app.database.db, claim.taskId);
+    const next = await claimOne(h, await registerWorker(h, [workload]));
+    expect(next.attempt).toBe(2);
+    expect(await outcome(h.leases.completeTask(byToken))).toMatchObject({
+      code: "Aborted",
+      reason: "TOKEN_MISMATCH",
+    });
+    const done = await h.leases.completeTask({
+      taskId: next.taskId,
+      leaseToken: next.leaseToken,
+    });
+    expect(done.task).toMatchObject({ state: TaskState.SUCCEEDED, attempt: 2 });
+    // Repeated, the same completion is the same success (CompleteTask's rule).
+    const again = await h.leases.completeTask({
+      taskId: next.taskId,
+      leaseToken: next.leaseToken,
+    });
+    expect(again.task?.state).toBe(TaskState.SUCCEEDED);
   });
 });
 

@@ -12,7 +12,7 @@ import { tasks } from "../../db/schema/index.js";
 
 const p = sql.placeholder;
 
-/** RenewLease: one lease. */
+/** RenewLease: one lease; the task as renewed (RenewLeaseResponse.task). */
 export function renewStatement(db: Db) {
   return db
     .update(tasks)
@@ -23,7 +23,7 @@ export function renewStatement(db: Db) {
       updatedAt: sql`now()`,
     })
     .where(leaseHeld)
-    .returning({ expiresAt: tasks.leaseExpiresAt, cancelRequested: tasks.cancelRequested })
+    .returning()
     .prepare("meshwork_renew");
 }
 

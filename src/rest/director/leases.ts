@@ -3,7 +3,7 @@ import { DomainError, invalid } from "../../core/errors.js";
 import { isUuid } from "../../core/validate.js";
 import type { PlainRoute } from "../../http/routes.js";
 import { field } from "../body.js";
-import { type DirectorDeps, type DirectorRoute, iso, required0, type Session } from "./session.js";
+import { type DirectorRoute, iso, required0, type Session } from "./session.js";
 
 /** The director's `status` names (any case) as task states a worker may report. */
 const reportable: Record<string, TaskState> = {
@@ -13,28 +13,30 @@ const reportable: Record<string, TaskState> = {
   pending: TaskState.PENDING,
 };
 
-/** The lease fields of a lease-bound call on `taskId`, named by the body's leaseToken. */
-async function leaseRef(deps: DirectorDeps, taskId: string, leaseToken: string | undefined) {
+/**
+ * The lease fields of a lease-bound call on `taskId`, named by the body's
+ * leaseToken alone: the RPC looks up the lease the token names and judges
+ * the call by every lease rule (LeaseService). The director contract
+ * requires the token: without one, no lease is named.
+ */
+function leaseRef(taskId: string, leaseToken: string | undefined) {
   if (!isUuid(taskId)) throw invalid("taskId must be a UUID");
-  const lease = leaseToken ? await deps.leaseOf(taskId.toLowerCase(), leaseToken) : null;
-  if (!lease) {
+  if (!leaseToken) {
     throw new DomainError(
       "aborted",
       "TOKEN_MISMATCH",
-      leaseToken
-        ? "leaseToken does not name this task's lease"
-        : "leaseToken is required: it names the task's lease",
+      "leaseToken is required: it names the task's lease",
       { taskId },
     );
   }
-  return { taskId, workerId: lease.workerId, attempt: lease.attempt, leaseToken };
+  return { taskId, workerId: "", attempt: 0, leaseToken };
 }
 
 /**
  * The lease routes, a lease named by its token: extend, release with a
  * checkpoint, and status reports (running, succeeded, failed, pending).
  */
-export function leaseRoutes(route: DirectorRoute, deps: DirectorDeps): PlainRoute[] {
+export function leaseRoutes(route: DirectorRoute): PlainRoute[] {
   return [
     route(
       ["POST"],
@@ -43,18 +45,17 @@ export function leaseRoutes(route: DirectorRoute, deps: DirectorDeps): PlainRout
       "extend a lease",
       async (s, _req, m) => {
         const body = await s.json(["leaseToken", "extendSeconds"]);
-        const lease = await leaseRef(deps, m[1] ?? "", field.string(body, "leaseToken"));
+        const lease = leaseRef(m[1] ?? "", field.string(body, "leaseToken"));
         const renewed = await s.leases.renewLease({
           ...lease,
           extendSeconds: field.int(body, "extendSeconds"),
         });
-        // The holder proved the lease: it may see the task it holds (even
-        // with a worker token, which may not call GetTask).
-        const task = await deps.readTask(lease.taskId);
         return [
           200,
           {
-            ...(await s.taskJson(task)),
+            // The holder proved the lease: the renewal answers its task
+            // (even to a worker token, which may not call GetTask).
+            ...(await s.taskJson(required0(renewed.task))),
             leaseToken: lease.leaseToken,
             leaseExpiresUtc: iso(renewed.leaseExpiresAt),
           },
@@ -69,7 +70,7 @@ export function leaseRoutes(route: DirectorRoute, deps: DirectorDeps): PlainRout
       "release a task with a checkpoint",
       async (s, _req, m) => {
         const body = await s.json(["leaseToken", "checkpointHandle"]);
-        const lease = await leaseRef(deps, m[1] ?? "", field.string(body, "leaseToken"));
+        const lease = leaseRef(m[1] ?? "", field.string(body, "leaseToken"));
         const { task } = await s.leases.releaseTask({
           ...lease,
           checkpointHandle: field.string(body, "checkpointHandle") ?? "",
@@ -107,7 +108,7 @@ export function leaseRoutes(route: DirectorRoute, deps: DirectorDeps): PlainRout
           throw invalid("resultHandle is taken only with status Succeeded");
         }
         const result = handle === undefined ? undefined : await resultOf(s, handle);
-        const lease = await leaseRef(deps, m[1] ?? "", field.string(body, "leaseToken"));
+        const lease = leaseRef(m[1] ?? "", field.string(body, "leaseToken"));
         const summary = field.string(body, "resultSummary") ?? "";
         let task: Task | undefined;
         if (to === TaskState.RUNNING) {

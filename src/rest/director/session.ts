@@ -12,25 +12,9 @@ import { readJson } from "../body.js";
 import type { CallerOf, InProcessCaller } from "../in-process.js";
 import { restRoute } from "../route.js";
 
-/** The lease a task holds (or last held): what the director routes need to name it. */
-export interface LeaseOf {
-  workerId: string;
-  attempt: number;
-}
-
 export interface DirectorDeps {
   call: InProcessCaller;
   maxBodyBytes: number;
-  /**
-   * The holder and attempt of the lease `leaseToken` names on a task (its
-   * current or last one), or null when the token does not name it;
-   * `not_found` for an unknown task. The director contract names a lease
-   * by its token alone: this maps it to the lease fields the RPCs take,
-   * which then check everything again.
-   */
-  leaseOf(taskId: string, leaseToken: string): Promise<LeaseOf | null>;
-  /** A task as GetTask shows it, for the answer of a lease route its holder called. */
-  readTask(taskId: string): Promise<Task>;
 }
 
 /** A task state as the director contract spells it. */
