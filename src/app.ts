@@ -14,6 +14,8 @@ import { createSweeper } from "./leases/sweeper.js";
 import { createClaimWakeups, readyCounts } from "./leases/wakeup.js";
 import type { Logger } from "./log.js";
 import { createMetrics } from "./metrics/metrics.js";
+import { createShareBook } from "./scheduling/book.js";
+import { createSchedulingStore } from "./scheduling/store.js";
 import { createStores, createWithTx } from "./stores.js";
 import { createTaskEvents } from "./tasks/events.js";
 import { createRetention } from "./tasks/retention.js";
@@ -35,7 +37,14 @@ export function createApp(
 ) {
   // A span per statement, under the RPC that made it.
   if (tracing) database.statements.observe(tracing.statements);
-  const stores = createStores(database.db, config);
+  // One replica's view of the share tree, read on the housekeeping handle:
+  // it plans this replica's claims (scheduling/book.ts).
+  const shareBook = createShareBook({
+    store: createSchedulingStore(database.housekeeping, config.heartbeatIntervalSeconds),
+    config,
+    log,
+  });
+  const stores = createStores(database.db, config, shareBook);
   // Per app, not prom-client's global registry: tests build many apps.
   const metrics = createMetrics({
     statements: database.statements,
@@ -50,7 +59,7 @@ export function createApp(
   // the pool. Buffered heartbeats are written by the sweeper: the same.
   const housekeeping = createStores(database.housekeeping, config);
   // Renewals, stream messages, completions and the fleet's status on the pool's urgent lane.
-  const urgent = createStores(database.urgent, config);
+  const urgent = createStores(database.urgent, config, shareBook);
   const heartbeats = createHeartbeatBuffer(housekeeping.fleet);
   // Read on the urgent lane: every claim, renewal and completion of a worker token asks it.
   const workerCache = createWorkerCache(urgent.fleet);
@@ -144,6 +153,8 @@ export function createApp(
     completeOne,
     sweeper,
     retention,
+    /** The share tree as this replica last read it (scheduling/book.ts). */
+    shareBook,
     /** Aborted when the server begins to shut down: long polls and streams end. */
     // Named as the global type: @types/node's own is module-local, and the
     // build's declaration emit (tsconfig.build.json) cannot name it.
@@ -153,6 +164,7 @@ export function createApp(
       unlisten = await database.listen("meshwork_task_ready", (payload) =>
         wakeups.notify(readyCounts(payload)),
       );
+      shareBook.start();
       if (options.sweeper !== false) {
         sweeper.start();
         retention.start();
@@ -175,6 +187,7 @@ export function createApp(
       clearInterval(workerSweep);
       await sweeper.stop();
       await retention.stop();
+      await shareBook.stop();
       await unlisten?.();
       await heartbeats.flush().catch(() => {});
     },

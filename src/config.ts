@@ -73,6 +73,16 @@ export interface Config {
   authFailureBurst: number;
   /** Bytes that requests waiting for their token to be looked up may buffer, server-wide; 0 = no cap. */
   maxPendingAuthBytes: number;
+  /** The share of a task that names none: a path, or "" for the creating token's name. */
+  defaultShare: string;
+  /** Half-life of a share's usage, in ms (docs/scheduling.md). */
+  shareHalfLifeMs: number;
+  /** A large task claimable this long is given a reservation (ms); 0 = never. */
+  reserveAfterMs: number;
+  /** host:port of the KEDA external-scaler listener; "" = none. */
+  kedaListen: string;
+  /** PEM CA bundle: the KEDA listener requires client certificates signed by it. */
+  kedaClientCa: string;
 }
 
 /**
@@ -142,53 +152,12 @@ const flags = {
   "auth-failure-rate": { type: "string", env: "MESHWORK_AUTH_FAILURE_RATE" },
   "auth-failure-burst": { type: "string", env: "MESHWORK_AUTH_FAILURE_BURST" },
   "max-pending-auth-bytes": { type: "string", env: "MESHWORK_MAX_PENDING_AUTH_BYTES" },
+  "default-share": { type: "string", env: "MESHWORK_DEFAULT_SHARE" },
+  "share-half-life": { type: "string", env: "MESHWORK_SHARE_HALF_LIFE" },
+  "reserve-after": { type: "string", env: "MESHWORK_RESERVE_AFTER" },
+  "keda-listen": { type: "string", env: "MESHWORK_KEDA_LISTEN" },
+  "keda-client-ca": { type: "string", env: "MESHWORK_KEDA_CLIENT_CA" },
 } as const;
-
-/** The `meshwork serve` flags, for `--help`. */
-export const serveUsage = `Usage: meshwork serve [flags]
-
-  --listen HOST:PORT        MESHWORK_LISTEN       default 127.0.0.1:8080
-  --data-dir DIR            MESHWORK_DATA_DIR     default ./.meshwork
-  --database-url URL        DATABASE_URL          PostgreSQL; unset = embedded PGlite
-  --db-pool-size N          MESHWORK_DB_POOL_SIZE        PostgreSQL request connections; default 10
-  --db-acquire-timeout MS   MESHWORK_DB_ACQUIRE_TIMEOUT  wait for a free one, then unavailable; default 3000
-  --db-statement-timeout MS MESHWORK_DB_STATEMENT_TIMEOUT  statement_timeout; default 30000, 0 = none
-  --public-url URL          MESHWORK_PUBLIC_URL   base of artifact URIs; default http://<listen>
-  --auth on|off             MESHWORK_AUTH         bearer tokens; default on (off only on loopback)
-  --blob-dir DIR            MESHWORK_BLOB_DIR     default <data dir>/blobs
-  --blob-store fs|postgres|s3://BUCKET/PREFIX
-                            MESHWORK_BLOB_STORE   where artifact bytes live; default fs (--blob-dir)
-  --log-level LEVEL         MESHWORK_LOG_LEVEL    trace|debug|info|warn|error|silent; default info
-  --log-format auto|json|pretty
-                            MESHWORK_LOG_FORMAT   default auto: pretty on a terminal, JSON lines otherwise
-  --metrics-public on|off   MESHWORK_METRICS_PUBLIC  GET /metrics without a token; default off
-  --otel-endpoint URL       OTEL_EXPORTER_OTLP_ENDPOINT  export spans over OTLP/HTTP; default none
-  --heartbeat-interval S    MESHWORK_HEARTBEAT_INTERVAL  seconds, default 15
-  --retention DURATION      MESHWORK_RETENTION    delete finished tasks this old (30m, 12h, 7d); default 7d, 0 = never
-  --worker-retention DURATION  MESHWORK_WORKER_RETENTION  remove workers LOST this long; default 24h, 0 = never
-  --read-max-bytes N        MESHWORK_READ_MAX_BYTES      default 4194304
-  --max-artifact-bytes N    MESHWORK_MAX_ARTIFACT_BYTES  default 1073741824
-  --tls-cert FILE           MESHWORK_TLS_CERT     PEM certificate: serve TLS (ALPN h2, http/1.1)
-  --tls-key FILE            MESHWORK_TLS_KEY      PEM private key of --tls-cert
-
-Limits (each refusal is a clear error and changes nothing):
-  --rate-limit N            MESHWORK_RATE_LIMIT          requests/s per token; default 0 (off)
-  --rate-burst N            MESHWORK_RATE_BURST          burst per token; default 2 × --rate-limit
-  --rate-limit-admin on|off MESHWORK_RATE_LIMIT_ADMIN    limit admin tokens too; default off
-  --max-timeout S           MESHWORK_MAX_TIMEOUT         longest client deadline, seconds; default 300
-  --headers-timeout S       MESHWORK_HEADERS_TIMEOUT     HTTP/1.1 request headers, seconds; default 10
-  --request-timeout S       MESHWORK_REQUEST_TIMEOUT     HTTP/1.1 whole request, seconds; default 600
-  --idle-timeout S          MESHWORK_IDLE_TIMEOUT        idle connection or HTTP/2 session, seconds; default 300
-  --max-concurrent-streams N MESHWORK_MAX_CONCURRENT_STREAMS  HTTP/2 streams per session; default 100
-  --max-header-bytes N      MESHWORK_MAX_HEADER_BYTES    request header block; default 16384
-  --max-connections-per-source N MESHWORK_MAX_CONNECTIONS_PER_SOURCE
-                            open connections per address (IPv6: per /64); default 256, 0 = no limit
-  --body-timeout S          MESHWORK_BODY_TIMEOUT        a body that stops for this long ends (408 / RST_STREAM); default 30
-  --auth-failure-rate N     MESHWORK_AUTH_FAILURE_RATE   failed authentications/s per address, then 429; default 10, 0 = off
-  --auth-failure-burst N    MESHWORK_AUTH_FAILURE_BURST  burst of the above; default 100
-  --max-pending-auth-bytes N MESHWORK_MAX_PENDING_AUTH_BYTES
-                            bytes requests awaiting a token lookup may buffer, in all; default 67108864
-`;
 
 /** Reads flags first, then the environment, then defaults. Throws ConfigError on a bad value. */
 export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env): Config {
@@ -269,7 +238,9 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     );
   }
   const blobStore = parseBlobStore(get("blob-store") ?? "fs", databaseUrl);
+  const scheduling = schedulingFlags(get, tlsCert);
   return {
+    ...scheduling,
     listen,
     dataDir,
     databaseUrl,
@@ -367,6 +338,29 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
       0,
       Number.MAX_SAFE_INTEGER,
     ),
+  };
+}
+
+/** The scheduling flags: shares, reservations, the KEDA listener (docs/scheduling.md). */
+function schedulingFlags(get: (name: keyof typeof flags) => string | undefined, tlsCert: string) {
+  // A path is checked by the share rules (core/scheduling.ts) when the app starts.
+  const defaultShare = get("default-share") ?? "token";
+  const kedaListen = get("keda-listen") ?? "";
+  if (kedaListen !== "") splitHostPort(kedaListen);
+  const kedaClientCa = get("keda-client-ca") ?? "";
+  if (kedaClientCa !== "" && (kedaListen === "" || tlsCert === "")) {
+    throw new ConfigError(
+      "--keda-client-ca needs --keda-listen and a server certificate (--tls-cert, --tls-key): client certificates are checked over TLS",
+    );
+  }
+  const halfLife = durationFlag("--share-half-life", get("share-half-life"), 300_000);
+  if (halfLife === 0) throw new ConfigError("--share-half-life must be longer than 0");
+  return {
+    defaultShare: defaultShare === "token" ? "" : defaultShare,
+    shareHalfLifeMs: halfLife,
+    reserveAfterMs: durationFlag("--reserve-after", get("reserve-after"), 30_000),
+    kedaListen,
+    kedaClientCa,
   };
 }
 

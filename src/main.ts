@@ -2,7 +2,8 @@ import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
 import { createApp } from "./app.js";
 import { loadS3Module } from "./artifacts/blob-stores.js";
 import { createTokenStore } from "./auth/token-store.js";
-import { adminTokenPath, type Config, shownUrl } from "./config.js";
+import { adminTokenPath, type Config, ConfigError, shownUrl } from "./config.js";
+import { isSharePath } from "./core/scheduling.js";
 import { lockDataDir, StartupError } from "./data-dir-lock.js";
 import { type Database, openDatabase } from "./db/database.js";
 import { createLogger, type Logger } from "./log.js";
@@ -80,6 +81,11 @@ function whyNoDatabase(error: unknown, config: Config): string {
  * within the grace period, end streams, close the database, exit 0).
  */
 export async function serve(config: Config): Promise<void> {
+  if (config.defaultShare !== "" && !isSharePath(config.defaultShare)) {
+    throw new ConfigError(
+      `--default-share must be token (the creating token's name) or a share path such as lab/team-a, not ${config.defaultShare}`,
+    );
+  }
   const pretty = wantsPrettyLogs(config, process.stdout.isTTY === true);
   const log = pretty
     ? createLogger(config.logLevel, await prettyDestination(process.stdout.isTTY === true))

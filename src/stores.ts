@@ -4,16 +4,27 @@ import type { Config } from "./config.js";
 import type { Db, WithTx } from "./db/database.js";
 import { createFleetStore } from "./fleet/store.js";
 import { createKnowledgeStore } from "./knowledge/store.js";
+import type { ClaimScheduling } from "./leases/claim.js";
 import { createLeaseStore } from "./leases/store.js";
+import { createSchedulingStore } from "./scheduling/store.js";
 import { createPlacementStore } from "./tasks/placement.js";
 import { createTaskStore } from "./tasks/store.js";
 
-/** Every store, bound to one database handle: the database itself, or one transaction. */
-export function createStores(db: Db, config: Pick<Config, "heartbeatIntervalSeconds">) {
+/**
+ * Every store, bound to one database handle: the database itself, or one
+ * transaction. `scheduling` (the share book) plans the claims made through
+ * this handle's lease store.
+ */
+export function createStores(
+  db: Db,
+  config: Pick<Config, "heartbeatIntervalSeconds">,
+  scheduling?: ClaimScheduling,
+) {
   return {
     fleet: createFleetStore(db, config.heartbeatIntervalSeconds),
     tasks: createTaskStore(db),
-    leases: createLeaseStore(db),
+    leases: createLeaseStore(db, scheduling),
+    scheduling: createSchedulingStore(db, config.heartbeatIntervalSeconds),
     artifacts: createArtifactStore(db),
     placement: createPlacementStore(db, config.heartbeatIntervalSeconds),
     knowledge: createKnowledgeStore(db),

@@ -1,6 +1,7 @@
 import { existsSync, readFileSync } from "node:fs";
-import { ConfigError, loadConfig, serveUsage } from "../config.js";
+import { ConfigError, loadConfig } from "../config.js";
 import { StartupError } from "../data-dir-lock.js";
+import { serveUsage } from "./serve-usage.js";
 import { closest } from "./suggest.js";
 
 // Each command's module is loaded when that command runs: `serve` loads no

@@ -140,6 +140,18 @@ export const refusals = {
     retryable: false,
     doc: "a REST body over the message size limit",
   },
+  CONCURRENCY_LIMIT: {
+    kind: "resource_exhausted",
+    http: 429,
+    retryable: true,
+    doc: "a placement's concurrency_key is at its limit (ConcurrencyService); retry when one of its tasks ends",
+  },
+  KEY_RATE_LIMIT: {
+    kind: "resource_exhausted",
+    http: 429,
+    retryable: true,
+    doc: "a placement's rate_key has no token left now (ConcurrencyService); retry shortly",
+  },
   RATE_LIMITED: {
     kind: "resource_exhausted",
     http: 429,

@@ -1,5 +1,5 @@
 import { getTableColumns, type SQL, type SQLWrapper, Subquery, sql } from "drizzle-orm";
-import { type TaskStateName, tasks } from "../db/schema/index.js";
+import { type Resources, type TaskStateName, tasks } from "../db/schema/index.js";
 import { asTable } from "../db/values.js";
 
 /** Every task state, in the order of the state machine. */
@@ -45,6 +45,25 @@ export function liveLeases(worker: SQLWrapper, exceptTask?: string): SQL<number>
   return exceptTask === undefined
     ? sql<number>`meshwork_live_leases(${worker})`
     : sql<number>`meshwork_live_leases(${worker}, ${exceptTask}::uuid)`;
+}
+
+/**
+ * What a worker's live leases hold, per resource (meshwork_allocated,
+ * src/scheduling/sql/resources.sql). `exceptTask` leaves out a task being
+ * re-placed.
+ */
+export function allocatedOf(worker: SQLWrapper, exceptTask?: string): SQL<Resources> {
+  return (
+    exceptTask === undefined
+      ? sql`meshwork_allocated(${worker})`
+      : sql`meshwork_allocated(${worker}, ${exceptTask}::uuid)`
+  ).mapWith(asResources);
+}
+
+/** A jsonb resource map as read (either driver): quantities as numbers. */
+export function asResources(value: unknown): Resources {
+  const map = (typeof value === "string" ? JSON.parse(value) : value) as Record<string, unknown>;
+  return Object.fromEntries(Object.entries(map ?? {}).map(([k, v]) => [k, Number(v)]));
 }
 
 /** `expires_at` of a lease of `seconds` from now, on the database clock. */

@@ -10,13 +10,17 @@ import { fileURLToPath } from "node:url";
  *
  * Each file lives with the feature whose rule it holds, in that folder's
  * `sql/` (the lease statements in src/leases/sql/, the task history
- * triggers' functions in src/tasks/sql/); this module only knows their
+ * triggers' functions in src/tasks/sql/, resources, selectors and limits
+ * in src/scheduling/sql/); this module only knows their
  * paths, relative to src/, and order (a function must exist before a SQL
  * function that calls it is created). It imports nothing from there.
  */
 export const functionFiles = [
   "leases/sql/live-lease.sql",
   "leases/sql/token.sql",
+  "scheduling/sql/resources.sql",
+  "scheduling/sql/selectors.sql",
+  "scheduling/sql/limits.sql",
   "leases/sql/match.sql",
   "leases/sql/grant.sql",
   "leases/sql/claim.sql",
@@ -32,7 +36,7 @@ export const functionFiles = [
  * hash: nothing to do. test/unit/db-functions.test.ts pins the hash of each
  * version, so that a file changed without a new version fails there.
  */
-export const functionsVersion = 2;
+export const functionsVersion = 3;
 
 const src = fileURLToPath(new URL("../", import.meta.url));
 

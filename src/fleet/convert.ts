@@ -1,7 +1,14 @@
 import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { type Worker, WorkerSchema, WorkerState } from "../../gen/meshwork/v1/fleet_pb.js";
+import type { Resources } from "../db/schema/index.js";
+import { toQuantities } from "../tasks/convert.js";
 import type { WorkerView } from "./store.js";
+
+/** What a worker offers, `slots` (its max_concurrency; 0: no limit) included. */
+export function capacityOf(w: Pick<WorkerView, "capacity" | "maxConcurrency">): Resources {
+  return { ...w.capacity, slots: w.maxConcurrency };
+}
 
 export function toWorker(w: WorkerView): Worker {
   return create(WorkerSchema, {
@@ -18,6 +25,9 @@ export function toWorker(w: WorkerView): Worker {
     state: w.lost ? WorkerState.LOST : WorkerState.ACTIVE,
     queueDepth: w.queueDepth,
     activeLeases: w.activeLeases,
+    capacity: toQuantities(capacityOf(w)),
+    allocated: toQuantities(w.allocated),
+    reservedTaskId: w.reservedTaskId ?? "",
     registeredAt: timestampFromDate(w.registeredAt),
     lastHeartbeatAt: timestampFromDate(w.lastHeartbeatAt),
   });

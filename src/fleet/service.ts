@@ -11,13 +11,14 @@ import { callerOf } from "../auth/principal.js";
 import type { Config } from "../config.js";
 import { invalid } from "../core/errors.js";
 import { decodeCursor, pageSize } from "../core/paging.js";
+import { workerCapacity } from "../core/scheduling.js";
 import { allStates } from "../core/task-sql.js";
 import { intInRange, isUuid, stringList, stringMap, text, uuidField } from "../core/validate.js";
 import type { WithTx } from "../db/database.js";
-import { toTaskState } from "../tasks/convert.js";
+import { toQuantities, toTaskState } from "../tasks/convert.js";
 import type { TaskStore } from "../tasks/store.js";
 import type { WorkerCache } from "./cache.js";
-import { toWorker } from "./convert.js";
+import { capacityOf, toWorker } from "./convert.js";
 import type { FleetStore, WorkerInput } from "./store.js";
 
 function workerInput(req: RegisterWorkerRequest): WorkerInput {
@@ -36,17 +37,29 @@ function workerInput(req: RegisterWorkerRequest): WorkerInput {
   const memoryMb = Number(req.memoryMb);
   if (memoryMb < 0 || !Number.isSafeInteger(memoryMb))
     throw invalid("memory_mb must not be negative");
+  const cpuCount = intInRange("cpu_count", req.cpuCount, 0, 1_000_000);
+  const maxConcurrency =
+    req.maxConcurrency === undefined
+      ? undefined
+      : intInRange("max_concurrency", req.maxConcurrency, 0, 10_000);
+  const { capacity, slots } = workerCapacity("capacity", req.capacity, cpuCount, memoryMb);
+  if (slots !== undefined) {
+    intInRange("capacity[slots]", slots, 0, 10_000);
+    if (maxConcurrency !== undefined && maxConcurrency !== slots) {
+      throw invalid(
+        `capacity[slots] (${slots}) and max_concurrency (${maxConcurrency}) are the same thing: give one, or the same value`,
+      );
+    }
+  }
   return {
     name: text("name", req.name, { optional: true }),
     capabilities: stringList("capabilities", req.capabilities, 1000),
     labels: stringMap("labels", req.labels),
-    cpuCount: intInRange("cpu_count", req.cpuCount, 0, 1_000_000),
+    cpuCount,
     memoryMb,
     apiBaseUrl: req.apiBaseUrl,
-    maxConcurrency:
-      req.maxConcurrency === undefined
-        ? undefined
-        : intInRange("max_concurrency", req.maxConcurrency, 0, 10_000),
+    maxConcurrency: maxConcurrency ?? slots,
+    capacity,
     peerId: req.peerId === "" ? undefined : peerIdField("peer_id", req.peerId),
   };
 }
@@ -203,7 +216,10 @@ export function createFleetService(app: FleetServiceDeps): ServiceImpl<typeof Fl
           queueDepth: w.queueDepth,
           activeLeases: w.activeLeases,
           maxConcurrency: w.maxConcurrency,
-          freeSlots: w.maxConcurrency === 0 ? 0 : Math.max(0, w.maxConcurrency - w.activeLeases),
+          freeSlots:
+            w.maxConcurrency === 0 ? 0 : Math.max(0, w.maxConcurrency - (w.allocated.slots ?? 0)),
+          capacity: toQuantities(capacityOf(w)),
+          allocated: toQuantities(w.allocated),
         })),
       };
     },

@@ -13,12 +13,12 @@ import {
 } from "drizzle-orm";
 import { type DomainError, notFound as notFoundError, permissionDenied } from "../core/errors.js";
 import { byTimeAndId, keysetAfter, type Position, pageOf } from "../core/paging.js";
-import { liveLeases } from "../core/task-sql.js";
+import { allocatedOf, liveLeases } from "../core/task-sql.js";
 import { isUuid } from "../core/validate.js";
 import { workerLost } from "../core/worker-sql.js";
 import type { Db } from "../db/database.js";
 import { lazy } from "../db/lazy.js";
-import { type WorkerRow, workers } from "../db/schema/index.js";
+import { type Resources, type WorkerRow, workers } from "../db/schema/index.js";
 
 export interface WorkerInput {
   name: string;
@@ -28,6 +28,8 @@ export interface WorkerInput {
   memoryMb: number;
   apiBaseUrl: string;
   maxConcurrency: number | undefined;
+  /** What it offers besides slots (core/scheduling.ts workerCapacity); none: nothing but slots. */
+  capacity?: Resources | undefined;
   /** A caller-chosen stable name: registering with it again updates the same worker. */
   peerId?: string | undefined;
 }
@@ -36,6 +38,8 @@ export interface WorkerInput {
 export interface WorkerView extends WorkerRow {
   lost: boolean;
   activeLeases: number;
+  /** What its live leases hold (scheduling/sql/resources.sql meshwork_allocated). */
+  allocated: Resources;
 }
 
 export interface WorkerFilter {
@@ -54,6 +58,7 @@ function fieldsOf(input: WorkerInput) {
     cpuCount: input.cpuCount,
     memoryMb: input.memoryMb,
     apiBaseUrl: input.apiBaseUrl,
+    capacity: input.capacity ?? {},
     ...(input.maxConcurrency !== undefined && { maxConcurrency: input.maxConcurrency }),
     lastHeartbeatAt: sql`now()`,
   };
@@ -75,6 +80,7 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
     ...getTableColumns(workers),
     lost,
     activeLeases: liveLeases(workers.id).mapWith(Number),
+    allocated: allocatedOf(workers.id),
   };
 
   // Prepared once: a worker is read on every claim.

@@ -1,8 +1,18 @@
 import { eq, getTableColumns, Subquery, sql } from "drizzle-orm";
-import { liveLeases } from "../core/task-sql.js";
 import type { Db } from "../db/database.js";
-import { type TaskRow, tasks, workers } from "../db/schema/index.js";
+import { type Resources, type TaskRow, tasks, workers } from "../db/schema/index.js";
 import { asNumber, asTable } from "../db/values.js";
+
+/**
+ * What the share book (scheduling/book.ts) tells a claim: a plan per claim
+ * (the shares to serve first), when to look for a reservation, and what
+ * the claims granted.
+ */
+export interface ClaimScheduling {
+  plans(maxes: readonly number[]): ([string, number][] | null)[];
+  reserveAfterMs(workerId: string): number | null;
+  granted(rows: readonly { share: string; resources: Resources }[]): void;
+}
 
 /** The worker a claim is for, with what it offers this time. */
 export interface ClaimingWorker {
@@ -34,7 +44,7 @@ export interface ClaimAnswer {
  * Claims go by worker id, so that batches take worker locks in one order.
  * Prepared once per store: building a Drizzle query costs more than the query.
  */
-export function createClaimStatement(db: Db) {
+export function createClaimStatement(db: Db, scheduling?: ClaimScheduling) {
   const columns = getTableColumns(tasks);
   // The function's rows under the table's name, so that Drizzle maps the
   // task's columns to TaskRow exactly as it maps a select from the table.
@@ -64,9 +74,10 @@ export function createClaimStatement(db: Db) {
         const y = claims[b]?.worker.id ?? "";
         return x < y ? -1 : x > y ? 1 : a - b;
       });
+    const plans = scheduling?.plans(order.map((i) => claims[i]?.max ?? 0));
     const rows = await statement.execute({
       claims: JSON.stringify(
-        order.map((i) => {
+        order.map((i, n) => {
           const { worker, max } = claims[i] as { worker: ClaimingWorker; max: number };
           return {
             worker: worker.id,
@@ -74,6 +85,8 @@ export function createClaimStatement(db: Db) {
             labels: worker.labels,
             max,
             concurrency: worker.maxConcurrency ?? null,
+            plan: plans?.[n] ?? null,
+            reserveAfterMs: scheduling?.reserveAfterMs(worker.id) ?? null,
           };
         }),
       ),
@@ -87,6 +100,7 @@ export function createClaimStatement(db: Db) {
       if (row.claimFree === null || row.claimCap === null) answer.rows.push(row);
       else answer.slots = { free: row.claimFree, maxConcurrency: row.claimCap };
     }
+    scheduling?.granted(answers.flatMap((a) => a.rows));
     return answers;
   };
 }
@@ -100,16 +114,16 @@ export interface Slots {
 }
 
 /**
- * A worker's free slots, counted now by the function the claim uses
- * (`meshwork_live_leases`, one index lookup on tasks_lease_worker_idx):
- * what a claim response reports after its claims. An unknown worker has
- * none. Prepared once per store.
+ * A worker's free slots, counted now as the claim counts them (the slots
+ * its live leases hold, meshwork_allocated: one index lookup on
+ * tasks_lease_worker_idx): what a claim response reports after its
+ * claims. An unknown worker has none. Prepared once per store.
  */
 export function createSlotsStatement(db: Db) {
   const statement = db
     .select({
       maxConcurrency: workers.maxConcurrency,
-      live: liveLeases(workers.id).mapWith(asNumber),
+      live: sql`coalesce((meshwork_allocated(${workers.id})->>'slots')::int, 0)`.mapWith(asNumber),
     })
     .from(workers)
     .where(eq(workers.id, p("worker")))

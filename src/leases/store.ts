@@ -9,6 +9,7 @@ import { createBatcher } from "./batcher.js";
 import {
   type ClaimAnswer,
   type ClaimingWorker,
+  type ClaimScheduling,
   createClaimStatement,
   createSlotsStatement,
 } from "./claim.js";
@@ -85,7 +86,7 @@ async function retryOnce<T>(again: (error: unknown) => boolean, fn: () => Promis
  * releases, expiry. The statements are prepared once per store (claim.ts,
  * transitions.ts); a refused request costs one more read, to name why.
  */
-export function createLeaseStore(db: Db) {
+export function createLeaseStore(db: Db, scheduling?: ClaimScheduling) {
   // Claims made while one is in flight go together in the next statement
   // (group commit, as completions do). When the database refuses that
   // statement (it answered with an error, so nothing was leased: a
@@ -94,7 +95,7 @@ export function createLeaseStore(db: Db) {
   // others. A failure with no answer (the connection lost) is not run
   // again: leases may have been granted, and would sit leased to nobody
   // while more were taken; for that, the callers retry.
-  const claimStatement = createClaimStatement(db);
+  const claimStatement = createClaimStatement(db, scheduling);
   const claim = createBatcher(
     async (items: { worker: ClaimingWorker; max: number }[]): Promise<(ClaimAnswer | Error)[]> => {
       try {

@@ -9,6 +9,9 @@ import {
 import { type ArtifactRef, ArtifactRefSchema } from "../../gen/meshwork/v1/artifact_pb.js";
 import {
   type CreateTaskRequest,
+  type LabelRequirement,
+  LabelRequirementSchema,
+  Operator,
   type Task,
   type TaskEvent,
   TaskEventSchema,
@@ -17,6 +20,15 @@ import {
 } from "../../gen/meshwork/v1/task_pb.js";
 import { invalid } from "../core/errors.js";
 import {
+  entryCount,
+  limitKey,
+  type OperatorName,
+  preference,
+  requirement,
+  sharePath,
+  taskResources,
+} from "../core/scheduling.js";
+import {
   intInRange,
   isStorableTime,
   shallowJson,
@@ -24,7 +36,14 @@ import {
   stringMap,
   text,
 } from "../core/validate.js";
-import type { ArtifactRefJson, TaskEventRow, TaskRow, TaskStateName } from "../db/schema/index.js";
+import type {
+  ArtifactRefJson,
+  RequirementJson,
+  Resources,
+  TaskEventRow,
+  TaskRow,
+  TaskStateName,
+} from "../db/schema/index.js";
 import type { NewTask } from "./store.js";
 
 export const defaults = {
@@ -121,7 +140,18 @@ export function toTask(row: TaskRow, withToken = false): Task {
     updatedAt: ts(row.updatedAt),
     startedAt: ts(row.startedAt),
     finishedAt: ts(row.finishedAt),
+    resources: toQuantities(row.resources),
+    requirements: row.requirements.map(toRequirement),
+    preferences: row.preferences.map((p) => ({ weight: p.weight, requirement: toRequirement(p) })),
+    share: row.share,
+    concurrencyKey: row.concurrencyKey,
+    rateKey: row.rateKey,
   });
+}
+
+/** A stored resource map as protobuf's map<string, int64>. */
+export function toQuantities(map: Resources): Record<string, bigint> {
+  return Object.fromEntries(Object.entries(map).map(([k, v]) => [k, BigInt(v)]));
 }
 
 function validTimestamp(field: string, t: Timestamp): Date {
@@ -132,9 +162,14 @@ function validTimestamp(field: string, t: Timestamp): Date {
   return d;
 }
 
-/** What a create request brings besides its body: its correlation id and W3C trace context. */
+/**
+ * What a create request brings besides its body: its correlation id, W3C
+ * trace context, and the share its tasks go to unless they name one.
+ */
 export interface CreateOrigin {
   correlationId: string;
+  /** The default share path (the caller's token name, or --default-share). */
+  share: string;
   /** The `traceparent` to store (tracing/context.ts traceparentOf), "" for none. */
   traceparent: string;
   tracestate: string;
@@ -195,6 +230,57 @@ export function fromCreateRequest(
     }),
     traceParent: origin.traceparent,
     traceState: origin.tracestate,
+    ...schedulingOf(req, origin, field),
+  };
+}
+
+/** Each operator's enum value, by its stored name. */
+const operatorOf: Record<OperatorName, Operator> = {
+  In: Operator.IN,
+  NotIn: Operator.NOT_IN,
+  Exists: Operator.EXISTS,
+  DoesNotExist: Operator.DOES_NOT_EXIST,
+  Gt: Operator.GT,
+  Lt: Operator.LT,
+};
+const operatorNames = new Map(
+  Object.entries(operatorOf).map(([name, op]) => [op, name as OperatorName]),
+);
+
+/** A LabelRequirement as stored, checked. */
+export function fromRequirement(field: string, r: LabelRequirement | undefined): RequirementJson {
+  return requirement(field, r?.key ?? "", operatorNames.get(r?.operator ?? Operator.UNSPECIFIED), [
+    ...(r?.values ?? []),
+  ]);
+}
+
+/** A stored requirement as a LabelRequirement. */
+export function toRequirement(r: RequirementJson): LabelRequirement {
+  return create(LabelRequirementSchema, {
+    key: r.key,
+    operator: operatorOf[r.op],
+    values: r.values,
+  });
+}
+
+/** The scheduling fields of a create request (docs/scheduling.md), checked. */
+function schedulingOf(req: CreateTaskRequest, origin: CreateOrigin, field: string) {
+  entryCount(`${field}requirements`, req.requirements.length);
+  entryCount(`${field}preferences`, req.preferences.length);
+  return {
+    resources: taskResources(`${field}resources`, req.resources),
+    requirements: req.requirements.map((r, i) => fromRequirement(`${field}requirements[${i}]`, r)),
+    preferences: req.preferences.map((p, i) =>
+      preference(
+        `${field}preferences[${i}]`,
+        p.weight,
+        fromRequirement(`${field}preferences[${i}].requirement`, p.requirement),
+      ),
+    ),
+    share: req.share === "" ? origin.share : sharePath(`${field}share`, req.share),
+    shareGiven: req.share !== "",
+    concurrencyKey: limitKey(`${field}concurrency_key`, req.concurrencyKey),
+    rateKey: limitKey(`${field}rate_key`, req.rateKey),
   };
 }
 

@@ -1,10 +1,17 @@
 import { eq, getTableColumns, sql } from "drizzle-orm";
 import { DomainError, notFound } from "../core/errors.js";
-import { liveLeases, pushGranted } from "../core/task-sql.js";
+import { describeRequirement, describeShortfall } from "../core/scheduling.js";
+import { asResources, liveLeases, pushGranted } from "../core/task-sql.js";
 import { workerLost } from "../core/worker-sql.js";
 import type { Db } from "../db/database.js";
-import { type TaskRow, tasks, type WorkerRow, workers } from "../db/schema/index.js";
-import { asBoolean, asNumber } from "../db/values.js";
+import {
+  type Resources,
+  type TaskRow,
+  tasks,
+  type WorkerRow,
+  workers,
+} from "../db/schema/index.js";
+import { asBoolean, asNumber, rowsOf } from "../db/values.js";
 
 /**
  * Whether the worker fits the task, by the claim's own matching function
@@ -30,6 +37,14 @@ interface Candidate extends WorkerRow {
   lost: boolean;
   /** The database's verdict: the worker fits the task (meshwork_fits, the claim's rule). */
   fits: boolean;
+  /** The indexes of the task's requirements its labels do not meet (meshwork_requirement_holds). */
+  unmetRequirements: number[];
+  /** What it has free for the task (meshwork_free: capacity less live leases and a reservation). */
+  free: Resources;
+  /** What it offers in all (meshwork_capacity). */
+  total: Resources;
+  /** Its score for the task's preferences (meshwork_preference_score). */
+  score: number;
 }
 
 /** The capabilities a worker offers for placement: advertised ones, plus `<id>` for every label value `brick:<id>` (as meshwork_offered). */
@@ -40,10 +55,12 @@ export function offered(w: Pick<WorkerRow, "capabilities" | "labels">): Set<stri
 }
 
 /**
- * Which of the task's requirements the worker misses, in words, for the
- * NO_CANDIDATE message only: whether it fits is the database's verdict
- * (`fits`, by meshwork_fits in src/leases/sql/match.sql, the rule the claim
- * uses). test/contract/placement-match.test.ts checks that the two agree.
+ * Which of the task's workload, capabilities and affinity the worker
+ * misses, in words, for the NO_CANDIDATE message only: whether it fits is
+ * the database's verdict (`fits`, by meshwork_fits in
+ * src/leases/sql/match.sql, the rule the claim uses; requirements are
+ * named from the database's own list). test/contract/placement-match.test.ts
+ * checks that the two agree.
  */
 export function unmet(w: Pick<WorkerRow, "capabilities" | "labels">, task: TaskRow): string[] {
   const why: string[] = [];
@@ -64,19 +81,27 @@ export function rejections(w: Candidate, task: TaskRow): string[] {
   if (w.lost) why.push("lost (no heartbeat for 3 intervals)");
   if (w.apiBaseUrl === "") why.push("no api_base_url");
   if (!w.fits) {
-    const words = unmet(w, task);
+    const words = [
+      ...unmet(w, task),
+      ...w.unmetRequirements.flatMap((i) => {
+        const r = task.requirements[i];
+        return r ? [`requirement ${describeRequirement(r)} not met`] : [];
+      }),
+    ];
     why.push(...(words.length > 0 ? words : ["does not match the task"]));
   }
-  if (w.maxConcurrency !== 0 && w.activeLeases >= w.maxConcurrency) {
-    why.push(`no free slot (${w.activeLeases}/${w.maxConcurrency})`);
-  }
+  why.push(...describeShortfall(task.resources, w.free, w.total, w.maxConcurrency));
   return why;
 }
 
 /**
  * Push placement (ScheduleTask, RetryTask). The task row is locked for the
  * whole decision, so concurrent calls on one task place it once; the chosen
- * worker's row is locked too, so two tasks cannot both take its last slot.
+ * worker's row is locked too, and what it has free counted again under the
+ * lock, so that no placement or claim over-commits it; the task's
+ * concurrency and rate limits are taken in the same transaction
+ * (meshwork_limits_take), and the lease is granted by the claim's own
+ * grant (meshwork_grant).
  */
 export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
   async function place(p: PlacementRequest, retry: boolean): Promise<TaskRow> {
@@ -104,30 +129,40 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           details,
         );
       }
+      // What a worker has free for this task: its own lease (a re-placement)
+      // does not count against it.
+      const free = sql`meshwork_free(${workers}, ${task.id}::uuid)`;
       const rows = await tx
         .select({
           worker: workers,
-          // The task being re-placed does not take a slot of its current holder.
           activeLeases: liveLeases(workers.id, task.id).mapWith(asNumber),
           lost: workerLost(heartbeatIntervalSeconds),
           fits: workerFits,
+          unmetRequirements: sql<
+            number[]
+          >`array(select r.i - 1 from jsonb_array_elements(${tasks.requirements}) with ordinality as r(v, i)
+            where not meshwork_requirement_holds(r.v, ${workers.labels}))`.mapWith((v) =>
+            (Array.isArray(v) ? v : []).map(Number),
+          ),
+          free: free.mapWith(asResources),
+          total: sql`meshwork_capacity(${workers})`.mapWith(asResources),
+          score:
+            sql<number>`meshwork_preference_score(${tasks.preferences}, ${workers.labels})`.mapWith(
+              asNumber,
+            ),
         })
         .from(workers)
         .innerJoin(tasks, eq(tasks.id, task.id));
-      const all: Candidate[] = rows.map((r) => ({
-        ...r.worker,
-        activeLeases: r.activeLeases,
-        lost: r.lost,
-        fits: r.fits,
-      }));
-      // A worker without a limit (max_concurrency 0) has the most free slots.
-      const free = (w: Candidate) =>
-        w.maxConcurrency === 0 ? Number.POSITIVE_INFINITY : w.maxConcurrency - w.activeLeases;
+      const all: Candidate[] = rows.map(({ worker, ...r }) => ({ ...worker, ...r }));
+      // Most free slots (a worker without a limit has the most), then lowest
+      // queue depth, then latest heartbeat; the preferences' score first.
+      const slotsFree = (w: Candidate) => w.free.slots ?? 0;
       const fits = all
         .filter((w) => rejections(w, task).length === 0)
         .sort(
           (a, b) =>
-            (free(a) === free(b) ? 0 : free(b) > free(a) ? 1 : -1) ||
+            b.score - a.score ||
+            slotsFree(b) - slotsFree(a) ||
             a.queueDepth - b.queueDepth ||
             b.lastHeartbeatAt.getTime() - a.lastHeartbeatAt.getTime(),
         );
@@ -136,23 +171,29 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
       if (retry) fits.sort((a, b) => Number(a.id === previous) - Number(b.id === previous));
       let chosen: Candidate | undefined;
       for (const w of fits) {
-        // Lock the worker (claims take the same lock) and count its slots
-        // again under the lock, in a new statement: a placement or claim
-        // that committed meanwhile is seen, so none overfills it.
+        // Lock the worker (claims take the same lock), then count what it
+        // has free again, in a new statement (a new snapshot): a placement
+        // or claim that committed while this waited for the lock is seen,
+        // so none over-commits it.
         await tx
           .select({ id: workers.id })
           .from(workers)
           .where(eq(workers.id, w.id))
           .for("no key update");
-        const [now] = await tx
-          .select({ live: liveLeases(workers.id, task.id).mapWith(asNumber) })
-          .from(workers)
-          .where(eq(workers.id, w.id));
-        if (now && (w.maxConcurrency === 0 || now.live < w.maxConcurrency)) {
+        const [again] = await rowsOf<{ fits: boolean | string }>(
+          tx,
+          sql`select meshwork_fits_in(t.resources, meshwork_free(w, t.id))::text as fits
+            from workers w, tasks t
+            where w.id = ${w.id}::uuid and t.id = ${task.id}::uuid`,
+        );
+        if (again?.fits === "true" || again?.fits === true) {
           chosen = w;
           break;
         }
-        w.activeLeases = now?.live ?? w.maxConcurrency;
+        w.free = {};
+      }
+      if (chosen && (task.concurrencyKey !== "" || task.rateKey !== "")) {
+        await takeLimits(tx, task);
       }
       if (!chosen) {
         // The nearest workers first: those that fail the fewest rules.
@@ -184,6 +225,35 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
     schedule: (p: PlacementRequest) => place(p, false),
     retry: (p: PlacementRequest) => place(p, true),
   };
+}
+
+/**
+ * Takes the task's concurrency and rate limits for the placement
+ * (meshwork_limits_take, waiting for a claim that holds the key; its rate
+ * token is taken), or refuses it with `resource_exhausted`: retry later.
+ */
+async function takeLimits(tx: Db, task: TaskRow): Promise<void> {
+  const [row] = await rowsOf<{ why: string | null }>(
+    tx,
+    sql`select meshwork_limits_take(${task.id}::uuid, ${task.concurrencyKey}, ${task.rateKey}, true) as why`,
+  );
+  const details = { taskId: task.id };
+  if (row?.why === "CONCURRENCY_LIMIT") {
+    throw new DomainError(
+      "resource_exhausted",
+      "CONCURRENCY_LIMIT",
+      `task ${task.id} cannot be placed now: as many tasks with concurrency_key ${task.concurrencyKey} hold leases as its limit allows`,
+      details,
+    );
+  }
+  if (row?.why === "RATE_LIMIT") {
+    throw new DomainError(
+      "resource_exhausted",
+      "KEY_RATE_LIMIT",
+      `task ${task.id} cannot be placed now: rate_key ${task.rateKey} has no token left`,
+      details,
+    );
+  }
 }
 
 export type PlacementStore = ReturnType<typeof createPlacementStore>;

@@ -11,11 +11,13 @@ import type {
 import { toArtifactRefJson } from "../artifacts/convert.js";
 import type { ArtifactStore } from "../artifacts/store.js";
 import { storeUpload, type UploadDeps } from "../artifacts/uploads.js";
+import { callerOf } from "../auth/principal.js";
 import type { Config } from "../config.js";
 import { canonicalJson } from "../core/canonical-json.js";
 import { kCorrelationId, kCorrelationSent, kTrace } from "../core/context.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { decodeCursor, decodePageToken, pageSize } from "../core/paging.js";
+import { shareOfCaller } from "../core/scheduling.js";
 import { linkedSignal } from "../core/signals.js";
 import { terminalStates } from "../core/task-sql.js";
 import { intInRange, text, timeField, uuidField } from "../core/validate.js";
@@ -35,7 +37,7 @@ import type { BulkFilter, NewTask, TaskStore } from "./store.js";
 
 /** What TaskService uses. */
 export interface TaskServiceDeps extends UploadDeps {
-  config: Pick<Config, "maxArtifactBytes" | "publicUrl">;
+  config: Pick<Config, "maxArtifactBytes" | "publicUrl" | "defaultShare">;
   tasks: TaskStore;
   placement: PlacementStore;
   artifacts: Pick<ArtifactStore, "checkLease" | "insert" | "get" | "removeUnusedInputs">;
@@ -219,10 +221,11 @@ const cancelReason = (reason: string) =>
  * request's trace with the CreateTask span as parent, so that a worker's
  * calls for the task continue the creator's trace (docs/tracing.md).
  */
-function originOf(values: ContextValues): CreateOrigin {
+function originOf(values: ContextValues, defaultShare: string): CreateOrigin {
   const trace = values.get(kTrace);
   return {
     correlationId: values.get(kCorrelationId),
+    share: defaultShare || shareOfCaller(callerOf(values).name),
     traceparent: trace ? traceparentOf(trace) : "",
     tracestate: trace?.state ?? "",
   };
@@ -232,7 +235,7 @@ function originOf(values: ContextValues): CreateOrigin {
 export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof TaskService> {
   return {
     async createTask(req, ctx) {
-      const task = fromCreateRequest(req, originOf(ctx.values));
+      const task = fromCreateRequest(req, originOf(ctx.values, app.config.defaultShare));
       const [row] = await createWithInputs(app, [{ req, task, field: "" }]);
       if (!row) throw new Error("create returned no task");
       return { task: toTask(row) };
@@ -242,7 +245,7 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
       if (req.tasks.length === 0 || req.tasks.length > 1000) {
         throw invalid(`tasks must hold 1 to 1000 tasks, not ${req.tasks.length}`);
       }
-      const origin = originOf(ctx.values);
+      const origin = originOf(ctx.values, app.config.defaultShare);
       const entries = req.tasks.map((t, i) => ({
         req: t,
         task: fromCreateRequest(t, origin, `tasks[${i}].`),

@@ -9,6 +9,9 @@ import { lazy } from "../db/lazy.js";
 import {
   type ArtifactRefJson,
   artifacts,
+  type PreferenceJson,
+  type RequirementJson,
+  type Resources,
   type TaskEventRow,
   type TaskRow,
   type TaskStateName,
@@ -39,6 +42,33 @@ export interface NewTask {
   traceState: string;
   /** The input artifact, resolved and checked by the caller. */
   input: ArtifactRefJson | null;
+  /** What one attempt holds on its worker (always has `slots`). */
+  resources: Resources;
+  requirements: RequirementJson[];
+  preferences: PreferenceJson[];
+  share: string;
+  /** Whether the request named the share (else it is the default, not part of the request). */
+  shareGiven: boolean;
+  concurrencyKey: string;
+  rateKey: string;
+}
+
+/**
+ * The scheduling fields that count in a request's hash: only those set to
+ * something other than their default, so that a request that sets none
+ * hashes as it did before they existed (an idempotent retry across an
+ * upgrade is still a repeat).
+ */
+function schedulingOfRequest(t: NewTask): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  const resources = Object.entries(t.resources);
+  if (resources.length !== 1 || t.resources.slots !== 1) out.resources = t.resources;
+  if (t.requirements.length > 0) out.requirements = t.requirements;
+  if (t.preferences.length > 0) out.preferences = t.preferences;
+  if (t.shareGiven) out.share = t.share;
+  if (t.concurrencyKey !== "") out.concurrencyKey = t.concurrencyKey;
+  if (t.rateKey !== "") out.rateKey = t.rateKey;
+  return out;
 }
 
 export interface TaskFilter {
@@ -128,10 +158,31 @@ export function requestHash(t: NewTask): string {
   // The input counts by its bytes: inline input_data stored twice is two
   // artifacts with the same content, and the same request.
   // The id is the caller's choice for a new task, not part of the request.
-  const { correlationId: _, traceParent: _p, traceState: _s, id: _id, input, ...rest } = t;
+  const {
+    correlationId: _,
+    traceParent: _p,
+    traceState: _s,
+    id: _id,
+    input,
+    resources: _r,
+    requirements: _q,
+    preferences: _f,
+    share: _h,
+    shareGiven: _g,
+    concurrencyKey: _c,
+    rateKey: _k,
+    ...rest
+  } = t;
   const bytes = input ? { sha256: input.sha256, sizeBytes: input.sizeBytes } : null;
+  const scheduling = schedulingOfRequest(t);
   return createHash("sha256")
-    .update(canonicalJson({ ...rest, input: bytes }))
+    .update(
+      canonicalJson({
+        ...rest,
+        input: bytes,
+        ...(Object.keys(scheduling).length > 0 && { scheduling }),
+      }),
+    )
     .digest("hex");
 }
 
@@ -174,6 +225,12 @@ export function createTaskStore(db: Db) {
         traceParent: t.traceParent,
         traceState: t.traceState,
         input: t.input,
+        resources: t.resources,
+        requirements: t.requirements,
+        preferences: t.preferences,
+        share: t.share,
+        concurrencyKey: t.concurrencyKey,
+        rateKey: t.rateKey,
       }));
       const unkeyed = values.every((v) => v.idempotencyKey === null);
       const inputIds = [...new Set(values.flatMap((v) => (v.input ? [v.input.artifactId] : [])))];

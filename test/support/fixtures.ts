@@ -22,6 +22,13 @@ export function newTask(overrides: Partial<NewTask> = {}): NewTask {
     traceParent: "",
     traceState: "",
     input: null,
+    resources: { slots: 1 },
+    requirements: [],
+    preferences: [],
+    share: "default",
+    shareGiven: false,
+    concurrencyKey: "",
+    rateKey: "",
     ...overrides,
   };
 }

@@ -72,6 +72,12 @@ export function testConfig(overrides: Partial<Config> = {}): Config {
     authFailureRate: 0,
     authFailureBurst: 1,
     maxPendingAuthBytes: 64 * 1024 * 1024,
+    defaultShare: "",
+    shareHalfLifeMs: 300_000,
+    // Reservations are tested on purpose; elsewhere they would only add a look per claim.
+    reserveAfterMs: 0,
+    kedaListen: "",
+    kedaClientCa: "",
     ...overrides,
   };
 }

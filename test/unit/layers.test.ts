@@ -22,9 +22,10 @@ import { sourceFiles, src } from "../support/source-files.js";
  *                    every layer above may log, count and trace
  *  2  core/          the domain's vocabulary: refusals, validators, lease
  *                    reference and check, shared SQL, paging, context keys
- *  3  artifacts/  knowledge/  auth/
+ *  3  artifacts/  knowledge/  auth/  scheduling/
  *                    features that use only core/ and db/ (auth: tokens,
- *                    guard, policy, the caller as kPrincipal)
+ *                    guard, policy, the caller as kPrincipal; scheduling:
+ *                    shares, limits, waiting reasons, the autoscaler's demand)
  *  4  tasks/         uses artifacts/ (inputs)
  *  5  fleet/         uses tasks/ (the LOST worker's tasks), auth/ (its token)
  *  6  leases/        uses fleet/ (worker cache, heartbeats) and tasks/
@@ -49,6 +50,7 @@ const ranks: Record<string, number> = {
   artifacts: 3,
   knowledge: 3,
   auth: 3,
+  scheduling: 3,
   tasks: 4,
   fleet: 5,
   leases: 6,

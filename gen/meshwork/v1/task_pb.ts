@@ -14,7 +14,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file meshwork/v1/task.proto.
  */
 export const file_meshwork_v1_task: GenFile = /*@__PURE__*/
-  fileDesc("ChZtZXNod29yay92MS90YXNrLnByb3RvEgttZXNod29yay52MSJ2CgxSZXRyeUJhY2tvZmYSKgoHaW5pdGlhbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgNtYXgYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEgoKbXVsdGlwbGllchgDIAEoASKeAQoFTGVhc2USEQoJd29ya2VyX2lkGAEgASgJEg8KB2F0dGVtcHQYAiABKAUSEwoLbGVhc2VfdG9rZW4YAyABKAkSLgoKZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjQKCFByb2dyZXNzEhcKD2NvbXBsZXRlZF9zdGVwcxgBIAEoBRIPCgdtZXNzYWdlGAIgASgJIioKCVRhc2tFcnJvchIMCgRjb2RlGAEgASgJEg8KB21lc3NhZ2UYAiABKAki1gkKBFRhc2sSDwoHdGFza19pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhAKCHdvcmtsb2FkGAMgASgJEh0KFXJlcXVpcmVkX2NhcGFiaWxpdGllcxgEIAMoCRIxCghhZmZpbml0eRgFIAMoCzIfLm1lc2h3b3JrLnYxLlRhc2suQWZmaW5pdHlFbnRyeRIQCghwcmlvcml0eRgGIAEoBRIsCghkZWFkbGluZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKcGFyYW1ldGVycxgIIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSJwoFaW5wdXQYCSABKAsyGC5tZXNod29yay52MS5BcnRpZmFjdFJlZhISCgVzdGVwcxgKIAEoBUgAiAEBEiUKBXN0YXRlGAsgASgOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEg8KB2F0dGVtcHQYDCABKAUSFAoMbWF4X2F0dGVtcHRzGA0gASgFEhUKDWxlYXNlX3NlY29uZHMYDiABKAUSMAoNcmV0cnlfYmFja29mZhgPIAEoCzIZLm1lc2h3b3JrLnYxLlJldHJ5QmFja29mZhIXCg9pZGVtcG90ZW5jeV9rZXkYECABKAkSFgoOY29ycmVsYXRpb25faWQYESABKAkSGgoSYXNzaWduZWRfd29ya2VyX2lkGBIgASgJEh0KFWFzc2lnbmVkX2FwaV9iYXNlX3VybBgTIAEoCRIhCgVsZWFzZRgUIAEoCzISLm1lc2h3b3JrLnYxLkxlYXNlEhkKEWNoZWNrcG9pbnRfaGFuZGxlGBUgASgJEicKCHByb2dyZXNzGBYgASgLMhUubWVzaHdvcmsudjEuUHJvZ3Jlc3MSKAoGcmVzdWx0GBcgASgLMhgubWVzaHdvcmsudjEuQXJ0aWZhY3RSZWYSFgoOcmVzdWx0X3N1bW1hcnkYGCABKAkSLwoHbWV0cmljcxgZIAMoCzIeLm1lc2h3b3JrLnYxLlRhc2suTWV0cmljc0VudHJ5EiUKBWVycm9yGBogASgLMhYubWVzaHdvcmsudjEuVGFza0Vycm9yEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYGyABKAgSLgoKbm90X2JlZm9yZRgcIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgdIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgeIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgfIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYICABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3RyYWNlcGFyZW50GCEgASgJEhIKCnRyYWNlc3RhdGUYIiABKAkaLwoNQWZmaW5pdHlFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBGi4KDE1ldHJpY3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAE6AjgBQggKBl9zdGVwcyLHBAoRQ3JlYXRlVGFza1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCgh3b3JrbG9hZBgCIAEoCRIdChVyZXF1aXJlZF9jYXBhYmlsaXRpZXMYAyADKAkSPgoIYWZmaW5pdHkYBCADKAsyLC5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdC5BZmZpbml0eUVudHJ5EhAKCHByaW9yaXR5GAUgASgFEiwKCGRlYWRsaW5lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIrCgpwYXJhbWV0ZXJzGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIbChFpbnB1dF9hcnRpZmFjdF9pZBgIIAEoCUgAEhQKCmlucHV0X2RhdGEYCSABKAxIABISCgVzdGVwcxgKIAEoBUgBiAEBEhkKDG1heF9hdHRlbXB0cxgLIAEoBUgCiAEBEhoKDWxlYXNlX3NlY29uZHMYDCABKAVIA4gBARIwCg1yZXRyeV9iYWNrb2ZmGA0gASgLMhkubWVzaHdvcmsudjEuUmV0cnlCYWNrb2ZmEhcKD2lkZW1wb3RlbmN5X2tleRgOIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgPIAEoCRovCg1BZmZpbml0eUVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCBwoFaW5wdXRCCAoGX3N0ZXBzQg8KDV9tYXhfYXR0ZW1wdHNCEAoOX2xlYXNlX3NlY29uZHMiNQoSQ3JlYXRlVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIkMKEkNyZWF0ZVRhc2tzUmVxdWVzdBItCgV0YXNrcxgBIAMoCzIeLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tSZXF1ZXN0IjcKE0NyZWF0ZVRhc2tzUmVzcG9uc2USIAoFdGFza3MYASADKAsyES5tZXNod29yay52MS5UYXNrIiEKDkdldFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkiMgoPR2V0VGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIp0BChBMaXN0VGFza3NSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEiUKBXN0YXRlGAMgASgOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEhAKCHdvcmtsb2FkGAQgASgJEhYKDmNvcnJlbGF0aW9uX2lkGAUgASgJEhEKCXdvcmtlcl9pZBgGIAEoCSJOChFMaXN0VGFza3NSZXNwb25zZRIgCgV0YXNrcxgBIAMoCzIRLm1lc2h3b3JrLnYxLlRhc2sSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIk8KFUxpc3RUYXNrRXZlbnRzUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIlkKFkxpc3RUYXNrRXZlbnRzUmVzcG9uc2USJgoGZXZlbnRzGAEgAygLMhYubWVzaHdvcmsudjEuVGFza0V2ZW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSK9AQoJVGFza0V2ZW50EhAKCHNlcXVlbmNlGAEgASgDEigKBHRpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiUKBXN0YXRlGAMgASgOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEg8KB2F0dGVtcHQYBCABKAUSEQoJd29ya2VyX2lkGAUgASgJEhIKCmVycm9yX2NvZGUYBiABKAkSFQoNZXJyb3JfbWVzc2FnZRgHIAEoCSIjChBXYXRjaFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkiNAoRV2F0Y2hUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2siNAoRQ2FuY2VsVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiNQoSQ2FuY2VsVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIj0KEFJlcnVuVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIYChByZXJ1bl9kZXBlbmRlbnRzGAIgASgIIjQKEVJlcnVuVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIr8BCgpUYXNrRmlsdGVyEiYKBnN0YXRlcxgBIAMoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIQCgh3b3JrbG9hZBgCIAEoCRIQCgh0YXNrX2lkcxgDIAMoCRIxCg1jcmVhdGVkX2FmdGVyGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jcmVhdGVkX2JlZm9yZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoRUmVydW5UYXNrc1JlcXVlc3QSJwoGZmlsdGVyGAEgASgLMhcubWVzaHdvcmsudjEuVGFza0ZpbHRlchIPCgdkcnlfcnVuGAIgASgIIiMKElJlcnVuVGFza3NSZXNwb25zZRINCgVjb3VudBgBIAEoBSJeChJDYW5jZWxUYXNrc1JlcXVlc3QSJwoGZmlsdGVyGAEgASgLMhcubWVzaHdvcmsudjEuVGFza0ZpbHRlchIPCgdkcnlfcnVuGAIgASgIEg4KBnJlYXNvbhgDIAEoCSIkChNDYW5jZWxUYXNrc1Jlc3BvbnNlEg0KBWNvdW50GAEgASgFIo4BChNTY2hlZHVsZVRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSIAoYc2NoZWR1bGVfaWRlbXBvdGVuY3lfa2V5GAIgASgJEhYKDmNvcnJlbGF0aW9uX2lkGAMgASgJEhoKDWxlYXNlX3NlY29uZHMYBCABKAVIAIgBAUIQCg5fbGVhc2Vfc2Vjb25kcyI3ChRTY2hlZHVsZVRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayKLAQoQUmV0cnlUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEiAKGHNjaGVkdWxlX2lkZW1wb3RlbmN5X2tleRgCIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgDIAEoCRIaCg1sZWFzZV9zZWNvbmRzGAQgASgFSACIAQFCEAoOX2xlYXNlX3NlY29uZHMiNAoRUmV0cnlUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2squgEKCVRhc2tTdGF0ZRIaChZUQVNLX1NUQVRFX1VOU1BFQ0lGSUVEEAASFgoSVEFTS19TVEFURV9QRU5ESU5HEAESFwoTVEFTS19TVEFURV9BU1NJR05FRBACEhYKElRBU0tfU1RBVEVfUlVOTklORxADEhgKFFRBU0tfU1RBVEVfU1VDQ0VFREVEEAQSFQoRVEFTS19TVEFURV9GQUlMRUQQBRIXChNUQVNLX1NUQVRFX0NBTkNFTEVEEAYy2gcKC1Rhc2tTZXJ2aWNlEk0KCkNyZWF0ZVRhc2sSHi5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdBofLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tSZXNwb25zZRJQCgtDcmVhdGVUYXNrcxIfLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tzUmVxdWVzdBogLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tzUmVzcG9uc2USSQoHR2V0VGFzaxIbLm1lc2h3b3JrLnYxLkdldFRhc2tSZXF1ZXN0GhwubWVzaHdvcmsudjEuR2V0VGFza1Jlc3BvbnNlIgOQAgESTwoJTGlzdFRhc2tzEh0ubWVzaHdvcmsudjEuTGlzdFRhc2tzUmVxdWVzdBoeLm1lc2h3b3JrLnYxLkxpc3RUYXNrc1Jlc3BvbnNlIgOQAgESXgoOTGlzdFRhc2tFdmVudHMSIi5tZXNod29yay52MS5MaXN0VGFza0V2ZW50c1JlcXVlc3QaIy5tZXNod29yay52MS5MaXN0VGFza0V2ZW50c1Jlc3BvbnNlIgOQAgESUQoJV2F0Y2hUYXNrEh0ubWVzaHdvcmsudjEuV2F0Y2hUYXNrUmVxdWVzdBoeLm1lc2h3b3JrLnYxLldhdGNoVGFza1Jlc3BvbnNlIgOQAgEwARJNCgpDYW5jZWxUYXNrEh4ubWVzaHdvcmsudjEuQ2FuY2VsVGFza1JlcXVlc3QaHy5tZXNod29yay52MS5DYW5jZWxUYXNrUmVzcG9uc2USUwoMU2NoZWR1bGVUYXNrEiAubWVzaHdvcmsudjEuU2NoZWR1bGVUYXNrUmVxdWVzdBohLm1lc2h3b3JrLnYxLlNjaGVkdWxlVGFza1Jlc3BvbnNlEkoKCVJldHJ5VGFzaxIdLm1lc2h3b3JrLnYxLlJldHJ5VGFza1JlcXVlc3QaHi5tZXNod29yay52MS5SZXRyeVRhc2tSZXNwb25zZRJKCglSZXJ1blRhc2sSHS5tZXNod29yay52MS5SZXJ1blRhc2tSZXF1ZXN0Gh4ubWVzaHdvcmsudjEuUmVydW5UYXNrUmVzcG9uc2USTQoKUmVydW5UYXNrcxIeLm1lc2h3b3JrLnYxLlJlcnVuVGFza3NSZXF1ZXN0Gh8ubWVzaHdvcmsudjEuUmVydW5UYXNrc1Jlc3BvbnNlElAKC0NhbmNlbFRhc2tzEh8ubWVzaHdvcmsudjEuQ2FuY2VsVGFza3NSZXF1ZXN0GiAubWVzaHdvcmsudjEuQ2FuY2VsVGFza3NSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_meshwork_v1_artifact]);
+  fileDesc("ChZtZXNod29yay92MS90YXNrLnByb3RvEgttZXNod29yay52MSJ2CgxSZXRyeUJhY2tvZmYSKgoHaW5pdGlhbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgNtYXgYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEgoKbXVsdGlwbGllchgDIAEoASKeAQoFTGVhc2USEQoJd29ya2VyX2lkGAEgASgJEg8KB2F0dGVtcHQYAiABKAUSEwoLbGVhc2VfdG9rZW4YAyABKAkSLgoKZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjQKCFByb2dyZXNzEhcKD2NvbXBsZXRlZF9zdGVwcxgBIAEoBRIPCgdtZXNzYWdlGAIgASgJIioKCVRhc2tFcnJvchIMCgRjb2RlGAEgASgJEg8KB21lc3NhZ2UYAiABKAki4wsKBFRhc2sSDwoHdGFza19pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhAKCHdvcmtsb2FkGAMgASgJEh0KFXJlcXVpcmVkX2NhcGFiaWxpdGllcxgEIAMoCRIxCghhZmZpbml0eRgFIAMoCzIfLm1lc2h3b3JrLnYxLlRhc2suQWZmaW5pdHlFbnRyeRIQCghwcmlvcml0eRgGIAEoBRIsCghkZWFkbGluZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKcGFyYW1ldGVycxgIIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSJwoFaW5wdXQYCSABKAsyGC5tZXNod29yay52MS5BcnRpZmFjdFJlZhISCgVzdGVwcxgKIAEoBUgAiAEBEiUKBXN0YXRlGAsgASgOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEg8KB2F0dGVtcHQYDCABKAUSFAoMbWF4X2F0dGVtcHRzGA0gASgFEhUKDWxlYXNlX3NlY29uZHMYDiABKAUSMAoNcmV0cnlfYmFja29mZhgPIAEoCzIZLm1lc2h3b3JrLnYxLlJldHJ5QmFja29mZhIXCg9pZGVtcG90ZW5jeV9rZXkYECABKAkSFgoOY29ycmVsYXRpb25faWQYESABKAkSGgoSYXNzaWduZWRfd29ya2VyX2lkGBIgASgJEh0KFWFzc2lnbmVkX2FwaV9iYXNlX3VybBgTIAEoCRIhCgVsZWFzZRgUIAEoCzISLm1lc2h3b3JrLnYxLkxlYXNlEhkKEWNoZWNrcG9pbnRfaGFuZGxlGBUgASgJEicKCHByb2dyZXNzGBYgASgLMhUubWVzaHdvcmsudjEuUHJvZ3Jlc3MSKAoGcmVzdWx0GBcgASgLMhgubWVzaHdvcmsudjEuQXJ0aWZhY3RSZWYSFgoOcmVzdWx0X3N1bW1hcnkYGCABKAkSLwoHbWV0cmljcxgZIAMoCzIeLm1lc2h3b3JrLnYxLlRhc2suTWV0cmljc0VudHJ5EiUKBWVycm9yGBogASgLMhYubWVzaHdvcmsudjEuVGFza0Vycm9yEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYGyABKAgSLgoKbm90X2JlZm9yZRgcIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgdIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgeIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgfIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYICABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3RyYWNlcGFyZW50GCEgASgJEhIKCnRyYWNlc3RhdGUYIiABKAkSMwoJcmVzb3VyY2VzGCMgAygLMiAubWVzaHdvcmsudjEuVGFzay5SZXNvdXJjZXNFbnRyeRIzCgxyZXF1aXJlbWVudHMYJCADKAsyHS5tZXNod29yay52MS5MYWJlbFJlcXVpcmVtZW50EjUKC3ByZWZlcmVuY2VzGCUgAygLMiAubWVzaHdvcmsudjEuV2VpZ2h0ZWRSZXF1aXJlbWVudBINCgVzaGFyZRgmIAEoCRIXCg9jb25jdXJyZW5jeV9rZXkYJyABKAkSEAoIcmF0ZV9rZXkYKCABKAkaLwoNQWZmaW5pdHlFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBGi4KDE1ldHJpY3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAE6AjgBGjAKDlJlc291cmNlc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAFCCAoGX3N0ZXBzIlgKEExhYmVsUmVxdWlyZW1lbnQSCwoDa2V5GAEgASgJEicKCG9wZXJhdG9yGAIgASgOMhUubWVzaHdvcmsudjEuT3BlcmF0b3ISDgoGdmFsdWVzGAMgAygJIlkKE1dlaWdodGVkUmVxdWlyZW1lbnQSDgoGd2VpZ2h0GAEgASgFEjIKC3JlcXVpcmVtZW50GAIgASgLMh0ubWVzaHdvcmsudjEuTGFiZWxSZXF1aXJlbWVudCKmAQoKV2FpdFJlYXNvbhIjCgRraW5kGAEgASgOMhUubWVzaHdvcmsudjEuV2FpdEtpbmQSDwoHbWVzc2FnZRgCIAEoCRIzCgZkZXRhaWwYAyADKAsyIy5tZXNod29yay52MS5XYWl0UmVhc29uLkRldGFpbEVudHJ5Gi0KC0RldGFpbEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAEi4QYKEUNyZWF0ZVRhc2tSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoId29ya2xvYWQYAiABKAkSHQoVcmVxdWlyZWRfY2FwYWJpbGl0aWVzGAMgAygJEj4KCGFmZmluaXR5GAQgAygLMiwubWVzaHdvcmsudjEuQ3JlYXRlVGFza1JlcXVlc3QuQWZmaW5pdHlFbnRyeRIQCghwcmlvcml0eRgFIAEoBRIsCghkZWFkbGluZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKcGFyYW1ldGVycxgHIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSGwoRaW5wdXRfYXJ0aWZhY3RfaWQYCCABKAlIABIUCgppbnB1dF9kYXRhGAkgASgMSAASEgoFc3RlcHMYCiABKAVIAYgBARIZCgxtYXhfYXR0ZW1wdHMYCyABKAVIAogBARIaCg1sZWFzZV9zZWNvbmRzGAwgASgFSAOIAQESMAoNcmV0cnlfYmFja29mZhgNIAEoCzIZLm1lc2h3b3JrLnYxLlJldHJ5QmFja29mZhIXCg9pZGVtcG90ZW5jeV9rZXkYDiABKAkSFgoOY29ycmVsYXRpb25faWQYDyABKAkSQAoJcmVzb3VyY2VzGBAgAygLMi0ubWVzaHdvcmsudjEuQ3JlYXRlVGFza1JlcXVlc3QuUmVzb3VyY2VzRW50cnkSMwoMcmVxdWlyZW1lbnRzGBEgAygLMh0ubWVzaHdvcmsudjEuTGFiZWxSZXF1aXJlbWVudBI1CgtwcmVmZXJlbmNlcxgSIAMoCzIgLm1lc2h3b3JrLnYxLldlaWdodGVkUmVxdWlyZW1lbnQSDQoFc2hhcmUYEyABKAkSFwoPY29uY3VycmVuY3lfa2V5GBQgASgJEhAKCHJhdGVfa2V5GBUgASgJGi8KDUFmZmluaXR5RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ARowCg5SZXNvdXJjZXNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAM6AjgBQgcKBWlucHV0QggKBl9zdGVwc0IPCg1fbWF4X2F0dGVtcHRzQhAKDl9sZWFzZV9zZWNvbmRzIjUKEkNyZWF0ZVRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayJDChJDcmVhdGVUYXNrc1JlcXVlc3QSLQoFdGFza3MYASADKAsyHi5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdCI3ChNDcmVhdGVUYXNrc1Jlc3BvbnNlEiAKBXRhc2tzGAEgAygLMhEubWVzaHdvcmsudjEuVGFzayIhCg5HZXRUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJInQKD0dldFRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzaxIoCgd3YWl0aW5nGAIgAygLMhcubWVzaHdvcmsudjEuV2FpdFJlYXNvbhIWCg5xdWV1ZV9wb3NpdGlvbhgDIAEoBSKdAQoQTGlzdFRhc2tzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRIlCgVzdGF0ZRgDIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIQCgh3b3JrbG9hZBgEIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgFIAEoCRIRCgl3b3JrZXJfaWQYBiABKAkiTgoRTGlzdFRhc2tzUmVzcG9uc2USIAoFdGFza3MYASADKAsyES5tZXNod29yay52MS5UYXNrEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJPChVMaXN0VGFza0V2ZW50c1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJZChZMaXN0VGFza0V2ZW50c1Jlc3BvbnNlEiYKBmV2ZW50cxgBIAMoCzIWLm1lc2h3b3JrLnYxLlRhc2tFdmVudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkivQEKCVRhc2tFdmVudBIQCghzZXF1ZW5jZRgBIAEoAxIoCgR0aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIlCgVzdGF0ZRgDIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIPCgdhdHRlbXB0GAQgASgFEhEKCXdvcmtlcl9pZBgFIAEoCRISCgplcnJvcl9jb2RlGAYgASgJEhUKDWVycm9yX21lc3NhZ2UYByABKAkiIwoQV2F0Y2hUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIjQKEVdhdGNoVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIjQKEUNhbmNlbFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjUKEkNhbmNlbFRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayI9ChBSZXJ1blRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSGAoQcmVydW5fZGVwZW5kZW50cxgCIAEoCCI0ChFSZXJ1blRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayK/AQoKVGFza0ZpbHRlchImCgZzdGF0ZXMYASADKA4yFi5tZXNod29yay52MS5UYXNrU3RhdGUSEAoId29ya2xvYWQYAiABKAkSEAoIdGFza19pZHMYAyADKAkSMQoNY3JlYXRlZF9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIk0KEVJlcnVuVGFza3NSZXF1ZXN0EicKBmZpbHRlchgBIAEoCzIXLm1lc2h3b3JrLnYxLlRhc2tGaWx0ZXISDwoHZHJ5X3J1bhgCIAEoCCIjChJSZXJ1blRhc2tzUmVzcG9uc2USDQoFY291bnQYASABKAUiXgoSQ2FuY2VsVGFza3NSZXF1ZXN0EicKBmZpbHRlchgBIAEoCzIXLm1lc2h3b3JrLnYxLlRhc2tGaWx0ZXISDwoHZHJ5X3J1bhgCIAEoCBIOCgZyZWFzb24YAyABKAkiJAoTQ2FuY2VsVGFza3NSZXNwb25zZRINCgVjb3VudBgBIAEoBSKOAQoTU2NoZWR1bGVUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEiAKGHNjaGVkdWxlX2lkZW1wb3RlbmN5X2tleRgCIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgDIAEoCRIaCg1sZWFzZV9zZWNvbmRzGAQgASgFSACIAQFCEAoOX2xlYXNlX3NlY29uZHMiNwoUU2NoZWR1bGVUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2siiwEKEFJldHJ5VGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIgChhzY2hlZHVsZV9pZGVtcG90ZW5jeV9rZXkYAiABKAkSFgoOY29ycmVsYXRpb25faWQYAyABKAkSGgoNbGVhc2Vfc2Vjb25kcxgEIAEoBUgAiAEBQhAKDl9sZWFzZV9zZWNvbmRzIjQKEVJldHJ5VGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrKroBCglUYXNrU3RhdGUSGgoWVEFTS19TVEFURV9VTlNQRUNJRklFRBAAEhYKElRBU0tfU1RBVEVfUEVORElORxABEhcKE1RBU0tfU1RBVEVfQVNTSUdORUQQAhIWChJUQVNLX1NUQVRFX1JVTk5JTkcQAxIYChRUQVNLX1NUQVRFX1NVQ0NFRURFRBAEEhUKEVRBU0tfU1RBVEVfRkFJTEVEEAUSFwoTVEFTS19TVEFURV9DQU5DRUxFRBAGKp4BCghPcGVyYXRvchIYChRPUEVSQVRPUl9VTlNQRUNJRklFRBAAEg8KC09QRVJBVE9SX0lOEAESEwoPT1BFUkFUT1JfTk9UX0lOEAISEwoPT1BFUkFUT1JfRVhJU1RTEAMSGwoXT1BFUkFUT1JfRE9FU19OT1RfRVhJU1QQBBIPCgtPUEVSQVRPUl9HVBAFEg8KC09QRVJBVE9SX0xUEAYqkQIKCFdhaXRLaW5kEhkKFVdBSVRfS0lORF9VTlNQRUNJRklFRBAAEiAKHFdBSVRfS0lORF9OT19NQVRDSElOR19XT1JLRVIQARIZChVXQUlUX0tJTkRfTk9fQ0FQQUNJVFkQAhIkCiBXQUlUX0tJTkRfU0hBUkVfT1ZFUl9FTlRJVExFTUVOVBADEh8KG1dBSVRfS0lORF9DT05DVVJSRU5DWV9MSU1JVBAEEhgKFFdBSVRfS0lORF9SQVRFX0xJTUlUEAUSGAoUV0FJVF9LSU5EX05PVF9CRUZPUkUQBhIaChZXQUlUX0tJTkRfREVQRU5ERU5DSUVTEAcSFgoSV0FJVF9LSU5EX1JFU0VSVkVEEAgy2gcKC1Rhc2tTZXJ2aWNlEk0KCkNyZWF0ZVRhc2sSHi5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdBofLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tSZXNwb25zZRJQCgtDcmVhdGVUYXNrcxIfLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tzUmVxdWVzdBogLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tzUmVzcG9uc2USSQoHR2V0VGFzaxIbLm1lc2h3b3JrLnYxLkdldFRhc2tSZXF1ZXN0GhwubWVzaHdvcmsudjEuR2V0VGFza1Jlc3BvbnNlIgOQAgESTwoJTGlzdFRhc2tzEh0ubWVzaHdvcmsudjEuTGlzdFRhc2tzUmVxdWVzdBoeLm1lc2h3b3JrLnYxLkxpc3RUYXNrc1Jlc3BvbnNlIgOQAgESXgoOTGlzdFRhc2tFdmVudHMSIi5tZXNod29yay52MS5MaXN0VGFza0V2ZW50c1JlcXVlc3QaIy5tZXNod29yay52MS5MaXN0VGFza0V2ZW50c1Jlc3BvbnNlIgOQAgESUQoJV2F0Y2hUYXNrEh0ubWVzaHdvcmsudjEuV2F0Y2hUYXNrUmVxdWVzdBoeLm1lc2h3b3JrLnYxLldhdGNoVGFza1Jlc3BvbnNlIgOQAgEwARJNCgpDYW5jZWxUYXNrEh4ubWVzaHdvcmsudjEuQ2FuY2VsVGFza1JlcXVlc3QaHy5tZXNod29yay52MS5DYW5jZWxUYXNrUmVzcG9uc2USUwoMU2NoZWR1bGVUYXNrEiAubWVzaHdvcmsudjEuU2NoZWR1bGVUYXNrUmVxdWVzdBohLm1lc2h3b3JrLnYxLlNjaGVkdWxlVGFza1Jlc3BvbnNlEkoKCVJldHJ5VGFzaxIdLm1lc2h3b3JrLnYxLlJldHJ5VGFza1JlcXVlc3QaHi5tZXNod29yay52MS5SZXRyeVRhc2tSZXNwb25zZRJKCglSZXJ1blRhc2sSHS5tZXNod29yay52MS5SZXJ1blRhc2tSZXF1ZXN0Gh4ubWVzaHdvcmsudjEuUmVydW5UYXNrUmVzcG9uc2USTQoKUmVydW5UYXNrcxIeLm1lc2h3b3JrLnYxLlJlcnVuVGFza3NSZXF1ZXN0Gh8ubWVzaHdvcmsudjEuUmVydW5UYXNrc1Jlc3BvbnNlElAKC0NhbmNlbFRhc2tzEh8ubWVzaHdvcmsudjEuQ2FuY2VsVGFza3NSZXF1ZXN0GiAubWVzaHdvcmsudjEuQ2FuY2VsVGFza3NSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_meshwork_v1_artifact]);
 
 /**
  * RetryBackoff says how long a failed task waits before its next attempt:
@@ -410,6 +410,55 @@ export type Task = Message<"meshwork.v1.Task"> & {
    * @generated from field: string tracestate = 34;
    */
   tracestate: string;
+
+  /**
+   * resources is what one attempt holds on its worker while its lease
+   * lives: resource name → quantity (`cpu` in millicores, `memory` in MiB,
+   * `gpu` a count, `slots` at least 1, any other name a count of the
+   * worker's own). Always has `slots` (default 1).
+   *
+   * @generated from field: map<string, int64> resources = 35;
+   */
+  resources: { [key: string]: bigint };
+
+  /**
+   * requirements must all hold for a worker's labels (LabelRequirement).
+   *
+   * @generated from field: repeated meshwork.v1.LabelRequirement requirements = 36;
+   */
+  requirements: LabelRequirement[];
+
+  /**
+   * preferences rank the workers that meet the requirements: a worker
+   * scores the weights of the preferences its labels meet.
+   *
+   * @generated from field: repeated meshwork.v1.WeightedRequirement preferences = 37;
+   */
+  preferences: WeightedRequirement[];
+
+  /**
+   * share is the path in the share tree the task is charged to, e.g.
+   * `lab/team-a/alice` (ShareService).
+   *
+   * @generated from field: string share = 38;
+   */
+  share: string;
+
+  /**
+   * concurrency_key, when set, names a limit on how many tasks with this
+   * key hold live leases at once (ConcurrencyService.SetLimit).
+   *
+   * @generated from field: string concurrency_key = 39;
+   */
+  concurrencyKey: string;
+
+  /**
+   * rate_key, when set, names a limit on how many leases of tasks with this
+   * key are granted per second (ConcurrencyService.SetRate).
+   *
+   * @generated from field: string rate_key = 40;
+   */
+  rateKey: string;
 };
 
 /**
@@ -418,6 +467,106 @@ export type Task = Message<"meshwork.v1.Task"> & {
  */
 export const TaskSchema: GenMessage<Task> = /*@__PURE__*/
   messageDesc(file_meshwork_v1_task, 4);
+
+/**
+ * LabelRequirement is one condition on a worker's labels.
+ *
+ * @generated from message meshwork.v1.LabelRequirement
+ */
+export type LabelRequirement = Message<"meshwork.v1.LabelRequirement"> & {
+  /**
+   * key is the label's key.
+   *
+   * @generated from field: string key = 1;
+   */
+  key: string;
+
+  /**
+   * operator compares the label with values.
+   *
+   * @generated from field: meshwork.v1.Operator operator = 2;
+   */
+  operator: Operator;
+
+  /**
+   * values: one or more for In and NotIn, none for Exists and
+   * DoesNotExist, exactly one integer for Gt and Lt.
+   *
+   * @generated from field: repeated string values = 3;
+   */
+  values: string[];
+};
+
+/**
+ * Describes the message meshwork.v1.LabelRequirement.
+ * Use `create(LabelRequirementSchema)` to create a new message.
+ */
+export const LabelRequirementSchema: GenMessage<LabelRequirement> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 5);
+
+/**
+ * WeightedRequirement is a preference: a worker whose labels meet the
+ * requirement scores its weight.
+ *
+ * @generated from message meshwork.v1.WeightedRequirement
+ */
+export type WeightedRequirement = Message<"meshwork.v1.WeightedRequirement"> & {
+  /**
+   * weight is what meeting the requirement is worth (1–100).
+   *
+   * @generated from field: int32 weight = 1;
+   */
+  weight: number;
+
+  /**
+   * requirement is the condition on the worker's labels.
+   *
+   * @generated from field: meshwork.v1.LabelRequirement requirement = 2;
+   */
+  requirement?: LabelRequirement | undefined;
+};
+
+/**
+ * Describes the message meshwork.v1.WeightedRequirement.
+ * Use `create(WeightedRequirementSchema)` to create a new message.
+ */
+export const WeightedRequirementSchema: GenMessage<WeightedRequirement> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 6);
+
+/**
+ * WaitReason says why a PENDING task waits, in words and in figures.
+ *
+ * @generated from message meshwork.v1.WaitReason
+ */
+export type WaitReason = Message<"meshwork.v1.WaitReason"> & {
+  /**
+   * kind is the reason.
+   *
+   * @generated from field: meshwork.v1.WaitKind kind = 1;
+   */
+  kind: WaitKind;
+
+  /**
+   * message says it in a sentence, with the figures that matter.
+   *
+   * @generated from field: string message = 2;
+   */
+  message: string;
+
+  /**
+   * detail holds the figures by name (see WaitKind for each kind's names).
+   *
+   * @generated from field: map<string, int64> detail = 3;
+   */
+  detail: { [key: string]: bigint };
+};
+
+/**
+ * Describes the message meshwork.v1.WaitReason.
+ * Use `create(WaitReasonSchema)` to create a new message.
+ */
+export const WaitReasonSchema: GenMessage<WaitReason> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 7);
 
 /**
  * CreateTaskRequest describes a task to create; its fields are flat.
@@ -538,6 +687,55 @@ export type CreateTaskRequest = Message<"meshwork.v1.CreateTaskRequest"> & {
    * @generated from field: string correlation_id = 15;
    */
   correlationId: string;
+
+  /**
+   * resources is what one attempt holds on its worker (Task.resources);
+   * `slots` defaults to 1. Names: `cpu` (millicores), `memory` (MiB),
+   * `gpu`, `slots`, or any `[a-z0-9][a-z0-9._/-]{0,62}`; quantities
+   * 0–10^15 (0 leaves the resource out); at most 32 names.
+   *
+   * @generated from field: map<string, int64> resources = 16;
+   */
+  resources: { [key: string]: bigint };
+
+  /**
+   * requirements must all hold for a worker's labels (at most 32).
+   *
+   * @generated from field: repeated meshwork.v1.LabelRequirement requirements = 17;
+   */
+  requirements: LabelRequirement[];
+
+  /**
+   * preferences rank the workers that meet the requirements (at most 32).
+   *
+   * @generated from field: repeated meshwork.v1.WeightedRequirement preferences = 18;
+   */
+  preferences: WeightedRequirement[];
+
+  /**
+   * share is the share-tree path to charge the task to: 1–8 segments of
+   * `[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}` joined by `/`. Default: the creating
+   * token's name (or the coordinator's --default-share).
+   *
+   * @generated from field: string share = 19;
+   */
+  share: string;
+
+  /**
+   * concurrency_key, when set (≤ 256 characters), limits how many tasks
+   * with it run at once (ConcurrencyService.SetLimit; no limit set: none).
+   *
+   * @generated from field: string concurrency_key = 20;
+   */
+  concurrencyKey: string;
+
+  /**
+   * rate_key, when set (≤ 256 characters), limits how many of its leases
+   * are granted per second (ConcurrencyService.SetRate; no rate set: none).
+   *
+   * @generated from field: string rate_key = 21;
+   */
+  rateKey: string;
 };
 
 /**
@@ -545,7 +743,7 @@ export type CreateTaskRequest = Message<"meshwork.v1.CreateTaskRequest"> & {
  * Use `create(CreateTaskRequestSchema)` to create a new message.
  */
 export const CreateTaskRequestSchema: GenMessage<CreateTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 5);
+  messageDesc(file_meshwork_v1_task, 8);
 
 /**
  * CreateTaskResponse returns the created (or existing) task.
@@ -566,7 +764,7 @@ export type CreateTaskResponse = Message<"meshwork.v1.CreateTaskResponse"> & {
  * Use `create(CreateTaskResponseSchema)` to create a new message.
  */
 export const CreateTaskResponseSchema: GenMessage<CreateTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 6);
+  messageDesc(file_meshwork_v1_task, 9);
 
 /**
  * CreateTasksRequest creates many tasks in one transaction.
@@ -587,7 +785,7 @@ export type CreateTasksRequest = Message<"meshwork.v1.CreateTasksRequest"> & {
  * Use `create(CreateTasksRequestSchema)` to create a new message.
  */
 export const CreateTasksRequestSchema: GenMessage<CreateTasksRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 7);
+  messageDesc(file_meshwork_v1_task, 10);
 
 /**
  * CreateTasksResponse returns the tasks in request order.
@@ -608,7 +806,7 @@ export type CreateTasksResponse = Message<"meshwork.v1.CreateTasksResponse"> & {
  * Use `create(CreateTasksResponseSchema)` to create a new message.
  */
 export const CreateTasksResponseSchema: GenMessage<CreateTasksResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 8);
+  messageDesc(file_meshwork_v1_task, 11);
 
 /**
  * GetTaskRequest names a task.
@@ -629,10 +827,10 @@ export type GetTaskRequest = Message<"meshwork.v1.GetTaskRequest"> & {
  * Use `create(GetTaskRequestSchema)` to create a new message.
  */
 export const GetTaskRequestSchema: GenMessage<GetTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 9);
+  messageDesc(file_meshwork_v1_task, 12);
 
 /**
- * GetTaskResponse returns a task.
+ * GetTaskResponse returns a task, and for a PENDING task why it waits.
  *
  * @generated from message meshwork.v1.GetTaskResponse
  */
@@ -643,6 +841,24 @@ export type GetTaskResponse = Message<"meshwork.v1.GetTaskResponse"> & {
    * @generated from field: meshwork.v1.Task task = 1;
    */
   task?: Task | undefined;
+
+  /**
+   * waiting lists, for a PENDING task, every reason it was not taken yet,
+   * computed when asked (empty for any other state, and for a PENDING task
+   * that the next claim of a fitting worker would take).
+   *
+   * @generated from field: repeated meshwork.v1.WaitReason waiting = 2;
+   */
+  waiting: WaitReason[];
+
+  /**
+   * queue_position is a PENDING task's place in its share's queue: 1 is
+   * the next its share serves (priority, then deadline, then age); 0 for
+   * any other state.
+   *
+   * @generated from field: int32 queue_position = 3;
+   */
+  queuePosition: number;
 };
 
 /**
@@ -650,7 +866,7 @@ export type GetTaskResponse = Message<"meshwork.v1.GetTaskResponse"> & {
  * Use `create(GetTaskResponseSchema)` to create a new message.
  */
 export const GetTaskResponseSchema: GenMessage<GetTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 10);
+  messageDesc(file_meshwork_v1_task, 13);
 
 /**
  * ListTasksRequest pages through tasks.
@@ -707,7 +923,7 @@ export type ListTasksRequest = Message<"meshwork.v1.ListTasksRequest"> & {
  * Use `create(ListTasksRequestSchema)` to create a new message.
  */
 export const ListTasksRequestSchema: GenMessage<ListTasksRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 11);
+  messageDesc(file_meshwork_v1_task, 14);
 
 /**
  * ListTasksResponse is one page of tasks, newest first.
@@ -735,7 +951,7 @@ export type ListTasksResponse = Message<"meshwork.v1.ListTasksResponse"> & {
  * Use `create(ListTasksResponseSchema)` to create a new message.
  */
 export const ListTasksResponseSchema: GenMessage<ListTasksResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 12);
+  messageDesc(file_meshwork_v1_task, 15);
 
 /**
  * ListTaskEventsRequest pages through one task's history.
@@ -770,7 +986,7 @@ export type ListTaskEventsRequest = Message<"meshwork.v1.ListTaskEventsRequest">
  * Use `create(ListTaskEventsRequestSchema)` to create a new message.
  */
 export const ListTaskEventsRequestSchema: GenMessage<ListTaskEventsRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 13);
+  messageDesc(file_meshwork_v1_task, 16);
 
 /**
  * ListTaskEventsResponse is one page of a task's history, oldest first.
@@ -798,7 +1014,7 @@ export type ListTaskEventsResponse = Message<"meshwork.v1.ListTaskEventsResponse
  * Use `create(ListTaskEventsResponseSchema)` to create a new message.
  */
 export const ListTaskEventsResponseSchema: GenMessage<ListTaskEventsResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 14);
+  messageDesc(file_meshwork_v1_task, 17);
 
 /**
  * TaskEvent is the task as it was right after one change.
@@ -865,7 +1081,7 @@ export type TaskEvent = Message<"meshwork.v1.TaskEvent"> & {
  * Use `create(TaskEventSchema)` to create a new message.
  */
 export const TaskEventSchema: GenMessage<TaskEvent> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 15);
+  messageDesc(file_meshwork_v1_task, 18);
 
 /**
  * WatchTaskRequest names the task to watch.
@@ -886,7 +1102,7 @@ export type WatchTaskRequest = Message<"meshwork.v1.WatchTaskRequest"> & {
  * Use `create(WatchTaskRequestSchema)` to create a new message.
  */
 export const WatchTaskRequestSchema: GenMessage<WatchTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 16);
+  messageDesc(file_meshwork_v1_task, 19);
 
 /**
  * WatchTaskResponse is the task after a change.
@@ -907,7 +1123,7 @@ export type WatchTaskResponse = Message<"meshwork.v1.WatchTaskResponse"> & {
  * Use `create(WatchTaskResponseSchema)` to create a new message.
  */
 export const WatchTaskResponseSchema: GenMessage<WatchTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 17);
+  messageDesc(file_meshwork_v1_task, 20);
 
 /**
  * CancelTaskRequest names the task to cancel.
@@ -935,7 +1151,7 @@ export type CancelTaskRequest = Message<"meshwork.v1.CancelTaskRequest"> & {
  * Use `create(CancelTaskRequestSchema)` to create a new message.
  */
 export const CancelTaskRequestSchema: GenMessage<CancelTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 18);
+  messageDesc(file_meshwork_v1_task, 21);
 
 /**
  * CancelTaskResponse returns the cancelled task.
@@ -956,7 +1172,7 @@ export type CancelTaskResponse = Message<"meshwork.v1.CancelTaskResponse"> & {
  * Use `create(CancelTaskResponseSchema)` to create a new message.
  */
 export const CancelTaskResponseSchema: GenMessage<CancelTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 19);
+  messageDesc(file_meshwork_v1_task, 22);
 
 /**
  * RerunTaskRequest names the task to run again.
@@ -986,7 +1202,7 @@ export type RerunTaskRequest = Message<"meshwork.v1.RerunTaskRequest"> & {
  * Use `create(RerunTaskRequestSchema)` to create a new message.
  */
 export const RerunTaskRequestSchema: GenMessage<RerunTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 20);
+  messageDesc(file_meshwork_v1_task, 23);
 
 /**
  * RerunTaskResponse returns the task, PENDING again.
@@ -1007,7 +1223,7 @@ export type RerunTaskResponse = Message<"meshwork.v1.RerunTaskResponse"> & {
  * Use `create(RerunTaskResponseSchema)` to create a new message.
  */
 export const RerunTaskResponseSchema: GenMessage<RerunTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 21);
+  messageDesc(file_meshwork_v1_task, 24);
 
 /**
  * TaskFilter selects tasks for the bulk operations (RerunTasks,
@@ -1058,7 +1274,7 @@ export type TaskFilter = Message<"meshwork.v1.TaskFilter"> & {
  * Use `create(TaskFilterSchema)` to create a new message.
  */
 export const TaskFilterSchema: GenMessage<TaskFilter> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 22);
+  messageDesc(file_meshwork_v1_task, 25);
 
 /**
  * RerunTasksRequest reruns the FAILED and CANCELED tasks a filter matches.
@@ -1086,7 +1302,7 @@ export type RerunTasksRequest = Message<"meshwork.v1.RerunTasksRequest"> & {
  * Use `create(RerunTasksRequestSchema)` to create a new message.
  */
 export const RerunTasksRequestSchema: GenMessage<RerunTasksRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 23);
+  messageDesc(file_meshwork_v1_task, 26);
 
 /**
  * RerunTasksResponse says how many tasks were (or would be) rerun.
@@ -1107,7 +1323,7 @@ export type RerunTasksResponse = Message<"meshwork.v1.RerunTasksResponse"> & {
  * Use `create(RerunTasksResponseSchema)` to create a new message.
  */
 export const RerunTasksResponseSchema: GenMessage<RerunTasksResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 24);
+  messageDesc(file_meshwork_v1_task, 27);
 
 /**
  * CancelTasksRequest cancels the live tasks a filter matches.
@@ -1142,7 +1358,7 @@ export type CancelTasksRequest = Message<"meshwork.v1.CancelTasksRequest"> & {
  * Use `create(CancelTasksRequestSchema)` to create a new message.
  */
 export const CancelTasksRequestSchema: GenMessage<CancelTasksRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 25);
+  messageDesc(file_meshwork_v1_task, 28);
 
 /**
  * CancelTasksResponse says how many tasks were (or would be) cancelled.
@@ -1163,7 +1379,7 @@ export type CancelTasksResponse = Message<"meshwork.v1.CancelTasksResponse"> & {
  * Use `create(CancelTasksResponseSchema)` to create a new message.
  */
 export const CancelTasksResponseSchema: GenMessage<CancelTasksResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 26);
+  messageDesc(file_meshwork_v1_task, 29);
 
 /**
  * ScheduleTaskRequest asks for a push placement of a PENDING task.
@@ -1205,7 +1421,7 @@ export type ScheduleTaskRequest = Message<"meshwork.v1.ScheduleTaskRequest"> & {
  * Use `create(ScheduleTaskRequestSchema)` to create a new message.
  */
 export const ScheduleTaskRequestSchema: GenMessage<ScheduleTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 27);
+  messageDesc(file_meshwork_v1_task, 30);
 
 /**
  * ScheduleTaskResponse returns the placed task with its lease token.
@@ -1226,7 +1442,7 @@ export type ScheduleTaskResponse = Message<"meshwork.v1.ScheduleTaskResponse"> &
  * Use `create(ScheduleTaskResponseSchema)` to create a new message.
  */
 export const ScheduleTaskResponseSchema: GenMessage<ScheduleTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 28);
+  messageDesc(file_meshwork_v1_task, 31);
 
 /**
  * RetryTaskRequest asks to re-place a task on another worker where one fits.
@@ -1268,7 +1484,7 @@ export type RetryTaskRequest = Message<"meshwork.v1.RetryTaskRequest"> & {
  * Use `create(RetryTaskRequestSchema)` to create a new message.
  */
 export const RetryTaskRequestSchema: GenMessage<RetryTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 29);
+  messageDesc(file_meshwork_v1_task, 32);
 
 /**
  * RetryTaskResponse returns the re-placed task with its new lease token.
@@ -1289,7 +1505,7 @@ export type RetryTaskResponse = Message<"meshwork.v1.RetryTaskResponse"> & {
  * Use `create(RetryTaskResponseSchema)` to create a new message.
  */
 export const RetryTaskResponseSchema: GenMessage<RetryTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 30);
+  messageDesc(file_meshwork_v1_task, 33);
 
 /**
  * TaskState is where a task is in its life.
@@ -1352,6 +1568,161 @@ export enum TaskState {
  */
 export const TaskStateSchema: GenEnum<TaskState> = /*@__PURE__*/
   enumDesc(file_meshwork_v1_task, 0);
+
+/**
+ * Operator compares a worker label with a requirement's values, as
+ * Kubernetes node affinity does.
+ *
+ * @generated from enum meshwork.v1.Operator
+ */
+export enum Operator {
+  /**
+   * OPERATOR_UNSPECIFIED is not an operator; a requirement with it is
+   * `invalid_argument`.
+   *
+   * @generated from enum value: OPERATOR_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * OPERATOR_IN: the label is present and its value is one of `values`.
+   *
+   * @generated from enum value: OPERATOR_IN = 1;
+   */
+  IN = 1,
+
+  /**
+   * OPERATOR_NOT_IN: the label is absent, or its value is none of `values`.
+   *
+   * @generated from enum value: OPERATOR_NOT_IN = 2;
+   */
+  NOT_IN = 2,
+
+  /**
+   * OPERATOR_EXISTS: the label is present (no values).
+   *
+   * @generated from enum value: OPERATOR_EXISTS = 3;
+   */
+  EXISTS = 3,
+
+  /**
+   * OPERATOR_DOES_NOT_EXIST: the label is absent (no values).
+   *
+   * @generated from enum value: OPERATOR_DOES_NOT_EXIST = 4;
+   */
+  DOES_NOT_EXIST = 4,
+
+  /**
+   * OPERATOR_GT: the label is present, is an integer, and is greater than
+   * the one integer of `values`.
+   *
+   * @generated from enum value: OPERATOR_GT = 5;
+   */
+  GT = 5,
+
+  /**
+   * OPERATOR_LT: the label is present, is an integer, and is less than the
+   * one integer of `values`.
+   *
+   * @generated from enum value: OPERATOR_LT = 6;
+   */
+  LT = 6,
+}
+
+/**
+ * Describes the enum meshwork.v1.Operator.
+ */
+export const OperatorSchema: GenEnum<Operator> = /*@__PURE__*/
+  enumDesc(file_meshwork_v1_task, 1);
+
+/**
+ * WaitKind is one reason a PENDING task has not been taken yet.
+ *
+ * @generated from enum meshwork.v1.WaitKind
+ */
+export enum WaitKind {
+  /**
+   * WAIT_KIND_UNSPECIFIED is not a reason.
+   *
+   * @generated from enum value: WAIT_KIND_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * WAIT_KIND_NO_MATCHING_WORKER: no live, undrained worker meets the
+   * task's workload, capabilities, affinity and requirements; `detail`
+   * counts, for each unmet condition, the workers that fail it.
+   *
+   * @generated from enum value: WAIT_KIND_NO_MATCHING_WORKER = 1;
+   */
+  NO_MATCHING_WORKER = 1,
+
+  /**
+   * WAIT_KIND_NO_CAPACITY: workers match, but none has the resources free
+   * now (or none is large enough at all); `detail` has, per resource, the
+   * most any matching worker has free.
+   *
+   * @generated from enum value: WAIT_KIND_NO_CAPACITY = 2;
+   */
+  NO_CAPACITY = 2,
+
+  /**
+   * WAIT_KIND_SHARE_OVER_ENTITLEMENT: its share uses more of the fleet than
+   * it is entitled to while other shares with work wait below theirs;
+   * `detail` has `usage_ppm` and `entitlement_ppm` (parts per million of
+   * the fleet).
+   *
+   * @generated from enum value: WAIT_KIND_SHARE_OVER_ENTITLEMENT = 3;
+   */
+  SHARE_OVER_ENTITLEMENT = 3,
+
+  /**
+   * WAIT_KIND_CONCURRENCY_LIMIT: as many tasks with its concurrency_key
+   * hold live leases as the key's limit allows; `detail` has `running` and
+   * `max_running`.
+   *
+   * @generated from enum value: WAIT_KIND_CONCURRENCY_LIMIT = 4;
+   */
+  CONCURRENCY_LIMIT = 4,
+
+  /**
+   * WAIT_KIND_RATE_LIMIT: its rate_key has no token left now; `detail` has
+   * `tokens_milli` (thousandths of a token) and `per_second_milli`.
+   *
+   * @generated from enum value: WAIT_KIND_RATE_LIMIT = 5;
+   */
+  RATE_LIMIT = 5,
+
+  /**
+   * WAIT_KIND_NOT_BEFORE: held back until a time (a retry's backoff);
+   * `detail` has `seconds` left.
+   *
+   * @generated from enum value: WAIT_KIND_NOT_BEFORE = 6;
+   */
+  NOT_BEFORE = 6,
+
+  /**
+   * WAIT_KIND_DEPENDENCIES: waits for other tasks to finish.
+   *
+   * @generated from enum value: WAIT_KIND_DEPENDENCIES = 7;
+   */
+  DEPENDENCIES = 7,
+
+  /**
+   * WAIT_KIND_RESERVED: it holds a worker's reservation and waits for
+   * that worker to free enough of its resources, or the workers it fits
+   * are reserved for larger tasks that waited longer.
+   *
+   * @generated from enum value: WAIT_KIND_RESERVED = 8;
+   */
+  RESERVED = 8,
+}
+
+/**
+ * Describes the enum meshwork.v1.WaitKind.
+ */
+export const WaitKindSchema: GenEnum<WaitKind> = /*@__PURE__*/
+  enumDesc(file_meshwork_v1_task, 2);
 
 /**
  * TaskService creates, reads, watches, cancels and places tasks.

@@ -40,9 +40,31 @@ export const workers = pgTable(
     peerId: text("peer_id").unique("workers_peer_id_key"),
     registeredAt: timestamptz("registered_at").notNull().defaultNow(),
     lastHeartbeatAt: timestamptz("last_heartbeat_at").notNull().defaultNow(),
+    // What the worker offers, resource name → quantity, `slots` aside (that
+    // is max_concurrency): its stated capacity, with cpu (cpu_count × 1000)
+    // and memory (memory_mb) filled in at registration when not stated.
+    capacity: jsonb("capacity").$type<Resources>().notNull().default({}),
+    // The large task the worker is held for (src/leases/sql/claim.sql).
+    reservedTaskId: uuid("reserved_task_id"),
+    reservedAt: timestamptz("reserved_at"),
   },
   (t) => [index("workers_registered_idx").on(t.registeredAt, t.id)],
 );
+
+/** Resource name → quantity (docs/scheduling.md). */
+export type Resources = Record<string, number>;
+
+/** A label requirement as stored: Kubernetes node affinity's operators. */
+export interface RequirementJson {
+  key: string;
+  op: "In" | "NotIn" | "Exists" | "DoesNotExist" | "Gt" | "Lt";
+  values: string[];
+}
+
+/** A preference as stored: a requirement with its weight. */
+export interface PreferenceJson extends RequirementJson {
+  weight: number;
+}
 
 /** Stored form of an ArtifactRef (input or result). */
 export interface ArtifactRefJson {
@@ -114,6 +136,14 @@ export const tasks = pgTable(
     updatedAt: timestamptz("updated_at").notNull().defaultNow(),
     startedAt: timestamptz("started_at"),
     finishedAt: timestamptz("finished_at"),
+    // What one attempt holds on its worker; always has `slots`.
+    resources: jsonb("resources").$type<Resources>().notNull().default({ slots: 1 }),
+    requirements: jsonb("requirements").$type<RequirementJson[]>().notNull().default([]),
+    preferences: jsonb("preferences").$type<PreferenceJson[]>().notNull().default([]),
+    // The share-tree path the task is charged to.
+    share: text("share").notNull().default("default"),
+    concurrencyKey: text("concurrency_key").notNull().default(""),
+    rateKey: text("rate_key").notNull().default(""),
   },
   (t) => [
     uniqueIndex("tasks_idempotency_key_idx")
@@ -123,6 +153,14 @@ export const tasks = pgTable(
     index("tasks_claim_idx")
       .on(t.priority.desc(), t.deadline.asc().nullsLast(), t.createdAt.asc())
       .where(sql`${t.state} = 'PENDING'`),
+    // A share's PENDING tasks in its order (a claim's plan, queue positions).
+    index("tasks_share_claim_idx")
+      .on(t.share, t.priority.desc(), t.deadline.asc().nullsLast(), t.createdAt.asc())
+      .where(sql`${t.state} = 'PENDING'`),
+    // The live leases of a concurrency key (its limit).
+    index("tasks_concurrency_idx")
+      .on(t.concurrencyKey)
+      .where(sql`${t.state} in ('ASSIGNED', 'RUNNING') and ${t.concurrencyKey} <> ''`),
     // Expired-lease scans (claims and the sweeper).
     index("tasks_lease_expiry_idx")
       .on(t.leaseExpiresAt)
@@ -327,6 +365,40 @@ export type TaskStateName =
 export type TaskRow = typeof tasks.$inferSelect;
 export type TaskEventRow = typeof taskEvents.$inferSelect;
 export type WorkerRow = typeof workers.$inferSelect;
+
+/**
+ * Weights of the share tree (ShareService.SetShare): a node without a row
+ * weighs 1.
+ */
+export const shares = pgTable("shares", {
+  path: text("path").primaryKey(),
+  weight: doublePrecision("weight").notNull(),
+});
+
+/**
+ * Each share's usage: the fraction of the fleet its running leases held,
+ * averaged with exponential decay (scheduling/usage.ts), as of updated_at.
+ */
+export const shareUsage = pgTable("share_usage", {
+  path: text("path").primaryKey(),
+  usage: doublePrecision("usage").notNull(),
+  updatedAt: timestamptz("updated_at").notNull().defaultNow(),
+});
+
+/** Concurrency limits by key (ConcurrencyService.SetLimit). */
+export const concurrencyLimits = pgTable("concurrency_limits", {
+  key: text("key").primaryKey(),
+  maxRunning: integer("max_running").notNull(),
+});
+
+/** Rates by key (ConcurrencyService.SetRate): a token bucket each. */
+export const rateLimits = pgTable("rate_limits", {
+  key: text("key").primaryKey(),
+  perSecond: doublePrecision("per_second").notNull(),
+  burst: integer("burst").notNull(),
+  tokens: doublePrecision("tokens").notNull(),
+  refilledAt: timestamptz("refilled_at").notNull().defaultNow(),
+});
 
 /**
  * Which text of the database functions (src/db/functions.ts) is installed:

@@ -5,7 +5,10 @@
 -- ClaimTasks answer takes one round trip instead of two.
 --
 -- `claims` is a JSON array of {"worker", "caps", "labels", "max",
--- "concurrency"} (concurrency null: the registered max_concurrency). Rows:
+-- "concurrency", "plan", "reserveAfterMs"} (concurrency null: the
+-- registered max_concurrency; plan and reserveAfterMs as meshwork_claim
+-- takes them, null when not given). The slots counted are the `slots`
+-- resource: the cap less what the worker's live leases hold. Rows:
 -- the claimed tasks of claim 0 in claim order (free and cap null), then one
 -- row for claim 0 with its free slots and cap (task null; none for an
 -- unknown worker), then claim 1, and so on.
@@ -42,10 +45,13 @@ BEGIN
         ARRAY(SELECT jsonb_array_elements_text(c->'caps')),
         c->'labels',
         (c->>'max')::int,
-        k) AS t;
+        k,
+        CASE WHEN jsonb_typeof(c->'plan') = 'array' THEN c->'plan' END,
+        (c->>'reserveAfterMs')::int) AS t;
     RETURN QUERY
       SELECT i,
-        greatest(0, coalesce(k, x.max_concurrency) - meshwork_live_leases(x.id)),
+        greatest(0, coalesce(k, x.max_concurrency)
+          - coalesce((meshwork_allocated(x.id)->>'slots')::int, 0)),
         coalesce(k, x.max_concurrency),
         NULL::tasks
       FROM workers x

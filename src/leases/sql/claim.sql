@@ -3,44 +3,79 @@
 -- TypeScript side (leases/claim.ts) only calls it, through
 -- meshwork_claim_batch (claim-batch.sql).
 --
--- Leases up to `max_tasks` claimable tasks to `worker`, bounded by its free
--- slots (its max_concurrency, or `concurrency` when not null, minus its live
--- leases); nothing for a drained or unknown worker. A worker of the REST
--- contract states its concurrency in each claim (POST /tasks/claim).
+-- Leases up to `max_tasks` tasks to `worker`, as many as fit what it has
+-- free: for every resource a task asks (tasks.resources, `slots` always),
+-- the worker's capacity (meshwork_capacity: `slots` is its
+-- max_concurrency, or `concurrency` when not null) less what its live
+-- leases hold (scheduling/sql/resources.sql). Nothing for a drained or
+-- unknown worker. A worker of the REST contract states its concurrency in
+-- each claim (POST /tasks/claim).
+--
 -- Claimable: PENDING past its not_before, or leased with an expired lease
 -- (live-lease.sql) and attempts left (taken at once, without waiting for
--- the sweeper; one out of attempts is left to the sweeper to FAIL). Best
--- first: highest priority, then earliest deadline (none last), then oldest.
--- Rows come back in that order.
+-- the sweeper; one out of attempts is left to the sweeper to FAIL); a
+-- worker it fits (match.sql); its concurrency_key under its limit and a
+-- token in its rate_key's bucket (scheduling/sql/limits.sql).
+--
+-- Order (each source in turn, until max_tasks are taken or the worker is
+-- full):
+--  1. The task the worker is reserved for, if it fits now. Else what it
+--     asks is held back: smaller tasks get only what it leaves.
+--  2. Tasks with an expired lease, oldest expiry first.
+--  3. `plan`, when given (leases/claim.ts, from the share book
+--     scheduling/shares.ts): a JSON array of [share, quota] pairs, the
+--     shares furthest below their entitlement first; up to `quota` tasks
+--     of each, in the share's own order: highest priority, then earliest
+--     deadline (none last), then oldest.
+--  4. Every share, in that same order (work-conserving: what the plan's
+--     shares could not use goes to anyone's tasks).
+-- A task whose preferences (selectors.sql) the worker meets less than
+-- fully is taken after the others this claim examined, best score first.
+-- Rows come back in the order taken.
+--
+-- No starvation of large tasks: with `reserve_after_ms` (leases/claim.ts
+-- passes it at most once a second per worker), a task that fits the
+-- worker's whole capacity but not what it has free after this claim, and
+-- has been claimable that long, is reserved on the worker
+-- (workers.reserved_task_id; one per worker, one worker per task): from
+-- then on the worker's claims hold back what it asks (step 1), so smaller
+-- tasks get only what it leaves, and the first claim it fits takes it.
 --
 -- Plan decisions, each measured here:
--- * A function, so that its plan is pinned. With parameters (or statistics
---   that do not know a new workload yet) the planner estimated one matching
---   row and chose a bitmap scan of every PENDING task plus a sort: each claim
---   cost O(backlog), 10 ms at 20,000 pending tasks. With sorts and bitmap
---   scans priced out, the PENDING scan walks tasks_claim_idx in claim order
---   and stops at the LIMIT.
+-- * A function, so that its plans are pinned. With parameters (or
+--   statistics that do not know a new workload yet) the planner estimated
+--   one matching row and chose a bitmap scan of every PENDING task plus a
+--   sort: each claim cost O(backlog), 10 ms at 20,000 pending tasks. With
+--   sorts and bitmap scans priced out, each source walks its index
+--   (tasks_claim_idx, tasks_share_claim_idx, tasks_lease_expiry_idx) in
+--   claim order and stops when the claim is full.
 -- * Sequential scans are off too. The claim's plans are cached for the life
---   of a connection (plpgsql keeps a generic plan after a few runs). Planned
---   while the tasks table was small, the UPDATE's `t.id = ANY (…)` became a
---   sequential scan, kept as the table grew to a million rows (179 ms per
---   claim, every row read). With it off, every statement here has its index,
---   whatever the table's size and statistics were when it was planned
+--   of a connection (plpgsql keeps a generic plan after a few runs).
+--   Planned while the tasks table was small, a scan became sequential,
+--   kept as the table grew to a million rows (179 ms per claim, every row
+--   read). With it off, every statement here has its index, whatever the
+--   table's size and statistics were when it was planned
 --   (test/postgres/claim-plan.test.ts).
--- * Candidates are MATERIALIZED: a plain subquery may be rescanned once per
---   outer row, and each rescan skips the rows this statement already locked,
---   so a claim of `max` tasks took more (Oban warns of the same).
+-- * Cursors fetched one row at a time, each source FOR UPDATE SKIP LOCKED:
+--   concurrent claimers take disjoint rows and never wait for each other
+--   or for a transaction holding a task; a row is locked only once fetched,
+--   and a source stops being read as soon as the claim is full. A task that
+--   cannot fit what the worker has free when the claim starts is filtered
+--   in the scan, never locked (another worker may take it meanwhile).
 -- * The grant (grant.sql) reaches the picked rows by primary key
---   (`id = ANY(array)`), never by a join: on a table without fresh statistics (autovacuum off,
---   or right after a burst of writes) `UPDATE ... FROM picked` became a hash
---   join over a bitmap of every PENDING row, 116,780 index entries read per
---   claim at 100,000 pending tasks (p50 30 ms instead of 5.8 ms at 10,000).
+--   (`id = ANY(array)`), never by a join: on a table without fresh
+--   statistics (autovacuum off, or right after a burst of writes) `UPDATE
+--   ... FROM picked` became a hash join over a bitmap of every PENDING row,
+--   116,780 index entries read per claim at 100,000 pending tasks (p50 30
+--   ms instead of 5.8 ms at 10,000).
 -- * No JIT: the sorts priced out above make the few unavoidable sorts of
---   tiny sets (the pick, the returned order) look expensive, and past
---   jit_above_cost PostgreSQL compiled the statement: 1.1 s per claim.
--- * SKIP LOCKED: concurrent claimers take disjoint rows and never wait for
---   each other or for a transaction holding a task.
-CREATE OR REPLACE FUNCTION meshwork_claim(worker uuid, caps text[], labels jsonb, max_tasks int, concurrency int)
+--   tiny sets look expensive, and past jit_above_cost PostgreSQL compiled
+--   the statement: 1.1 s per claim.
+-- * A claim examines at most 8 × max_tasks + 32 candidates: a worker whose
+--   tasks are held by limits does not walk the whole backlog each time.
+CREATE OR REPLACE FUNCTION meshwork_claim(
+  worker uuid, caps text[], labels jsonb, max_tasks int, concurrency int,
+  plan jsonb DEFAULT NULL, reserve_after_ms int DEFAULT NULL)
 RETURNS SETOF tasks
 LANGUAGE plpgsql VOLATILE
 SET enable_sort = off
@@ -49,55 +84,183 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 DECLARE
-  slots int;
+  w workers;
+  total jsonb;                -- what the worker offers
+  free jsonb;                 -- what it has free for the next task
+  scan_free jsonb;            -- `free` when a source is opened: its scan filter
+  room int := max_tasks;      -- tasks still to take
+  budget int := 8 * max_tasks + 32;
+  picked uuid[] := '{}';
+  seen uuid[] := '{}';        -- examined: a later source skips them
+  deferred uuid[] := '{}';    -- preferences met less than fully: taken last
+  held jsonb := '{}';         -- concurrency key → tasks taken here, not granted yet
+  reserved uuid;
+  reserved_ask jsonb;
+  cur refcursor;
+  c tasks;
+  src int := 0;
+  nplan int := coalesce(jsonb_array_length(plan), 0);
+  quota int;
+  taken int;
+  last_pass boolean;
 BEGIN
   -- One claim or placement at a time per worker (placement takes the same
-  -- lock): its free slots are counted after the lock, in the next statement,
-  -- so concurrent claims cannot take more than max_concurrency.
-  PERFORM 1 FROM workers w WHERE w.id = worker AND NOT w.drained FOR NO KEY UPDATE;
+  -- lock): what it has free is counted after the lock, so concurrent
+  -- claims on any replicas cannot over-commit it.
+  SELECT * INTO w FROM workers x WHERE x.id = worker AND NOT x.drained FOR NO KEY UPDATE;
   IF NOT FOUND THEN
     RETURN;
   END IF;
-  SELECT least(max_tasks, coalesce(concurrency, w.max_concurrency) - meshwork_live_leases(w.id))
-    INTO slots
-    FROM workers w
-    WHERE w.id = worker;
-  IF slots <= 0 THEN
+  total := meshwork_capacity(w, concurrency);
+  free := meshwork_minus(total, meshwork_allocated(worker));
+  IF (free->>'slots')::bigint < 1 THEN
     RETURN;
   END IF;
-  RETURN QUERY
-    WITH pending AS MATERIALIZED (
-      SELECT t.id, t.priority, t.deadline, t.created_at
-      FROM tasks t
+
+  -- 1. The reserved task: taken if it fits, else what it asks is held back.
+  -- A reservation that no longer applies (taken, cancelled, no longer
+  -- fitting the worker at all) is dropped.
+  IF w.reserved_task_id IS NOT NULL THEN
+    SELECT t.resources INTO reserved_ask FROM tasks t
+      WHERE t.id = w.reserved_task_id AND t.state = 'PENDING'
+        AND meshwork_claim_matches(t, caps, labels) AND meshwork_fits_in(t.resources, total);
+    IF FOUND THEN
+      reserved := w.reserved_task_id;
+      seen := ARRAY[reserved];
+      SELECT t.* INTO c FROM tasks t
+        WHERE t.id = reserved AND t.state = 'PENDING' AND (t.not_before IS NULL OR t.not_before <= now())
+        FOR UPDATE OF t SKIP LOCKED;
+      IF FOUND AND meshwork_fits_in(c.resources, free)
+          AND meshwork_limits_take(c.id, c.concurrency_key, c.rate_key, false) IS NULL THEN
+        picked := ARRAY[c.id];
+        room := room - 1;
+        free := meshwork_minus(free, c.resources);
+        IF c.concurrency_key <> '' THEN
+          held := jsonb_build_object(c.concurrency_key, 1);
+        END IF;
+        reserved := NULL;
+        UPDATE workers x SET reserved_task_id = NULL, reserved_at = NULL WHERE x.id = worker;
+      ELSE
+        free := meshwork_minus(free, reserved_ask);
+      END IF;
+    ELSE
+      UPDATE workers x SET reserved_task_id = NULL, reserved_at = NULL WHERE x.id = worker;
+    END IF;
+  END IF;
+
+  -- 2–4, and last the deferred: one source at a time.
+  LOOP
+    EXIT WHEN room <= 0 OR budget <= 0 OR (free->>'slots')::bigint < 1;
+    scan_free := free;
+    last_pass := false;
+    quota := room;
+    IF src = 0 THEN
+      OPEN cur FOR SELECT t.* FROM tasks t
+        WHERE meshwork_lease_expired(t)
+          AND t.failures < t.max_attempts
+          AND meshwork_claim_matches(t, caps, labels)
+          AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
+        -- Oldest expiry first, as tasks_lease_expiry_idx stores it.
+        ORDER BY t.lease_expires_at
+        FOR UPDATE OF t SKIP LOCKED;
+    ELSIF src <= nplan THEN
+      quota := least(room, (plan->(src - 1)->>1)::int);
+      OPEN cur FOR SELECT t.* FROM tasks t
+        WHERE t.state = 'PENDING'
+          AND t.share = plan->(src - 1)->>0
+          AND (t.not_before IS NULL OR t.not_before <= now())
+          AND meshwork_claim_matches(t, caps, labels)
+          AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
+        -- The share's order, as tasks_share_claim_idx stores it.
+        ORDER BY t.share, t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+        FOR UPDATE OF t SKIP LOCKED;
+    ELSIF src = nplan + 1 THEN
+      OPEN cur FOR SELECT t.* FROM tasks t
+        WHERE t.state = 'PENDING'
+          AND (t.not_before IS NULL OR t.not_before <= now())
+          AND meshwork_claim_matches(t, caps, labels)
+          AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
+        -- The claim order, as tasks_claim_idx stores it.
+        ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+        FOR UPDATE OF t SKIP LOCKED;
+    ELSIF src = nplan + 2 AND cardinality(deferred) > 0 THEN
+      -- Already locked by this claim; best score first.
+      last_pass := true;
+      OPEN cur FOR SELECT t.* FROM tasks t
+        WHERE t.id = ANY (deferred)
+        ORDER BY meshwork_preference_score(t.preferences, labels) DESC,
+          t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC;
+    ELSE
+      EXIT;
+    END IF;
+    src := src + 1;
+    taken := 0;
+    LOOP
+      EXIT WHEN room <= 0 OR taken >= quota OR (free->>'slots')::bigint < 1;
+      EXIT WHEN budget <= 0 AND NOT last_pass;
+      FETCH cur INTO c;
+      EXIT WHEN NOT FOUND;
+      IF NOT last_pass THEN
+        CONTINUE WHEN c.id = ANY (seen);
+        seen := seen || c.id;
+        budget := budget - 1;
+        IF c.preferences <> '[]'
+            AND meshwork_preference_score(c.preferences, labels) < meshwork_preference_max(c.preferences) THEN
+          deferred := deferred || c.id;
+          CONTINUE;
+        END IF;
+      END IF;
+      -- What this claim took before may leave too little for it now.
+      CONTINUE WHEN NOT (CASE WHEN c.resources = '{"slots": 1}' THEN (free->>'slots')::bigint >= 1
+        ELSE meshwork_fits_in(c.resources, free) END);
+      CONTINUE WHEN (c.concurrency_key <> '' OR c.rate_key <> '')
+        AND meshwork_limits_take(c.id, c.concurrency_key, c.rate_key, false,
+          coalesce((held->>c.concurrency_key)::int, 0)) IS NOT NULL;
+      IF c.concurrency_key <> '' THEN
+        held := held || jsonb_build_object(c.concurrency_key, coalesce((held->>c.concurrency_key)::int, 0) + 1);
+      END IF;
+      picked := picked || c.id;
+      room := room - 1;
+      taken := taken + 1;
+      free := CASE WHEN c.resources = '{"slots": 1}'
+        THEN free || jsonb_build_object('slots', (free->>'slots')::bigint - 1)
+        ELSE meshwork_minus(free, c.resources) END;
+    END LOOP;
+    CLOSE cur;
+  END LOOP;
+
+  -- A large task that keeps losing to smaller ones: reserve the worker for
+  -- it. Looked for among the first 200 tasks the worker could run, best
+  -- first (a bounded walk, whatever the backlog).
+  IF reserve_after_ms IS NOT NULL AND reserved IS NULL AND w.reserved_task_id IS NULL THEN
+    SELECT x.id, x.resources INTO reserved, reserved_ask FROM (
+      SELECT t.id, t.resources, t.not_before, t.created_at FROM tasks t
       WHERE t.state = 'PENDING'
         AND (t.not_before IS NULL OR t.not_before <= now())
         AND meshwork_claim_matches(t, caps, labels)
-      -- The claim order, as tasks_claim_idx stores it: the scan stops at the LIMIT.
       ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
-      LIMIT slots
-      FOR UPDATE OF t SKIP LOCKED
-    ), expired AS MATERIALIZED (
-      -- Oldest expiry first, as tasks_lease_expiry_idx stores it.
-      SELECT t.id, t.priority, t.deadline, t.created_at
-      FROM tasks t
-      WHERE meshwork_lease_expired(t)
-        AND t.failures < t.max_attempts
-        AND meshwork_claim_matches(t, caps, labels)
-      ORDER BY t.lease_expires_at
-      LIMIT slots
-      FOR UPDATE OF t SKIP LOCKED
-    ), picked AS MATERIALIZED (
-      -- The best `slots` of both: ranked by the same claim order.
-      SELECT c.id, row_number() OVER (
-          ORDER BY c.priority DESC NULLS LAST, c.deadline ASC NULLS LAST, c.created_at ASC) AS rank
-      FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) c
-      ORDER BY rank
-      LIMIT slots
-    )
-    -- The lease granted by the one grant statement (grant.sql), RUNNING at
-    -- once; the rows come back in the claim order.
-    SELECT g.* FROM meshwork_grant(ARRAY(SELECT p.id FROM picked p), worker, false) AS g
-      JOIN picked ON picked.id = g.id
-      ORDER BY picked.rank;
+      LIMIT 200
+    ) x
+    WHERE x.resources <> '{"slots": 1}'
+      AND NOT meshwork_fits_in(x.resources, free)
+      AND meshwork_fits_in(x.resources, total)
+      AND now() - coalesce(x.not_before, x.created_at) >= make_interval(secs => reserve_after_ms / 1000.0)
+      AND NOT (x.id = ANY (picked))
+      AND NOT EXISTS (SELECT 1 FROM workers o WHERE o.reserved_task_id = x.id)
+    LIMIT 1;
+    IF reserved IS NOT NULL THEN
+      UPDATE workers x SET reserved_task_id = reserved, reserved_at = now() WHERE x.id = worker;
+    END IF;
+  END IF;
+
+  IF cardinality(picked) = 0 THEN
+    RETURN;
+  END IF;
+  -- The lease granted by the one grant statement (grant.sql), RUNNING at
+  -- once; the rows come back in the order taken.
+  RETURN QUERY
+    SELECT g.* FROM meshwork_grant(picked, worker, false) AS g
+      JOIN unnest(picked) WITH ORDINALITY AS o(id, n) ON o.id = g.id
+      ORDER BY o.n;
 END;
 $$;

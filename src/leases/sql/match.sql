@@ -1,6 +1,8 @@
 -- Whether a worker offering `caps` and `labels` fits task `t`: its workload
--- and every required capability offered, and every affinity entry equal to
--- one of the worker's labels. The one matching rule, with two callers: the
+-- and every required capability offered, every affinity entry equal to
+-- one of the worker's labels, and every requirement met by its labels
+-- (scheduling/sql/selectors.sql). Resources are not matching: whether
+-- they fit is decided against what is free (scheduling/sql/resources.sql). The one matching rule, with two callers: the
 -- claim (meshwork_claim_matches below, pull) and push placement
 -- (tasks/placement.ts, which offers the capabilities of meshwork_offered).
 -- Plain SQL functions, inlined by the planner where they are used.
@@ -10,6 +12,9 @@ AS $$
   SELECT t.workload = ANY (caps)
      AND t.required_capabilities <@ caps
      AND t.affinity <@ labels
+     -- Most tasks state no requirement: that is told without calling the
+     -- function (which the planner cannot inline: it holds a subquery).
+     AND (t.requirements = '[]'::jsonb OR meshwork_requirements_hold(t.requirements, labels))
 $$;
 
 -- What a claim may take: a task the worker fits, before its deadline (past

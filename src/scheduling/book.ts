@@ -1,0 +1,210 @@
+import type { Resources } from "../db/schema/index.js";
+import type { Logger } from "../log.js";
+import type { SchedulingStore } from "./store.js";
+import {
+  addInto,
+  computeTree,
+  dominantShare,
+  type PlanShare,
+  planClaim,
+  type ShareNode,
+  shareKey,
+} from "./tree.js";
+
+/** What the book knows of one share path with work. */
+interface Leaf {
+  held: Resources;
+  running: number;
+  usage: number;
+  /** Whether it had PENDING tasks at the last refresh. */
+  pending: boolean;
+}
+
+/** The book as last computed: what ListShares' figures and the waiting reasons read. */
+export interface ShareSnapshot {
+  fleet: Resources;
+  tree: Map<string, ShareNode>;
+  /** The shares with PENDING tasks, furthest below their entitlement first. */
+  order: readonly PlanShare[];
+}
+
+/**
+ * One replica's view of the share tree, for its claims: every second it
+ * reads what the fleet offers, what each share's live leases hold, which
+ * shares have PENDING tasks, the weights and the decayed usage (and moves
+ * the usage on to now), then ranks the shares with work by their key
+ * (tree.ts). Between reads, the leases this replica grants count at once
+ * (`granted`), so that its next claims see them; other replicas' grants
+ * count from the next read (a second at most). A claim gets a plan from it
+ * (`plan`): how many tasks of which shares to take first. Fairness is an
+ * order, so a view a second old costs a little precision, never safety:
+ * resources and limits are decided in the claim's own statement.
+ */
+export function createShareBook(deps: {
+  store: SchedulingStore;
+  config: { shareHalfLifeMs: number; reserveAfterMs: number };
+  log: Logger;
+}) {
+  const { store, config } = deps;
+  let leaves = new Map<string, Leaf>();
+  let fleet: Resources = {};
+  let tree = new Map<string, ShareNode>();
+  let order: PlanShare[] = [];
+  let refreshing: Promise<void> | undefined;
+  let timer: NodeJS.Timeout | undefined;
+  const lastReserveLook = new Map<string, number>();
+
+  /** A task's cost in a share: what its running tasks hold on average, else one slot's worth. */
+  const costOf = (leaf: Leaf): number => {
+    const held = dominantShare(leaf.held, fleet);
+    if (leaf.running > 0 && held > 0) return held / leaf.running;
+    return dominantShare({ slots: 1 }, fleet) || 0.01;
+  };
+
+  function rank(): void {
+    order = [];
+    for (const [path, leaf] of leaves) {
+      if (!leaf.pending) continue;
+      const entitlement = tree.get(path)?.ownEntitlement ?? 0;
+      order.push({
+        path,
+        key: shareKey(leaf.usage, dominantShare(leaf.held, fleet), entitlement),
+        entitlement,
+        cost: costOf(leaf),
+      });
+    }
+    order.sort((a, b) => a.key - b.key || (a.path < b.path ? -1 : 1));
+  }
+
+  async function read(): Promise<void> {
+    const [capacity, held, pending, weights, usage] = await Promise.all([
+      store.fleetCapacity(),
+      store.heldByShare(),
+      store.sharesWithPending(),
+      store.weights(),
+      store.usage(config.shareHalfLifeMs),
+    ]);
+    const next = new Map<string, Leaf>();
+    for (const [path, h] of held) {
+      next.set(path, { ...h, usage: usage.get(path) ?? 0, pending: false });
+    }
+    for (const path of pending) {
+      const leaf = next.get(path) ?? {
+        held: {},
+        running: 0,
+        usage: usage.get(path) ?? 0,
+        pending: true,
+      };
+      leaf.pending = true;
+      next.set(path, leaf);
+    }
+    fleet = capacity;
+    leaves = next;
+    const computed = computeTree({
+      fleet,
+      weights,
+      leaves: new Map([...next].map(([path, l]) => [path, { ...l, pending: l.pending ? 1 : 0 }])),
+    });
+    tree = new Map(computed.map((n) => [n.path, n]));
+    rank();
+    const allocation = new Map([...next].map(([path, l]) => [path, dominantShare(l.held, fleet)]));
+    await store.decayUsage(allocation, config.shareHalfLifeMs);
+  }
+
+  return {
+    /** Reads the tables and ranks the shares again (one read at a time). */
+    refresh(): Promise<void> {
+      refreshing ??= read().finally(() => {
+        refreshing = undefined;
+      });
+      return refreshing;
+    },
+
+    /**
+     * The plan for a claim of `max` tasks: [share, quota] pairs, furthest
+     * below its entitlement first; null when fewer than two shares have
+     * PENDING tasks (the claim's own order is then the share's).
+     */
+    plan(max: number): [string, number][] | null {
+      if (order.length < 2) return null;
+      return planClaim(order, max);
+    },
+
+    /**
+     * Plans for claims made together (one statement): the shares' quotas
+     * for all of them at once, dealt out claim by claim in order, so that
+     * they do not all start on the same share.
+     */
+    plans(maxes: readonly number[]): ([string, number][] | null)[] {
+      if (order.length < 2) return maxes.map(() => null);
+      const left = planClaim(
+        order,
+        maxes.reduce((sum, m) => sum + m, 0),
+      );
+      let at = 0;
+      return maxes.map((max) => {
+        const plan: [string, number][] = [];
+        let want = max;
+        // Round robin from where the previous claim stopped.
+        for (let seen = 0; want > 0 && seen < left.length; seen++) {
+          const entry = left[(at + seen) % left.length] as [string, number];
+          if (entry[1] === 0) continue;
+          const take = Math.min(want, entry[1]);
+          plan.push([entry[0], take]);
+          entry[1] -= take;
+          want -= take;
+        }
+        at = (at + 1) % Math.max(1, left.length);
+        return plan.length > 0 ? plan : null;
+      });
+    },
+
+    /** Counts leases this replica granted at once, before the next read. */
+    granted(rows: readonly { share: string; resources: Resources }[]): void {
+      if (rows.length === 0) return;
+      for (const r of rows) {
+        const leaf = leaves.get(r.share) ?? { held: {}, running: 0, usage: 0, pending: true };
+        addInto(leaf.held, r.resources);
+        leaf.running += 1;
+        leaves.set(r.share, leaf);
+      }
+      rank();
+    },
+
+    /**
+     * The reservation bound to pass a claim of `workerId`: config's, at most
+     * once a second per worker (each look costs a bounded walk); null
+     * otherwise, or when reservations are off.
+     */
+    reserveAfterMs(workerId: string, now = Date.now()): number | null {
+      if (config.reserveAfterMs === 0) return null;
+      const last = lastReserveLook.get(workerId) ?? 0;
+      if (now - last < 1000) return null;
+      lastReserveLook.set(workerId, now);
+      if (lastReserveLook.size > 100_000) lastReserveLook.clear();
+      return config.reserveAfterMs;
+    },
+
+    snapshot(): ShareSnapshot {
+      return { fleet, tree, order };
+    },
+
+    /** Reads now, then every `intervalMs`; a failed read is logged and tried again next time. */
+    start(intervalMs = 1000): void {
+      const tick = () =>
+        this.refresh().catch((error: unknown) =>
+          deps.log.warn({ err: error }, "reading the share tree failed"),
+        );
+      void tick();
+      timer = setInterval(tick, intervalMs);
+      timer.unref();
+    },
+
+    async stop(): Promise<void> {
+      clearInterval(timer);
+      await refreshing?.catch(() => {});
+    },
+  };
+}
+
+export type ShareBook = ReturnType<typeof createShareBook>;

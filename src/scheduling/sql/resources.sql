@@ -1,0 +1,68 @@
+-- Resources, as jsonb maps of resource name → quantity: what a task asks
+-- (tasks.resources, which always holds `slots`), what a worker offers
+-- (meshwork_capacity) and what its live leases hold (meshwork_allocated).
+-- A task fits a worker when, for every resource it asks, the worker has at
+-- least that much free (meshwork_fits_in); a resource the worker does not
+-- offer is free 0. The claim (leases/sql/claim.sql), push placement
+-- (tasks/placement.ts) and the waiting reasons (scheduling/why.ts) use
+-- these, and no other arithmetic of resources.
+
+-- The slots a worker without a limit (max_concurrency 0) offers: more than
+-- any number of leases.
+CREATE OR REPLACE FUNCTION meshwork_unlimited_slots() RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT 2000000000::bigint $$;
+
+-- What a worker offers: its stated capacity (cpu and memory filled in
+-- from cpu_count and memory_mb at registration) and `slots`, its
+-- max_concurrency, or `concurrency` when a claim states its own (REST
+-- workers do), 0 meaning no limit.
+CREATE OR REPLACE FUNCTION meshwork_capacity(w workers, concurrency int DEFAULT NULL) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+  SELECT w.capacity || jsonb_build_object('slots',
+    CASE WHEN coalesce(concurrency, w.max_concurrency) = 0 THEN meshwork_unlimited_slots()
+      ELSE coalesce(concurrency, w.max_concurrency)::bigint END)
+$$;
+
+-- What a worker's live leases hold (live-lease.sql), summed per resource;
+-- `except_task` leaves out a task being re-placed. One index lookup on
+-- tasks_lease_worker_idx, as meshwork_live_leases.
+CREATE OR REPLACE FUNCTION meshwork_allocated(worker uuid, except_task uuid DEFAULT NULL) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+  SELECT coalesce(jsonb_object_agg(r.key, r.total), '{}'::jsonb)
+  FROM (
+    SELECT e.key, sum(e.value::bigint) AS total
+    FROM tasks t, jsonb_each_text(t.resources) AS e
+    WHERE t.lease_worker_id = worker
+      AND meshwork_lease_live(t)
+      AND t.id IS DISTINCT FROM except_task
+    GROUP BY e.key
+  ) r
+$$;
+
+-- `have` less `used`, per resource of `have` (below 0 where leases hold
+-- more than a worker now offers: its capacity shrank under them).
+CREATE OR REPLACE FUNCTION meshwork_minus(have jsonb, used jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT coalesce(jsonb_object_agg(h.key, h.value::bigint - coalesce((used->>h.key)::bigint, 0)), '{}'::jsonb)
+  FROM jsonb_each_text(have) AS h
+$$;
+
+-- Whether `ask` fits in `free`: every resource asked at most what is free.
+CREATE OR REPLACE FUNCTION meshwork_fits_in(ask jsonb, free jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT NOT EXISTS (
+    SELECT 1 FROM jsonb_each_text(ask) AS a
+    WHERE a.value::bigint > coalesce((free->>a.key)::bigint, 0))
+$$;
+
+-- What a worker has free for `t` (or for any task, `t` null): its capacity
+-- less its live leases (but `t`'s own, when re-placed), less the resources
+-- of the task it is reserved for unless that is `t` (a smaller task gets
+-- only what the reserved one leaves).
+CREATE OR REPLACE FUNCTION meshwork_free(w workers, t_id uuid DEFAULT NULL, concurrency int DEFAULT NULL) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+  SELECT meshwork_minus(
+    meshwork_minus(meshwork_capacity(w, concurrency), meshwork_allocated(w.id, t_id)),
+    coalesce((SELECT r.resources FROM tasks r
+      WHERE r.id = w.reserved_task_id AND r.state = 'PENDING' AND r.id IS DISTINCT FROM t_id), '{}'::jsonb))
+$$;
