@@ -16,6 +16,7 @@ import type { Logger } from "./log.js";
 import { createMetrics } from "./metrics/metrics.js";
 import { createShareBook } from "./scheduling/book.js";
 import { createSchedulingStore } from "./scheduling/store.js";
+import { createWaitingReasons } from "./scheduling/why.js";
 import { createStores, createWithTx } from "./stores.js";
 import { createTaskEvents } from "./tasks/events.js";
 import { createRetention } from "./tasks/retention.js";
@@ -45,6 +46,11 @@ export function createApp(
     log,
   });
   const stores = createStores(database.db, config, shareBook);
+  const waitingReasons = createWaitingReasons({
+    db: database.db,
+    heartbeatIntervalSeconds: config.heartbeatIntervalSeconds,
+    shares: () => shareBook.snapshot(),
+  });
   // Per app, not prom-client's global registry: tests build many apps.
   const metrics = createMetrics({
     statements: database.statements,
@@ -155,6 +161,8 @@ export function createApp(
     retention,
     /** The share tree as this replica last read it (scheduling/book.ts). */
     shareBook,
+    /** Why a PENDING task waits (scheduling/why.ts). */
+    waitingReasons,
     /** Aborted when the server begins to shut down: long polls and streams end. */
     // Named as the global type: @types/node's own is module-local, and the
     // build's declaration emit (tsconfig.build.json) cannot name it.

@@ -9,10 +9,15 @@ import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
 import type { ConnectError, ConnectRouter } from "@connectrpc/connect";
 import { file_grpc_health_v1_health, Health } from "../gen/grpc/health/v1/health_pb.js";
 import { ArtifactService, file_meshwork_v1_artifact } from "../gen/meshwork/v1/artifact_pb.js";
+import {
+  ConcurrencyService,
+  file_meshwork_v1_concurrency,
+} from "../gen/meshwork/v1/concurrency_pb.js";
 import { file_meshwork_v1_errors } from "../gen/meshwork/v1/errors_pb.js";
 import { FleetService, file_meshwork_v1_fleet } from "../gen/meshwork/v1/fleet_pb.js";
 import { file_meshwork_v1_knowledge, KnowledgeService } from "../gen/meshwork/v1/knowledge_pb.js";
 import { file_meshwork_v1_lease, LeaseService } from "../gen/meshwork/v1/lease_pb.js";
+import { file_meshwork_v1_share, ShareService } from "../gen/meshwork/v1/share_pb.js";
 import { file_meshwork_v1_task, TaskService } from "../gen/meshwork/v1/task_pb.js";
 import { file_meshwork_v1_token, TokenService } from "../gen/meshwork/v1/token_pb.js";
 import type { App } from "./app.js";
@@ -49,6 +54,7 @@ import { createErrorMapper, fixForWire, type ToClientError } from "./rpc/errors.
 import { createHealthService } from "./rpc/health.js";
 import { createNulInterceptor, createRpcInterceptor } from "./rpc/interceptors.js";
 import { registerReflection } from "./rpc/reflection.js";
+import { createConcurrencyService, createShareService } from "./scheduling/service.js";
 import { toTask } from "./tasks/convert.js";
 import { createTaskService } from "./tasks/service.js";
 import { traceFromHeaders } from "./tracing/context.js";
@@ -65,6 +71,8 @@ const meshworkServices = [
   ArtifactService,
   KnowledgeService,
   TokenService,
+  ShareService,
+  ConcurrencyService,
 ];
 
 /** The request's correlation id and trace context, set by the listener before any handler runs. */
@@ -142,6 +150,8 @@ export function createRoutes(app: App): (router: ConnectRouter) => void {
     file_meshwork_v1_artifact,
     file_meshwork_v1_knowledge,
     file_meshwork_v1_token,
+    file_meshwork_v1_share,
+    file_meshwork_v1_concurrency,
     file_meshwork_v1_errors,
     file_grpc_health_v1_health,
   ]);
@@ -152,6 +162,8 @@ export function createRoutes(app: App): (router: ConnectRouter) => void {
     router.service(ArtifactService, createArtifactService(app));
     router.service(KnowledgeService, createKnowledgeService(app));
     router.service(TokenService, createTokenService(app));
+    router.service(ShareService, createShareService(app));
+    router.service(ConcurrencyService, createConcurrencyService(app));
     // Open to anyone: its request is one short name, so it may read little.
     router.service(
       Health,

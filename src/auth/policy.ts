@@ -93,6 +93,16 @@ export const policy: Record<string, MethodRule> = {
   "meshwork.v1.KnowledgeService/DeleteEntry": { roles: client },
   "meshwork.v1.KnowledgeService/ExportKnowledge": { roles: client },
   "meshwork.v1.KnowledgeService/ImportKnowledge": { roles: client },
+  // Scheduling: admins set weights, limits and rates; clients read them.
+  "meshwork.v1.ShareService/SetShare": { roles: [] },
+  "meshwork.v1.ShareService/DeleteShare": { roles: [] },
+  "meshwork.v1.ShareService/ListShares": { roles: client },
+  "meshwork.v1.ConcurrencyService/SetLimit": { roles: [] },
+  "meshwork.v1.ConcurrencyService/DeleteLimit": { roles: [] },
+  "meshwork.v1.ConcurrencyService/ListLimits": { roles: client },
+  "meshwork.v1.ConcurrencyService/SetRate": { roles: [] },
+  "meshwork.v1.ConcurrencyService/DeleteRate": { roles: [] },
+  "meshwork.v1.ConcurrencyService/ListRates": { roles: client },
   // Tokens: admin only.
   "meshwork.v1.TokenService/CreateToken": { roles: [] },
   "meshwork.v1.TokenService/ListTokens": { roles: [] },

@@ -5,13 +5,15 @@ import { asNumber, asTable } from "../db/values.js";
 
 /**
  * What the share book (scheduling/book.ts) tells a claim: a plan per claim
- * (the shares to serve first), when to look for a reservation, and what
- * the claims granted.
+ * (the shares to serve first) and when to look for a reservation; and what
+ * it is told: the leases granted, and those ended by a completion, failure
+ * or release through this replica (others count from its next read).
  */
 export interface ClaimScheduling {
   plans(maxes: readonly number[]): ([string, number][] | null)[];
   reserveAfterMs(workerId: string): number | null;
   granted(rows: readonly { share: string; resources: Resources }[]): void;
+  ended(rows: readonly { share: string; resources: Resources }[]): void;
 }
 
 /** The worker a claim is for, with what it offers this time. */

@@ -288,6 +288,7 @@ export function createLeaseStore(db: Db, scheduling?: ClaimScheduling) {
         })),
       );
       const done = await q.complete().execute({ items: json });
+      scheduling?.ended(done);
       const byId = new Map(done.map((r) => [r.id, r]));
       // The row the statement completed for this item: the task's attempt
       // and holder are the item's (the lease check matched them).
@@ -338,12 +339,14 @@ export function createLeaseStore(db: Db, scheduling?: ClaimScheduling) {
      */
     async fail(l: LeaseRef, code: string, message: string, retryable: boolean): Promise<TaskRow> {
       const [row] = await q.fail().execute({ ...leaseParams(l), code, message, retryable });
+      if (row) scheduling?.ended([row]);
       return row ?? refuse(l);
     },
 
     /** Gives the task back (PENDING) without counting a failure, keeping the checkpoint. */
     async release(l: LeaseRef, checkpointHandle: string): Promise<TaskRow> {
       const [row] = await q.release().execute({ ...leaseParams(l), checkpoint: checkpointHandle });
+      if (row) scheduling?.ended([row]);
       return row ?? refuse(l);
     },
 

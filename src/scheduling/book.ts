@@ -171,15 +171,27 @@ export function createShareBook(deps: {
       rank();
     },
 
+    /** Counts leases ended through this replica at once, before the next read. */
+    ended(rows: readonly { share: string; resources: Resources }[]): void {
+      if (rows.length === 0) return;
+      for (const r of rows) {
+        const leaf = leaves.get(r.share);
+        if (!leaf) continue;
+        addInto(leaf.held, r.resources, -1);
+        leaf.running = Math.max(0, leaf.running - 1);
+      }
+      rank();
+    },
+
     /**
      * The reservation bound to pass a claim of `workerId`: config's, at most
-     * once a second per worker (each look costs a bounded walk); null
-     * otherwise, or when reservations are off.
+     * once per bound and once a second per worker (each look costs a
+     * bounded walk); null otherwise, or when reservations are off.
      */
     reserveAfterMs(workerId: string, now = Date.now()): number | null {
       if (config.reserveAfterMs === 0) return null;
       const last = lastReserveLook.get(workerId) ?? 0;
-      if (now - last < 1000) return null;
+      if (now - last < Math.min(1000, config.reserveAfterMs)) return null;
       lastReserveLook.set(workerId, now);
       if (lastReserveLook.size > 100_000) lastReserveLook.clear();
       return config.reserveAfterMs;

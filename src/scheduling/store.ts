@@ -1,12 +1,6 @@
 import { asc, eq, sql } from "drizzle-orm";
 import type { Db } from "../db/database.js";
-import {
-  concurrencyLimits,
-  type Resources,
-  rateLimits,
-  shares,
-  shareUsage,
-} from "../db/schema/index.js";
+import { concurrencyLimits, type Resources, rateLimits, shares } from "../db/schema/index.js";
 import { asNumber, rowsOf } from "../db/values.js";
 
 /** What live leases hold, per share path: summed resources and a count. */

@@ -23,6 +23,7 @@ import { terminalStates } from "../core/task-sql.js";
 import { intInRange, text, timeField, uuidField } from "../core/validate.js";
 import type { ArtifactRefJson, TaskRow, TaskStateName } from "../db/schema/index.js";
 import type { Metrics } from "../metrics/metrics.js";
+import type { WaitingReasons } from "../scheduling/why.js";
 import { traceparentOf } from "../tracing/context.js";
 import {
   type CreateOrigin,
@@ -42,6 +43,8 @@ export interface TaskServiceDeps extends UploadDeps {
   placement: PlacementStore;
   artifacts: Pick<ArtifactStore, "checkLease" | "insert" | "get" | "removeUnusedInputs">;
   events: TaskEvents;
+  /** Why a PENDING task waits (scheduling/why.ts), for GetTask. */
+  waitingReasons: Pick<WaitingReasons, "of">;
   /** Ends watchers at shutdown. */
   shutdownSignal: AbortSignal;
   metrics: Pick<Metrics, "tasksCreated" | "artifactBytesIn">;
@@ -257,7 +260,8 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
     },
 
     async getTask(req) {
-      return { task: toTask(await app.tasks.get(uuidField("task_id", req.taskId))) };
+      const row = await app.tasks.get(uuidField("task_id", req.taskId));
+      return { task: toTask(row), ...(await app.waitingReasons.of(row)) };
     },
 
     async listTasks(req) {
