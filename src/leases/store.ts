@@ -5,6 +5,7 @@ import { type Judged, judged, leaseParams, leaseRefusal } from "../core/lease-ch
 import type { LeaseRef } from "../core/lease-ref.js";
 import type { Db } from "../db/database.js";
 import type { ArtifactRefJson, TaskRow } from "../db/schema/index.js";
+import { asNumber, rowsOf } from "../db/values.js";
 import { createBatcher } from "./batcher.js";
 import {
   type ClaimAnswer,
@@ -13,6 +14,7 @@ import {
   createClaimStatement,
   createSlotsStatement,
 } from "./claim.js";
+import { rateRefillsByWorkload } from "./sql/retries.js";
 import { createTransitions, releaseWorker } from "./transitions.js";
 
 export type { ClaimAnswer, ClaimingWorker, Slots } from "./claim.js";
@@ -155,7 +157,15 @@ export function createLeaseStore(db: Db, scheduling?: ClaimScheduling) {
    */
   async function dueRetries(windowMs: number): Promise<Map<string, number>> {
     const rows = await q.retriesDueByWorkload().execute({ ms: Math.round(windowMs) });
-    return new Map(rows.map((r) => [r.workload, r.n]));
+    const due = new Map(rows.map((r) => [r.workload, r.n]));
+    // And the rate-limited tasks whose bucket just refilled.
+    for (const r of await rowsOf<{ workload: string; n: number | string }>(
+      db,
+      rateRefillsByWorkload(windowMs),
+    )) {
+      due.set(r.workload, (due.get(r.workload) ?? 0) + asNumber(r.n));
+    }
+    return due;
   }
 
   return {

@@ -2,6 +2,7 @@ import { createClient } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ConcurrencyService } from "../../gen/meshwork/v1/concurrency_pb.js";
 import { Operator, TaskState, WaitKind } from "../../gen/meshwork/v1/task_pb.js";
+import { until, within } from "../support/bounded.js";
 import { outcome } from "../support/errors.js";
 import { expireLease } from "../support/fixtures.js";
 import { createHarness, type Harness, uniqueWorkload } from "../support/harness.js";
@@ -352,5 +353,60 @@ describe("why a task waits", () => {
       waiting: [],
       queuePosition: 0,
     });
+  });
+});
+
+// A harness of its own: any other change that wakes parked claims would
+// hide a missing wake-up here.
+describe("long polls wake when a limit lets a task go", () => {
+  let w: Harness;
+  let wLimits: ReturnType<typeof createClient<typeof ConcurrencyService>>;
+  beforeAll(async () => {
+    w = await createHarness();
+    wLimits = createClient(ConcurrencyService, w.transport);
+  });
+  afterAll(() => w.close());
+
+  it("when a lease under a concurrency limit ends, and when a rate's bucket refills", async () => {
+    const workload = uniqueWorkload();
+    const key = `k-${workload}`;
+    await wLimits.setLimit({ key, maxRunning: 1 });
+    await w.tasks.createTasks({
+      tasks: [
+        { workload, concurrencyKey: key },
+        { workload, concurrencyKey: key },
+      ],
+    });
+    const first = (await w.fleet.registerWorker({ capabilities: [workload], maxConcurrency: 5 }))
+      .workerId;
+    const second = (await w.fleet.registerWorker({ capabilities: [workload], maxConcurrency: 5 }))
+      .workerId;
+    const [held] = (await w.leases.claimTasks({ workerId: first, maxTasks: 5 })).claims;
+    const polling = w.leases.claimTasks({ workerId: second, maxTasks: 5, waitSeconds: 25 });
+    await until(() => w.app.wakeups.parked() >= 1);
+    await w.leases.completeTask({ taskId: held?.taskId ?? "", workerId: first, attempt: 1 });
+    // A bound well inside wait_seconds: a missing wake-up fails here.
+    const got = await within(10_000, polling);
+    expect(got === "timed out" ? got : got.claims.length).toBe(1);
+
+    const rated = uniqueWorkload();
+    const rateKey = `r-${rated}`;
+    await wLimits.setRate({ key: rateKey, perSecond: 4, burst: 1 });
+    await w.tasks.createTasks({
+      tasks: [
+        { workload: rated, rateKey },
+        { workload: rated, rateKey },
+      ],
+    });
+    const third = (await w.fleet.registerWorker({ capabilities: [rated], maxConcurrency: 5 }))
+      .workerId;
+    expect((await w.leases.claimTasks({ workerId: third, maxTasks: 5 })).claims).toHaveLength(1);
+    const waiting = w.leases.claimTasks({ workerId: third, maxTasks: 5, waitSeconds: 25 });
+    await until(() => w.app.wakeups.parked() >= 1);
+    // A token comes back after 250 ms; the sweeper wakes the claim for it.
+    await new Promise((r) => setTimeout(r, 400));
+    await w.app.sweeper.runOnce();
+    const refilled = await within(10_000, waiting);
+    expect(refilled === "timed out" ? refilled : refilled.claims.length).toBe(1);
   });
 });

@@ -32,6 +32,7 @@ ALTER TABLE "workers" ADD COLUMN "capacity" jsonb DEFAULT '{}'::jsonb NOT NULL;-
 ALTER TABLE "workers" ADD COLUMN "reserved_task_id" uuid;--> statement-breakpoint
 ALTER TABLE "workers" ADD COLUMN "reserved_at" timestamp (3) with time zone;--> statement-breakpoint
 CREATE INDEX "tasks_share_claim_idx" ON "tasks" USING btree ("share","priority" DESC NULLS LAST,"deadline","created_at") WHERE "tasks"."state" = 'PENDING';--> statement-breakpoint
+CREATE INDEX "tasks_rate_idx" ON "tasks" USING btree ("rate_key","workload") WHERE "tasks"."state" = 'PENDING' and "tasks"."rate_key" <> '';--> statement-breakpoint
 CREATE INDEX "tasks_concurrency_idx" ON "tasks" USING btree ("concurrency_key") WHERE "tasks"."state" in ('ASSIGNED', 'RUNNING') and "tasks"."concurrency_key" <> '';--> statement-breakpoint
 -- Workers registered before capacity existed offer what they reported:
 -- cpu_count × 1000 millicores and memory_mb.

@@ -157,6 +157,10 @@ export const tasks = pgTable(
     index("tasks_share_claim_idx")
       .on(t.share, t.priority.desc(), t.deadline.asc().nullsLast(), t.createdAt.asc())
       .where(sql`${t.state} = 'PENDING'`),
+    // The PENDING tasks of a rate key (the sweeper wakes their claims when its bucket refills).
+    index("tasks_rate_idx")
+      .on(t.rateKey, t.workload)
+      .where(sql`${t.state} = 'PENDING' and ${t.rateKey} <> ''`),
     // The live leases of a concurrency key (its limit).
     index("tasks_concurrency_idx")
       .on(t.concurrencyKey)

@@ -1,4 +1,4 @@
-import { and, sql } from "drizzle-orm";
+import { and, type SQL, sql } from "drizzle-orm";
 import { stateIs } from "../../core/task-sql.js";
 import type { Db } from "../../db/database.js";
 import { tasks } from "../../db/schema/index.js";
@@ -38,4 +38,22 @@ export function retriesDueByWorkloadStatement(db: Db) {
     .groupBy(tasks.workload)
     .limit(1000)
     .prepare("meshwork_retries_due_by_workload");
+}
+
+/**
+ * Rate-limited tasks that just became claimable: a rate_key's bucket
+ * (scheduling/sql/limits.sql) refilling to a whole token changes no row
+ * either. Counted by workload: as many as the buckets hold tokens (at most
+ * the PENDING tasks of each key), for the buckets that reached a token
+ * within the last `windowMs`.
+ */
+export function rateRefillsByWorkload(windowMs: number): SQL {
+  return sql`select t.workload, least(count(*), floor(meshwork_rate_tokens(r)))::int as n
+    from rate_limits r join tasks t on t.rate_key = r.key
+    where t.state = 'PENDING' and t.rate_key <> ''
+      and meshwork_rate_tokens(r) >= 1
+      and least(r.burst::float8, r.tokens + r.per_second
+        * (extract(epoch from now() - r.refilled_at) - ${windowMs / 1000}::float8)) < 1
+    group by t.workload, r.key
+    limit 1000`;
 }

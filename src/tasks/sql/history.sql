@@ -18,7 +18,10 @@
 -- of its parked claims that can take them (src/leases/wakeup.ts). A burst of
 -- 500 new tasks used to wake every parked poll (2,000 claims for 500 tasks).
 -- A task that goes back to PENDING counts once its not_before has passed;
--- until then the sweeper wakes claims for it when it falls due.
+-- until then the sweeper wakes claims for it when it falls due. A lease of
+-- a task with a concurrency_key that ends counts too: it frees a place
+-- under the key's limit (scheduling/sql/limits.sql) for a task of the same
+-- kind, which a parked claim may now take.
 
 -- Sends the ready counts. A payload too long for NOTIFY (over ~7,900 bytes,
 -- counted in bytes: very many or very long workload names at once) is sent
@@ -55,6 +58,7 @@ DECLARE
 BEGIN
   WITH changed AS (
     SELECT n.id, n.state, n.attempt, n.workload, n.not_before, o.state AS old_state,
+      n.concurrency_key,
       coalesce(n.lease_worker_id, n.assigned_worker_id) AS worker_id,
       CASE WHEN n.state IN ('PENDING', 'FAILED', 'CANCELED') THEN n.error_code ELSE '' END AS error_code,
       CASE WHEN n.state IN ('PENDING', 'FAILED', 'CANCELED') THEN n.error_message ELSE '' END AS error_message
@@ -69,8 +73,10 @@ BEGIN
   SELECT json_object_agg(c.workload, c.n)::text INTO ready
   FROM (
     SELECT workload, count(*) AS n FROM changed
-    WHERE state = 'PENDING' AND old_state IS DISTINCT FROM 'PENDING'
-      AND (not_before IS NULL OR not_before <= now())
+    WHERE (state = 'PENDING' AND old_state IS DISTINCT FROM 'PENDING'
+        AND (not_before IS NULL OR not_before <= now()))
+      OR (concurrency_key <> '' AND old_state IN ('ASSIGNED', 'RUNNING')
+        AND state NOT IN ('ASSIGNED', 'RUNNING'))
     GROUP BY workload
   ) c;
   PERFORM meshwork_notify_ready(ready);
