@@ -15,6 +15,7 @@ import { createClaimWakeups, readyCounts } from "./leases/wakeup.js";
 import type { Logger } from "./log.js";
 import { createMetrics } from "./metrics/metrics.js";
 import { createShareBook } from "./scheduling/book.js";
+import { type Pool, readDemand } from "./scheduling/demand.js";
 import { createSchedulingStore } from "./scheduling/store.js";
 import { createWaitingReasons } from "./scheduling/why.js";
 import { createStores, createWithTx } from "./stores.js";
@@ -163,6 +164,8 @@ export function createApp(
     shareBook,
     /** Why a PENDING task waits (scheduling/why.ts). */
     waitingReasons,
+    /** What a pool of work needs, in workers (scheduling/demand.ts), read on the urgent lane. */
+    demand: (pool: Pool) => readDemand(database.urgent, pool),
     /** Aborted when the server begins to shut down: long polls and streams end. */
     // Named as the global type: @types/node's own is module-local, and the
     // build's declaration emit (tsconfig.build.json) cannot name it.

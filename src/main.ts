@@ -6,8 +6,9 @@ import { adminTokenPath, type Config, ConfigError, shownUrl } from "./config.js"
 import { isSharePath } from "./core/scheduling.js";
 import { lockDataDir, StartupError } from "./data-dir-lock.js";
 import { type Database, openDatabase } from "./db/database.js";
+import { type KedaListener, listenKeda } from "./http/keda-listener.js";
 import { createLogger, type Logger } from "./log.js";
-import { type BoundListener, bind, type RunningServer } from "./server.js";
+import { type BoundListener, bind, kedaHandler, type RunningServer } from "./server.js";
 import { readySummary, wantsPrettyLogs } from "./startup.js";
 import { loadTracing } from "./tracing/load.js";
 import type { Tracing } from "./tracing/tracing.js";
@@ -123,6 +124,7 @@ export async function serve(config: Config): Promise<void> {
   let database: Database | undefined;
   let tracing: Tracing | undefined;
   let server: RunningServer;
+  let keda: KedaListener | undefined;
   try {
     bound = await bind(config, config.listen);
     // OpenTelemetry is loaded only with an endpoint (tracing/load.ts).
@@ -141,8 +143,22 @@ export async function serve(config: Config): Promise<void> {
       throw new StartupError(whyNoDatabase(error, config));
     });
     if (config.auth === "on") await firstAdminToken(database, config, log);
-    server = await bound.serve(createApp(database, config, log, s3, tracing));
+    const app = createApp(database, config, log, s3, tracing);
+    server = await bound.serve(app);
+    if (config.kedaListen) {
+      keda = await listenKeda(kedaHandler(app), {
+        listen: config.kedaListen,
+        tlsCert: config.tlsCert,
+        tlsKey: config.tlsKey,
+        clientCa: config.kedaClientCa,
+      });
+      log.info(
+        { url: keda.url, client_certificates: config.kedaClientCa !== "" },
+        "KEDA external scaler listening",
+      );
+    }
   } catch (error) {
+    await keda?.close().catch(() => {});
     await bound?.close().catch(() => {});
     await database?.close().catch(() => {});
     await tracing?.shutdown().catch(() => {});
@@ -156,6 +172,7 @@ export async function serve(config: Config): Promise<void> {
     stopping = true;
     log.info({ signal }, "shutting down");
     try {
+      await keda?.close();
       await server.close();
       await db.close();
       // The spans of the last requests and statements are sent before exit.

@@ -7,6 +7,8 @@ import { createSecureContext } from "node:tls";
 import { create, createFileRegistry, type DescFile, type FileRegistry } from "@bufbuild/protobuf";
 import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
 import type { ConnectError, ConnectRouter } from "@connectrpc/connect";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
+import { ExternalScaler } from "../gen/externalscaler/externalscaler_pb.js";
 import { file_grpc_health_v1_health, Health } from "../gen/grpc/health/v1/health_pb.js";
 import { ArtifactService, file_meshwork_v1_artifact } from "../gen/meshwork/v1/artifact_pb.js";
 import {
@@ -54,6 +56,7 @@ import { createErrorMapper, fixForWire, type ToClientError } from "./rpc/errors.
 import { createHealthService } from "./rpc/health.js";
 import { createNulInterceptor, createRpcInterceptor } from "./rpc/interceptors.js";
 import { registerReflection } from "./rpc/reflection.js";
+import { createKedaScaler } from "./scheduling/keda.js";
 import { createConcurrencyService, createShareService } from "./scheduling/service.js";
 import { toTask } from "./tasks/convert.js";
 import { createTaskService } from "./tasks/service.js";
@@ -139,6 +142,24 @@ export function rpcInterceptors(
     createAuthInterceptor(app.guard),
     createNulInterceptor(),
   ];
+}
+
+/**
+ * The KEDA listener's handler (http/keda-listener.ts): KEDA's external
+ * scaler only, gRPC, with the logging, error mapping and metrics of every
+ * RPC; no auth (KEDA authenticates by TLS).
+ */
+export function kedaHandler(app: App) {
+  return connectNodeAdapter({
+    routes: (router) =>
+      router.service(ExternalScaler, createKedaScaler({ ...app, db: app.database.db })),
+    interceptors: [
+      createMetricsInterceptor(app.metrics),
+      createRpcInterceptor(app.log, toClientError),
+    ],
+    grpcWeb: false,
+    connect: false,
+  });
 }
 
 /** Every RPC service Meshwork serves, for the Connect adapter and for in-memory test transports. */

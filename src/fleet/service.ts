@@ -15,6 +15,7 @@ import { workerCapacity } from "../core/scheduling.js";
 import { allStates } from "../core/task-sql.js";
 import { intInRange, isUuid, stringList, stringMap, text, uuidField } from "../core/validate.js";
 import type { WithTx } from "../db/database.js";
+import { type Demand, type Pool, poolCapacity } from "../scheduling/demand.js";
 import { toQuantities, toTaskState } from "../tasks/convert.js";
 import type { TaskStore } from "../tasks/store.js";
 import type { WorkerCache } from "./cache.js";
@@ -91,7 +92,12 @@ export interface FleetServiceDeps {
    * status is read there, so that an operator sees it during a burst that
    * holds the rest of the pool.
    */
-  urgent: { fleet: Pick<FleetStore, "all">; tasks: Pick<TaskStore, "countByState" | "backlog"> };
+  urgent: {
+    fleet: Pick<FleetStore, "all">;
+    tasks: Pick<TaskStore, "countByState" | "backlog" | "pendingResources">;
+  };
+  /** What a pool of work needs (scheduling/demand.ts): the backlog's workers_needed. */
+  demand(pool: Pool): Promise<Demand>;
   workerCache: Pick<WorkerCache, "forget">;
   events: { emit(taskIds: Iterable<string>): void };
   withTx: WithTx<{
@@ -189,11 +195,20 @@ export function createFleetService(app: FleetServiceDeps): ServiceImpl<typeof Fl
     },
 
     async getFleetStatus() {
-      const [counts, backlog, workers] = await Promise.all([
+      const [counts, backlog, workers, asked] = await Promise.all([
         app.urgent.tasks.countByState(),
         app.urgent.tasks.backlog(),
         app.urgent.fleet.all(),
+        app.urgent.tasks.pendingResources(),
       ]);
+      const shapes = workers.map((w) => ({ ...w, capacity: capacityOf(w) }));
+      const demand = await Promise.all(
+        backlog.map(async (b) => {
+          const capacity = poolCapacity(b.workload, shapes);
+          const needed = await app.demand({ workload: b.workload, selector: new Map(), capacity });
+          return { capacity, needed: needed.workersNeeded };
+        }),
+      );
       return {
         taskCounts: allStates.map((s) =>
           create(TaskStateCountSchema, {
@@ -201,11 +216,14 @@ export function createFleetService(app: FleetServiceDeps): ServiceImpl<typeof Fl
             count: BigInt(counts.get(s) ?? 0),
           }),
         ),
-        backlog: backlog.map((b) => ({
+        backlog: backlog.map((b, i) => ({
           workload: b.workload,
           pendingCount: BigInt(b.count),
           oldestCreatedAt: timestampFromDate(b.oldest),
           oldestAge: durationFromMs(Math.max(0, b.now.getTime() - b.oldest.getTime())),
+          pendingResources: toQuantities(asked.get(b.workload) ?? {}),
+          workersNeeded: demand[i]?.needed ?? 0,
+          workerCapacity: toQuantities(demand[i]?.capacity ?? {}),
         })),
         workers: workers.map((w) => ({
           workerId: w.id,

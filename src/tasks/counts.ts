@@ -2,8 +2,8 @@ import { desc, type SQL, sql } from "drizzle-orm";
 import { unionAll } from "drizzle-orm/pg-core";
 import { stateIs } from "../core/task-sql.js";
 import type { Db } from "../db/database.js";
-import { type TaskStateName, tasks } from "../db/schema/index.js";
-import { asNumber } from "../db/values.js";
+import { type Resources, type TaskStateName, tasks } from "../db/schema/index.js";
+import { asNumber, rowsOf } from "../db/values.js";
 
 /**
  * What the metrics and the fleet overview count of the tasks: by state, the
@@ -56,6 +56,23 @@ export function createTaskCounts(db: Db) {
         count: asNumber(r.count),
         oldestSeconds: r.oldestSeconds === null ? null : asNumber(r.oldestSeconds),
       }));
+    },
+
+    /** What the PENDING tasks ask, summed per workload and resource. */
+    async pendingResources(): Promise<Map<string, Resources>> {
+      const rows = await rowsOf<{ workload: string; key: string; total: unknown }>(
+        db,
+        sql`select t.workload, e.key, sum(e.value::bigint) as total
+          from tasks t, jsonb_each_text(t.resources) as e
+          where t.state = 'PENDING' group by t.workload, e.key`,
+      );
+      const out = new Map<string, Resources>();
+      for (const r of rows) {
+        const map = out.get(r.workload) ?? {};
+        map[r.key] = asNumber(r.total);
+        out.set(r.workload, map);
+      }
+      return out;
     },
 
     /** PENDING backlog per workload: count and oldest creation, with the database's now. */

@@ -32,3 +32,11 @@ export function selfSignedCert(prefix: string): { cert: string; key: string } {
   );
   return { cert, key };
 }
+
+/**
+ * A throwaway self-signed certificate to present as a TLS client; as its
+ * own CA, a server trusts it with `ca: cert`.
+ */
+export function clientCertificate(prefix: string): { cert: string; key: string } {
+  return selfSignedCert(prefix);
+}
