@@ -7,6 +7,7 @@ import type { Database } from "./db/database.js";
 import { isTransientDatabaseError } from "./db/faults.js";
 import { createReadiness } from "./db/readiness.js";
 import { createWorkerCache } from "./fleet/cache.js";
+import { capacityOf } from "./fleet/convert.js";
 import { createHeartbeatBuffer } from "./fleet/heartbeats.js";
 import { createBatcher } from "./leases/batcher.js";
 import type { Completion } from "./leases/store.js";
@@ -15,7 +16,7 @@ import { createClaimWakeups, readyCounts } from "./leases/wakeup.js";
 import type { Logger } from "./log.js";
 import { createMetrics } from "./metrics/metrics.js";
 import { createShareBook } from "./scheduling/book.js";
-import { type Pool, readDemand } from "./scheduling/demand.js";
+import { demandByWorkload, type Pool, readDemand } from "./scheduling/demand.js";
 import { createSchedulingStore } from "./scheduling/store.js";
 import { createWaitingReasons } from "./scheduling/why.js";
 import { createStores, createWithTx } from "./stores.js";
@@ -57,6 +58,16 @@ export function createApp(
     statements: database.statements,
     pool: () => database.pool(),
     liveTasks: () => stores.tasks.liveByWorkload(),
+    shares: () => [...shareBook.snapshot().tree.values()],
+    async workersNeeded() {
+      const [backlog, workers] = await Promise.all([stores.tasks.backlog(), stores.fleet.all()]);
+      const demand = await demandByWorkload(
+        backlog.map((b) => b.workload),
+        workers.map((w) => ({ ...w, capacity: capacityOf(w) })),
+        (pool) => readDemand(database.db, pool),
+      );
+      return [...demand].map(([workload, d]) => ({ workload, workersNeeded: d.workersNeeded }));
+    },
   });
   const blobs = createBlobStore(config, database, s3);
   const events = createTaskEvents();

@@ -15,7 +15,7 @@ import { workerCapacity } from "../core/scheduling.js";
 import { allStates } from "../core/task-sql.js";
 import { intInRange, isUuid, stringList, stringMap, text, uuidField } from "../core/validate.js";
 import type { WithTx } from "../db/database.js";
-import { type Demand, type Pool, poolCapacity } from "../scheduling/demand.js";
+import { type Demand, demandByWorkload, type Pool } from "../scheduling/demand.js";
 import { toQuantities, toTaskState } from "../tasks/convert.js";
 import type { TaskStore } from "../tasks/store.js";
 import type { WorkerCache } from "./cache.js";
@@ -201,13 +201,10 @@ export function createFleetService(app: FleetServiceDeps): ServiceImpl<typeof Fl
         app.urgent.fleet.all(),
         app.urgent.tasks.pendingResources(),
       ]);
-      const shapes = workers.map((w) => ({ ...w, capacity: capacityOf(w) }));
-      const demand = await Promise.all(
-        backlog.map(async (b) => {
-          const capacity = poolCapacity(b.workload, shapes);
-          const needed = await app.demand({ workload: b.workload, selector: new Map(), capacity });
-          return { capacity, needed: needed.workersNeeded };
-        }),
+      const demand = await demandByWorkload(
+        backlog.map((b) => b.workload),
+        workers.map((w) => ({ ...w, capacity: capacityOf(w) })),
+        app.demand,
       );
       return {
         taskCounts: allStates.map((s) =>
@@ -216,14 +213,14 @@ export function createFleetService(app: FleetServiceDeps): ServiceImpl<typeof Fl
             count: BigInt(counts.get(s) ?? 0),
           }),
         ),
-        backlog: backlog.map((b, i) => ({
+        backlog: backlog.map((b) => ({
           workload: b.workload,
           pendingCount: BigInt(b.count),
           oldestCreatedAt: timestampFromDate(b.oldest),
           oldestAge: durationFromMs(Math.max(0, b.now.getTime() - b.oldest.getTime())),
           pendingResources: toQuantities(asked.get(b.workload) ?? {}),
-          workersNeeded: demand[i]?.needed ?? 0,
-          workerCapacity: toQuantities(demand[i]?.capacity ?? {}),
+          workersNeeded: demand.get(b.workload)?.workersNeeded ?? 0,
+          workerCapacity: toQuantities(demand.get(b.workload)?.capacity ?? {}),
         })),
         workers: workers.map((w) => ({
           workerId: w.id,

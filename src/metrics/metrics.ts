@@ -25,7 +25,22 @@ export interface MetricsDeps {
   pool(): { size: number; inUse: number; waiting: number };
   /** PENDING, ASSIGNED and RUNNING tasks by workload and state (tasks/store.ts liveByWorkload). */
   liveTasks(): Promise<LiveTaskCount[]>;
+  /** The share tree as this replica last read it (scheduling/book.ts): fractions of the fleet. */
+  shares?(): ShareFigures[];
+  /** Workers each backlogged workload needs (scheduling/demand.ts demandByWorkload). */
+  workersNeeded?(): Promise<{ workload: string; workersNeeded: number }[]>;
 }
+
+/** One share's figures, as fractions of the fleet. */
+export interface ShareFigures {
+  path: string;
+  entitlement: number;
+  usage: number;
+  allocation: number;
+}
+
+/** Shares /metrics names; the rest are summed as "_other" (share paths are the clients' to choose). */
+export const maxShares = 100;
 
 /** How long a scrape reuses the task counts it read: a scrape storm costs one query per window. */
 const taskCountsTtlMs = 2000;
@@ -208,6 +223,61 @@ export function createMetrics(deps: MetricsDeps) {
           this.set({ workload: r.workload }, r.oldestSeconds);
         }
       }
+    },
+  });
+
+  // The shares with the most entitlement or use keep their names.
+  const topShares = (): ShareFigures[] => {
+    const all = deps.shares?.() ?? [];
+    if (all.length <= maxShares) return all;
+    const sorted = [...all].sort(
+      (a, b) => b.entitlement + b.allocation - (a.entitlement + a.allocation),
+    );
+    const other = { path: otherWorkloads, entitlement: 0, usage: 0, allocation: 0 };
+    for (const s of sorted.slice(maxShares - 1)) {
+      other.entitlement += s.entitlement;
+      other.usage += s.usage;
+      other.allocation += s.allocation;
+    }
+    return [...sorted.slice(0, maxShares - 1), other];
+  };
+  for (const [field, help] of [
+    ["entitlement", "the fraction of the fleet it is entitled to now (0 without work)"],
+    [
+      "usage",
+      "its decayed usage: the fraction of the fleet its leases held, averaged with --share-half-life",
+    ],
+    ["allocation", "the fraction of the fleet its live leases hold now (dominant resource)"],
+  ] as const) {
+    new Gauge({
+      name: `meshwork_share_${field}`,
+      help: `Each share-tree node's ${field}: ${help}. From the share book (refreshed every second); at most ${maxShares} shares, the rest as _other.`,
+      labelNames: ["share"] as const,
+      registers,
+      collect() {
+        this.reset();
+        for (const s of topShares()) this.set({ share: s.path }, s[field]);
+      },
+    });
+  }
+  let needed:
+    | { at: number; read: Promise<{ workload: string; workersNeeded: number }[]> }
+    | undefined;
+  new Gauge({
+    name: "meshwork_workers_needed",
+    help: "Workers each backlogged workload's PENDING and leased tasks need, by resources, counted in its largest live worker (GetFleetStatus' workers_needed), read at scrape time (cached 2 s).",
+    labelNames: ["workload"] as const,
+    registers,
+    async collect() {
+      this.reset();
+      if (!deps.workersNeeded) return;
+      const now = Date.now();
+      if (!needed || now - needed.at > taskCountsTtlMs) {
+        needed = { at: now, read: deps.workersNeeded() };
+      }
+      const rows = await needed.read.catch(() => []);
+      for (const r of rows.slice(0, maxWorkloads))
+        this.set({ workload: r.workload }, r.workersNeeded);
     },
   });
 

@@ -175,3 +175,21 @@ export function poolCapacity(workload: string, workers: readonly WorkerShape[]):
   const { slots, ...rest } = best;
   return slots ? { ...rest, slots } : rest;
 }
+
+/**
+ * Each backlogged workload's demand, in workers of its pool's capacity
+ * (poolCapacity): GetFleetStatus and /metrics, which know no KEDA trigger.
+ */
+export async function demandByWorkload(
+  workloads: readonly string[],
+  workers: readonly WorkerShape[],
+  demand: (pool: Pool) => Promise<Demand>,
+): Promise<Map<string, { capacity: Resources; workersNeeded: number }>> {
+  const out = new Map<string, { capacity: Resources; workersNeeded: number }>();
+  for (const workload of workloads) {
+    const capacity = poolCapacity(workload, workers);
+    const { workersNeeded } = await demand({ workload, selector: new Map(), capacity });
+    out.set(workload, { capacity, workersNeeded });
+  }
+  return out;
+}

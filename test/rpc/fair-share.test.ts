@@ -137,6 +137,11 @@ describe("fair share", () => {
     expect(byPath.get(b)?.allocation).toBeCloseTo(0.5, 1);
     expect(byPath.get(c)?.allocation).toBeCloseTo(0.25, 1);
     expect(Number(byPath.get("lab")?.running)).toBe(16);
+    // /metrics carries the same, from the share book.
+    await h.app.shareBook.refresh();
+    const scraped = await h.app.metrics.scrape();
+    expect(scraped).toContain(`meshwork_share_entitlement{share="${b}"} 0.5`);
+    expect(scraped).toMatch(new RegExp(`meshwork_share_allocation\\{share="${a}"\\} 0\\.2`));
   });
 
   it("a share alone gets the whole fleet, and a share above its part says so while another waits", async () => {
