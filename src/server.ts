@@ -149,7 +149,9 @@ export function rpcInterceptors(
  * scaler only, gRPC, with the logging, error mapping and metrics of every
  * RPC; no auth (KEDA authenticates by TLS).
  */
-export function kedaHandler(app: App) {
+export function kedaHandler(
+  app: App,
+): (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void {
   return connectNodeAdapter({
     routes: (router) =>
       router.service(ExternalScaler, createKedaScaler({ ...app, db: app.database.db })),

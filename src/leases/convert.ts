@@ -2,7 +2,7 @@ import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { type Claim, ClaimSchema } from "../../gen/meshwork/v1/lease_pb.js";
 import type { TaskRow } from "../db/schema/index.js";
-import { toArtifactRef } from "../tasks/convert.js";
+import { toArtifactRef, toQuantities } from "../tasks/convert.js";
 
 /** What a worker needs to run a task it just claimed, with the lease token. */
 export function toClaim(row: TaskRow): Claim {
@@ -21,5 +21,6 @@ export function toClaim(row: TaskRow): Claim {
     leaseSeconds: row.leaseSeconds,
     traceparent: row.traceParent,
     tracestate: row.traceState,
+    resources: toQuantities(row.resources),
   });
 }

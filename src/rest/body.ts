@@ -1,3 +1,4 @@
+import { Operator } from "../../gen/meshwork/v1/task_pb.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { shallowJson } from "../core/validate.js";
 
@@ -105,6 +106,44 @@ export const field = {
     }
     return v as Record<string, number>;
   },
+  /** Resource name → whole quantity (resources, capacity), as protobuf's map<string, int64>. */
+  quantities(body: JsonBody, name: string): Record<string, bigint> | undefined {
+    const v = field.object(body, name);
+    if (v === undefined) return undefined;
+    const out: Record<string, bigint> = {};
+    for (const [k, n] of Object.entries(v)) {
+      if (typeof n !== "number" || !Number.isSafeInteger(n)) {
+        throw invalid(`${name}.${k} must be a whole number`);
+      }
+      out[k] = BigInt(n);
+    }
+    return out;
+  },
+  /**
+   * Label requirements: `[{"key", "operator", "values"}]`, the operator as
+   * Kubernetes spells it (In, NotIn, Exists, DoesNotExist, Gt, Lt) or as
+   * the enum does (OPERATOR_IN, …).
+   */
+  requirements(body: JsonBody, name: string) {
+    const v = body[name];
+    if (v === undefined || v === null) return undefined;
+    if (!Array.isArray(v)) throw invalid(`${name} must be a list`);
+    return v.map((r, i) => requirementOf(r, `${name}[${i}]`));
+  },
+  /** Preferences: `[{"weight", "requirement": {...}}]`. */
+  preferences(body: JsonBody, name: string) {
+    const v = body[name];
+    if (v === undefined || v === null) return undefined;
+    if (!Array.isArray(v)) throw invalid(`${name} must be a list`);
+    return v.map((p, i) => {
+      if (typeof p !== "object" || p === null) throw invalid(`${name}[${i}] must be an object`);
+      const entry = p as JsonBody;
+      return {
+        weight: field.int(entry, "weight") ?? 0,
+        requirement: requirementOf(entry.requirement, `${name}[${i}].requirement`),
+      };
+    });
+  },
   object(body: JsonBody, name: string): JsonBody | undefined {
     const v = body[name];
     if (v === undefined || v === null) return undefined;
@@ -120,6 +159,39 @@ export const field = {
     return at;
   },
 };
+
+/** An operator's REST spelling (Kubernetes', or the enum's), as the enum. */
+function operatorOf(text: unknown, at: string): Operator {
+  if (typeof text !== "string") throw invalid(`${at}.operator must be a string`);
+  const upper = text
+    .replace(/^OPERATOR_/i, "")
+    .replace(/([a-z])([A-Z])/g, "$1_$2")
+    .toUpperCase();
+  const op = Operator[upper as keyof typeof Operator];
+  if (op === undefined || op === Operator.UNSPECIFIED) {
+    throw invalid(`${at}.operator must be In, NotIn, Exists, DoesNotExist, Gt or Lt`);
+  }
+  return op;
+}
+
+function requirementOf(r: unknown, at: string) {
+  if (typeof r !== "object" || r === null || Array.isArray(r)) {
+    throw invalid(`${at} must be an object {"key", "operator", "values"}`);
+  }
+  const entry = r as JsonBody;
+  return {
+    key: field.string(entry, "key") ?? "",
+    operator: operatorOf(entry.operator, at),
+    values: field.strings(entry, "values") ?? [],
+  };
+}
+
+/** A stored operator as REST writes it: In, NotIn, Exists, DoesNotExist, Gt, Lt. */
+export function operatorName(op: Operator): string {
+  return (Operator[op] ?? "")
+    .toLowerCase()
+    .replace(/(^|_)([a-z])/g, (_, _s, c: string) => c.toUpperCase());
+}
 
 const rfc3339 = /^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$/;
 

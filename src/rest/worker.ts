@@ -44,6 +44,7 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
           "api_base_url",
           "max_concurrency",
           "worker_id",
+          "capacity",
         ]);
         const registered = await call(FleetService, caller).registerWorker({
           workerId: field.string(body, "worker_id") ?? "",
@@ -54,6 +55,7 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
           memoryMb: BigInt(field.int(body, "memory_mb") ?? 0),
           apiBaseUrl: field.string(body, "api_base_url") ?? "",
           maxConcurrency: field.int(body, "max_concurrency"),
+          capacity: field.quantities(body, "capacity") ?? {},
         });
         sendJson(res, 200, {
           worker_id: registered.workerId,
@@ -192,6 +194,7 @@ function claimJson(c: Claim) {
     steps: c.steps ?? null,
     traceparent: c.traceparent,
     tracestate: c.tracestate,
+    resources: Object.fromEntries(Object.entries(c.resources).map(([k, v]) => [k, Number(v)])),
   };
 }
 

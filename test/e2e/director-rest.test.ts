@@ -718,8 +718,17 @@ describe("director REST contract: tasks", () => {
     expect(created.createdUtc).toMatch(MILLIS_UTC);
     expect(created.updatedUtc).toMatch(MILLIS_UTC);
 
-    const read = await getTask(created.taskId);
+    // The read is the task as created, and why it waits (no worker runs
+    // its brick) with its place in its share.
+    const { waiting, queuePosition, ...read } = (await getTask(
+      created.taskId,
+    )) as typeof created & {
+      waiting: { kind: string; message: string }[];
+      queuePosition: number;
+    };
     expect(read).toEqual(created);
+    expect(waiting.map((w) => w.kind)).toEqual(["NO_MATCHING_WORKER"]);
+    expect(queuePosition).toBeGreaterThanOrEqual(1);
 
     // An explicit workload is kept.
     const explicit = await createTask({ workload: `wl-${uid()}`, requiredBrickIds: [brick] });
@@ -970,6 +979,63 @@ describe("director REST contract: tasks", () => {
     expect(got.status).toBe(404);
     const unknown = await resultBytes(randomUUID());
     expect(unknown.status).toBe(404);
+  });
+});
+
+describe("director REST contract: scheduling fields", () => {
+  it("takes resources, requirements, preferences, share and keys on a task and capacity on a node, and places by them", async () => {
+    const brick = `sched-${uid()}`;
+    const small = await registerNode({
+      peerId: `small-${uid()}`,
+      advertisedBrickIds: [brick],
+      labels: { model: "t4" },
+      maxConcurrency: 4,
+      ...({ capacity: { gpu: 1 } } as object),
+    });
+    expect(small).toMatchObject({ capacity: { gpu: 1, slots: 4 }, allocated: {} });
+    const big = await registerNode({
+      peerId: `big-${uid()}`,
+      advertisedBrickIds: [brick],
+      labels: { model: "a100" },
+      maxConcurrency: 4,
+      ...({ capacity: { gpu: 4 } } as object),
+    });
+    const task = await createTask({
+      requiredBrickIds: [brick],
+      ...({
+        resources: { gpu: 2 },
+        requirements: [{ key: "model", operator: "In", values: ["a100", "h100"] }],
+        preferences: [{ weight: 10, requirement: { key: "model", operator: "Exists" } }],
+        share: "lab/render",
+        concurrencyKey: "licence",
+        rateKey: "api",
+      } as object),
+    });
+    expect(task).toMatchObject({
+      resources: { gpu: 2, slots: 1 },
+      requirements: [{ key: "model", operator: "In", values: ["a100", "h100"] }],
+      preferences: [{ weight: 10, requirement: { key: "model", operator: "Exists", values: [] } }],
+      share: "lab/render",
+      concurrencyKey: "licence",
+      rateKey: "api",
+    });
+    const placed = await schedule(task.taskId);
+    expect(placed.assignedPeerId).toBe(big.peerId);
+    const nodes = await listNodes();
+    expect(nodes.find((n) => n.peerId === big.peerId)).toMatchObject({
+      allocated: { gpu: 2, slots: 1 },
+    });
+    expect(nodes.find((n) => n.peerId === small.peerId)).toMatchObject({ allocated: {} });
+    // A bad operator is a 400, naming the field.
+    const bad = await mesh("POST", "/tasks", {
+      token: clientToken,
+      json: taskBody({
+        requiredBrickIds: [brick],
+        ...({ requirements: [{ key: "model", operator: "Near", values: [] }] } as object),
+      }),
+    });
+    expectRefusal(bad, 400, "invalid_argument");
+    expect((bad.body as Body).message).toContain("requirements[0].operator");
   });
 });
 

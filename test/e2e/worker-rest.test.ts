@@ -307,6 +307,15 @@ async function download(path: string, token: string) {
 // ---------------------------------------------------------------- the contract
 
 describe("the coordinator/worker REST contract", () => {
+  it("registers a worker's capacity and answers a claim with the resources its lease holds", async () => {
+    const w = await registerWorker(uniqueWorkload("rest"), { capacity: { gpu: 2 } });
+    const worker = (await as(FleetService).getWorker({ workerId: w.workerId })).worker;
+    expect(worker?.capacity).toEqual({ cpu: 4000n, memory: 2048n, gpu: 2n, slots: 1n });
+    await createTask(w.workload, { resources: { gpu: 2n, memory: 1024n } });
+    const claimed = await claimOk(w);
+    expect(claimed.resources).toEqual({ gpu: 2, memory: 1024, slots: 1 });
+  });
+
   it("registers a worker: 200 with a UUID worker_id and a positive integer heartbeat_interval_seconds", async () => {
     const token = await newToken(TokenRole.WORKER);
     const workload = uniqueWorkload("reg");

@@ -84,7 +84,9 @@ describe("the KEDA external scaler over h2c", () => {
     expect(backlog?.pendingResources.gpu).toBe(5n + 2n * 3n + 1n + 8n);
     // All the workload's tasks but the one no worker can hold: 15 + 1 GPUs.
     expect(backlog?.workersNeeded).toBe(4);
-    expect(await h.app.metrics.scrape()).toContain(`meshwork_workers_needed{workload="${workload}"} 4`);
+    expect(await h.app.metrics.scrape()).toContain(
+      `meshwork_workers_needed{workload="${workload}"} 4`,
+    );
   });
 
   it("refuses a trigger without a workload or with a selector it cannot read", async () => {

@@ -2,7 +2,7 @@ import { type Worker, WorkerState } from "../../../gen/meshwork/v1/fleet_pb.js";
 import { invalid } from "../../core/errors.js";
 import type { PlainRoute } from "../../http/routes.js";
 import { field } from "../body.js";
-import { type DirectorRoute, iso, statusName } from "./session.js";
+import { type DirectorRoute, iso, numbers, orNull, statusName } from "./session.js";
 
 /** A worker as a fleet node. */
 function nodeJson(w: Worker) {
@@ -21,6 +21,9 @@ function nodeJson(w: Worker) {
     maxConcurrency: w.maxConcurrency === 0 ? null : w.maxConcurrency,
     cpuCount: w.cpuCount,
     memoryMb: Number(w.memoryMb),
+    capacity: numbers(w.capacity),
+    allocated: numbers(w.allocated),
+    reservedTaskId: orNull(w.reservedTaskId),
     registeredUtc: iso(w.registeredAt),
     lastHeartbeatUtc: iso(w.lastHeartbeatAt),
   };
@@ -56,6 +59,7 @@ export function fleetRoutes(route: DirectorRoute): PlainRoute[] {
           "maxConcurrency",
           "cpuCount",
           "memoryMb",
+          "capacity",
         ]);
         const peerId = field.string(body, "peerId");
         if (!peerId) throw invalid("peerId is required");
@@ -70,6 +74,7 @@ export function fleetRoutes(route: DirectorRoute): PlainRoute[] {
           maxConcurrency: field.int(body, "maxConcurrency") ?? 0,
           cpuCount: field.int(body, "cpuCount") ?? 0,
           memoryMb: BigInt(field.int(body, "memoryMb") ?? 0),
+          capacity: field.quantities(body, "capacity") ?? {},
         });
         if (!worker) throw new Error("RegisterWorker returned no worker");
         const drained = field.bool(body, "drained");
@@ -159,6 +164,9 @@ export function fleetRoutes(route: DirectorRoute): PlainRoute[] {
               pendingCount: Number(b.pendingCount),
               oldestCreatedUtc: iso(b.oldestCreatedAt),
               oldestAgeSeconds: b.oldestAge ? Number(b.oldestAge.seconds) : 0,
+              pendingResources: numbers(b.pendingResources),
+              workersNeeded: b.workersNeeded,
+              workerCapacity: numbers(b.workerCapacity),
             })),
             workers: status.workers.map((w) => ({
               peerId: w.peerId || w.workerId,
@@ -171,6 +179,8 @@ export function fleetRoutes(route: DirectorRoute): PlainRoute[] {
               // null for a node without a slot limit (maxConcurrency 0 in the RPCs).
               maxConcurrency: w.maxConcurrency === 0 ? null : w.maxConcurrency,
               freeSlots: w.maxConcurrency === 0 ? null : w.freeSlots,
+              capacity: numbers(w.capacity),
+              allocated: numbers(w.allocated),
             })),
           },
         ];

@@ -4,11 +4,17 @@ import { ArtifactService } from "../../../gen/meshwork/v1/artifact_pb.js";
 import { FleetService, type Worker } from "../../../gen/meshwork/v1/fleet_pb.js";
 import { KnowledgeService } from "../../../gen/meshwork/v1/knowledge_pb.js";
 import { LeaseService } from "../../../gen/meshwork/v1/lease_pb.js";
-import { type Task, TaskSchema, TaskService, TaskState } from "../../../gen/meshwork/v1/task_pb.js";
+import {
+  type LabelRequirement,
+  type Task,
+  TaskSchema,
+  TaskService,
+  TaskState,
+} from "../../../gen/meshwork/v1/task_pb.js";
 import { sendJson } from "../../http/json.js";
 import { refusalJson } from "../../http/refusal-json.js";
 import type { PlainRoute, Request, Response } from "../../http/routes.js";
-import { readJson } from "../body.js";
+import { operatorName, readJson } from "../body.js";
 import type { CallerOf, InProcessCaller } from "../in-process.js";
 import { restRoute } from "../route.js";
 
@@ -27,6 +33,17 @@ export const statusName: Record<TaskState, string | null> = {
   [TaskState.FAILED]: "Failed",
   [TaskState.CANCELED]: "Canceled",
 };
+
+/** A map<string, int64> as JSON numbers. */
+export const numbers = (map: Record<string, bigint>): Record<string, number> =>
+  Object.fromEntries(Object.entries(map).map(([k, v]) => [k, Number(v)]));
+
+/** A label requirement as the REST contracts write it (Kubernetes' operator names). */
+export const requirementJson = (r: LabelRequirement) => ({
+  key: r.key,
+  operator: operatorName(r.operator),
+  values: r.values,
+});
 
 export const iso = (t: Timestamp | undefined): string | null =>
   t ? timestampDate(t).toISOString() : null;
@@ -106,6 +123,15 @@ function session(deps: DirectorDeps, caller: CallerOf, body: AsyncIterable<Uint8
       errorCode: orNull(t.error?.code ?? ""),
       errorMessage: orNull(t.error?.message ?? ""),
       cancelRequested: t.cancelRequested,
+      resources: numbers(t.resources),
+      requirements: t.requirements.map(requirementJson),
+      preferences: t.preferences.map((p) => ({
+        weight: p.weight,
+        requirement: p.requirement ? requirementJson(p.requirement) : null,
+      })),
+      share: t.share,
+      concurrencyKey: orNull(t.concurrencyKey),
+      rateKey: orNull(t.rateKey),
       createdUtc: iso(t.createdAt),
       updatedUtc: iso(t.updatedAt),
       startedUtc: iso(t.startedAt),

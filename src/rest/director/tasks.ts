@@ -1,6 +1,6 @@
 import type { JsonObject } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import { TaskState } from "../../../gen/meshwork/v1/task_pb.js";
+import { TaskState, WaitKind } from "../../../gen/meshwork/v1/task_pb.js";
 import { invalid } from "../../core/errors.js";
 import type { PlainRoute } from "../../http/routes.js";
 import { field } from "../body.js";
@@ -20,6 +20,12 @@ const taskFields = [
   "maxAttempts",
   "leaseSeconds",
   "inputArtifactId",
+  "resources",
+  "requirements",
+  "preferences",
+  "share",
+  "concurrencyKey",
+  "rateKey",
 ];
 const placementFields = ["scheduleIdempotencyKey", "correlationId", "leaseSeconds"];
 
@@ -71,13 +77,31 @@ export function taskRoutes(route: DirectorRoute): PlainRoute[] {
         input: inputArtifactId
           ? { case: "inputArtifactId", value: inputArtifactId }
           : { case: undefined },
+        resources: field.quantities(body, "resources") ?? {},
+        requirements: field.requirements(body, "requirements") ?? [],
+        preferences: field.preferences(body, "preferences") ?? [],
+        share: field.string(body, "share") ?? "",
+        concurrencyKey: field.string(body, "concurrencyKey") ?? "",
+        rateKey: field.string(body, "rateKey") ?? "",
       });
       return [200, await s.taskJson(required0(task))];
     }),
 
     route(["GET"], "/tasks/{id}", ["TaskService/GetTask"], "read a task", async (s, _req, m) => {
-      const { task } = await s.tasks.getTask({ taskId: m[1] ?? "" });
-      return [200, await s.taskJson(required0(task))];
+      const { task, waiting, queuePosition } = await s.tasks.getTask({ taskId: m[1] ?? "" });
+      return [
+        200,
+        {
+          ...(await s.taskJson(required0(task))),
+          // Why a Pending task waits (GetTaskResponse.waiting), and its place in its share.
+          waiting: waiting.map((w) => ({
+            kind: WaitKind[w.kind],
+            message: w.message,
+            detail: Object.fromEntries(Object.entries(w.detail).map(([k, v]) => [k, Number(v)])),
+          })),
+          queuePosition,
+        },
+      ];
     }),
 
     ...(["schedule", "retry"] as const).map((op) =>
