@@ -13,11 +13,14 @@ Commands:
   serve       run the coordinator (default flags: embedded database in ./.meshwork, 127.0.0.1:8080)
   token       create | list | revoke bearer tokens (admin)
   knowledge   export | import | sync knowledge entries between coordinators
-  task        create | get | list | cancel | rerun | retry | watch tasks
+  task        create | get | why | list | cancel | rerun | retry | watch tasks
   worker      list | drain | undrain | deregister | prune workers
   fleet       status: tasks by state, backlog, worker load
   artifact    get | put | verify artifact bytes (put: task inputs)
   work        run a command per task as a worker (--workload W -- COMMAND [ARGS])
+  share       list | set | delete share-tree weights (fair share)
+  limit       list | set | delete concurrency limits by key
+  rate        list | set | delete rates by key
 
 Each command takes --help; operator commands take --url, --token and --json.
 
@@ -96,6 +99,12 @@ export async function run(argv: string[]): Promise<number> {
     fleet: async () => (await import("./fleet.js")).fleetCommand,
     artifact: async () => (await import("./artifact.js")).artifactCommand,
     work: async () => (await import("./work.js")).workCommand,
+    share: async () => (args) =>
+      import("./scheduling.js").then((m) => m.schedulingCommand("share", args)),
+    limit: async () => (args) =>
+      import("./scheduling.js").then((m) => m.schedulingCommand("limit", args)),
+    rate: async () => (args) =>
+      import("./scheduling.js").then((m) => m.schedulingCommand("rate", args)),
   };
   const load = Object.hasOwn(operator, command) ? operator[command] : undefined;
   if (load) return (await load())(rest);

@@ -1,7 +1,13 @@
-import { type JsonObject, toJson } from "@bufbuild/protobuf";
+import { create as createMessage, type JsonObject, toJson } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { createClient } from "@connectrpc/connect";
-import { type Task, TaskSchema, TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
+import {
+  GetTaskResponseSchema,
+  type Task,
+  TaskSchema,
+  TaskService,
+  TaskState,
+} from "../../gen/meshwork/v1/task_pb.js";
 import {
   endpointHelp,
   endpointOf,
@@ -17,6 +23,7 @@ import {
 import { uploadInput } from "./artifact.js";
 import { transportFor } from "./connect.js";
 import { workerIdOf } from "./resolve.js";
+import { preferenceFlag, quantities, requirementFlag, waitingText } from "./scheduling-flags.js";
 import { unknownSubcommand } from "./suggest.js";
 import { ago, table } from "./table.js";
 import { describe, json, stateName, watch } from "./task-view.js";
@@ -26,8 +33,11 @@ const usage = `Usage:
                        [--input FILE | --input-artifact ID] [--capability C]...
                        [--affinity K=V]... [--priority N] [--max-attempts N]
                        [--lease-seconds N] [--steps N] [--deadline ISO]
-                       [--idempotency-key K]
+                       [--idempotency-key K] [--resources NAME=N,...]
+                       [--require REQ]... [--prefer WEIGHT:REQ]... [--share PATH]
+                       [--concurrency-key K] [--rate-key K]
   meshwork task get TASK_ID
+  meshwork task why TASK_ID
   meshwork task list [--state S] [--workload W] [--worker WORKER] [--limit N]
   meshwork task cancel TASK_ID... [--reason TEXT]
   meshwork task cancel [TASK_ID...] FILTER [--reason TEXT] [--dry-run]
@@ -48,6 +58,16 @@ FILTER (cancel, rerun; every flag given narrows it):
   task's input; --input-artifact takes one uploaded by 'meshwork artifact put'.
   --param K=V sets one parameter (V is parsed as JSON when it parses, else
   kept as a string); --params takes a JSON object.
+  --resources is what an attempt holds on its worker: cpu (millicores),
+  memory (MiB), gpu, slots (default 1) or names of your own, e.g.
+  --resources cpu=2000,memory=4096,gpu=1. --require (all must hold) and
+  --prefer (weights rank the workers) take label selectors:
+  KEY in (A,B), KEY notin (A), KEY=V, KEY!=V, KEY, !KEY, KEY>N, KEY<N.
+  --share charges the task to a share-tree path (default: your token's
+  name); --concurrency-key and --rate-key name limits set with
+  'meshwork limit' and 'meshwork rate' (docs/scheduling.md).
+'why' says why a PENDING task waits: every reason a claim or placement
+  would pass it over now, and its place in its share's queue.
 'list' pages newest first, up to --limit tasks (default 100, at most 10000).
   --worker takes a worker id, peer id or name.
   States: pending, assigned, running, succeeded, failed, canceled.
@@ -95,6 +115,7 @@ export async function taskCommand(argv: string[], io: Io = stdio): Promise<numbe
       case "create":
         return create(rest, io);
       case "get":
+      case "why":
       case "retry":
       case "watch":
         return one(sub, rest, io);
@@ -106,7 +127,7 @@ export async function taskCommand(argv: string[], io: Io = stdio): Promise<numbe
       default:
         throw unknownSubcommand(
           sub,
-          ["create", "get", "list", "cancel", "rerun", "retry", "watch"],
+          ["create", "get", "why", "list", "cancel", "rerun", "retry", "watch"],
           "meshwork task",
         );
     }
@@ -130,6 +151,12 @@ async function create(args: string[], io: Io): Promise<number> {
     steps: { type: "string" },
     deadline: { type: "string" },
     "idempotency-key": { type: "string" },
+    resources: { type: "string", multiple: true },
+    require: { type: "string", multiple: true },
+    prefer: { type: "string", multiple: true },
+    share: { type: "string" },
+    "concurrency-key": { type: "string" },
+    "rate-key": { type: "string" },
   });
   if (values.help) return help(io);
   positionalsOf(positionals, []);
@@ -152,6 +179,12 @@ async function create(args: string[], io: Io): Promise<number> {
     steps: intFlag("steps", values.steps, 0, 2147483647),
     deadline: deadline ? timestampFromDate(deadline) : undefined,
     idempotencyKey: values["idempotency-key"] ?? "",
+    resources: quantities("resources", values.resources ?? []),
+    requirements: (values.require ?? []).map(requirementFlag),
+    preferences: (values.prefer ?? []).map(preferenceFlag),
+    share: values.share ?? "",
+    concurrencyKey: values["concurrency-key"] ?? "",
+    rateKey: values["rate-key"] ?? "",
   };
   const endpoint = endpointOf(values);
   let inputArtifactId = values["input-artifact"];
@@ -257,7 +290,7 @@ async function bulk(sub: "cancel" | "rerun", args: string[], io: Io): Promise<nu
   return 0;
 }
 
-async function one(sub: "get" | "retry" | "watch", args: string[], io: Io) {
+async function one(sub: "get" | "why" | "retry" | "watch", args: string[], io: Io) {
   const { values, positionals } = parse(args, {
     ...endpointOptions,
     "lease-seconds": { type: "string" },
@@ -275,6 +308,15 @@ async function one(sub: "get" | "retry" | "watch", args: string[], io: Io) {
   }
   const tasks = createClient(TaskService, transportFor(endpointOf(values)));
   if (sub === "watch") return watch(tasks.watchTask({ taskId }), values.json === true, io);
+  if (sub === "why") {
+    const { waiting, queuePosition } = await tasks.getTask({ taskId });
+    if (values.json) {
+      io.out.write(
+        `${JSON.stringify(toJson(GetTaskResponseSchema, createMessage(GetTaskResponseSchema, { waiting, queuePosition })))}\n`,
+      );
+    } else io.out.write(waitingText(waiting, queuePosition));
+    return 0;
+  }
   const res =
     sub === "get"
       ? await tasks.getTask({ taskId })

@@ -12,10 +12,12 @@ import {
   type WorkerTask,
 } from "../sdk/worker.js";
 import { endpointOf, type Io, intFlag, parse, runCommand, stdio, UsageError } from "./args.js";
+import { quantities } from "./scheduling-flags.js";
 
 const usage = `Usage:
   meshwork work --url U --token T --workload W [--workload W2]... [--concurrency N]
-                [--capability C]... [--name NAME] -- COMMAND [ARGS]...
+                [--capability C]... [--label K=V]... [--capacity NAME=N,...]
+                [--name NAME] -- COMMAND [ARGS]...
 
 Runs a worker that runs COMMAND once per task it claims, in a fresh temp dir:
   stdin                 the task's parameters as JSON
@@ -23,6 +25,7 @@ Runs a worker that runs COMMAND once per task it claims, in a fresh temp dir:
   MESHWORK_INPUT        the path of the downloaded input file ("" when the task has none)
   MESHWORK_OUTPUT       an empty folder for the command's output files
   MESHWORK_TASK_ID      the task id
+  MESHWORK_RESOURCES    what the task's lease holds here, as JSON ({"gpu":1,"slots":1})
   TRACEPARENT           the task's W3C trace context (continue its trace: docs/tracing.md)
   TRACESTATE            the task's W3C tracestate (unset when it has none)
 The worker's token is not passed on (MESHWORK_TOKEN is removed from the environment).
@@ -47,6 +50,9 @@ Flags:
                       Required: the admin token file is never used to run commands.
   --workload W        a workload to run (repeatable, at least one)
   --capability C      a further capability to register (repeatable)
+  --label K=V         a label, matched by tasks' affinity, requirements and preferences (repeatable)
+  --capacity NAME=N   what the worker offers besides its slots, e.g. gpu=2,license/houdini=1
+                      (cpu in millicores and memory in MiB default to the host's)
   --concurrency N     commands run at once; default 1
   --name NAME         the worker's name; default the host name
   -h, --help          this help
@@ -57,6 +63,8 @@ const options = {
   token: { type: "string" },
   workload: { type: "string", multiple: true },
   capability: { type: "string", multiple: true },
+  label: { type: "string", multiple: true },
+  capacity: { type: "string", multiple: true },
   concurrency: { type: "string" },
   name: { type: "string" },
   help: { type: "boolean", short: "h" },
@@ -64,6 +72,17 @@ const options = {
 
 /** The most stderr kept for a failure message. */
 const stderrTailBytes = 4096;
+
+/** --label K=V flags as a map. */
+function labelsOf(pairs: readonly string[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const p of pairs) {
+    const at = p.indexOf("=");
+    if (at <= 0) throw new UsageError(`--label takes K=V, not ${JSON.stringify(p)}`);
+    out[p.slice(0, at)] = p.slice(at + 1);
+  }
+  return out;
+}
 const progressLine = /^progress: (\d+) (.*)$/;
 
 /** Text without control characters (newlines and tabs kept), at most `max` bytes from the end. */
@@ -173,6 +192,7 @@ async function runTask(argv: string[], task: WorkerTask, ctx: TaskContext): Prom
           MESHWORK_INPUT: inputPath,
           MESHWORK_OUTPUT: output,
           MESHWORK_TASK_ID: task.id,
+          MESHWORK_RESOURCES: JSON.stringify(task.resources),
         },
         task,
       ),
@@ -281,6 +301,13 @@ export async function workCommand(argv: string[], io: Io = stdio): Promise<numbe
         token: endpoint.token,
         workloads,
         capabilities: values.capability ?? [],
+        labels: labelsOf(values.label ?? []),
+        capacity: Object.fromEntries(
+          Object.entries(quantities("capacity", values.capacity ?? [])).map(([k, v]) => [
+            k,
+            Number(v),
+          ]),
+        ),
         ...(values.name === undefined ? {} : { name: values.name }),
         concurrency,
         log,

@@ -24,6 +24,14 @@ import { workerIdOf } from "./resolve.js";
 import { unknownSubcommand } from "./suggest.js";
 import { ago, table } from "./table.js";
 
+/** What a worker holds of what it offers, besides slots: "gpu 1/2 cpu 500/8000"; "-" for nothing. */
+function useText(capacity: Record<string, bigint>, allocated: Record<string, bigint>): string {
+  const parts = Object.entries(capacity)
+    .filter(([k]) => k !== "slots")
+    .map(([k, v]) => `${k} ${allocated[k] ?? 0n}/${v}`);
+  return parts.join(" ") || "-";
+}
+
 const usage = `Usage:
   meshwork worker list [--capability C] [--state active|lost] [--drained | --not-drained]
   meshwork worker drain WORKER
@@ -137,7 +145,7 @@ async function list(args: string[], io: Io): Promise<number> {
   }
   io.out.write(
     table(
-      ["ID", "NAME", "STATE", "DRAINED", "LEASES", "QUEUE", "HEARTBEAT", "CAPABILITIES"],
+      ["ID", "NAME", "STATE", "DRAINED", "LEASES", "QUEUE", "HEARTBEAT", "USE", "CAPABILITIES"],
       rows.map((w) => [
         w.workerId,
         w.name || w.peerId || "-",
@@ -146,6 +154,7 @@ async function list(args: string[], io: Io): Promise<number> {
         `${w.activeLeases}/${w.maxConcurrency}`,
         String(w.queueDepth),
         ago(w.lastHeartbeatAt),
+        useText(w.capacity, w.allocated),
         w.capabilities.join(",") || "-",
       ]),
     ),

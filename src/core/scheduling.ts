@@ -211,3 +211,53 @@ export function describeShortfall(
   }
   return why;
 }
+
+/**
+ * A requirement as people type it (the CLI's --require, as kubectl's label
+ * selectors): `key in (a,b)` (or `(a|b)`), `key notin (a)`, `key=v`,
+ * `key!=v`, `key` (Exists), `!key` (DoesNotExist), `key>8`, `key<8`.
+ * Undefined when the text is none of these.
+ */
+export function parseRequirement(
+  text: string,
+): { key: string; op: OperatorName; values: string[] } | undefined {
+  const t = text.trim();
+  const set = /^([^\s=!<>()]+)\s+(in|notin)\s+\(([^)]*)\)$/i.exec(t);
+  if (set?.[1]) {
+    const values = (set[3] ?? "")
+      .split(/[,|]/)
+      .map((v) => v.trim())
+      .filter((v) => v !== "");
+    return { key: set[1], op: set[2]?.toLowerCase() === "in" ? "In" : "NotIn", values };
+  }
+  const cmp = /^([^\s=!<>()]+)\s*(!=|=|==|>|<)\s*([^\s()]*)$/.exec(t);
+  if (cmp?.[1]) {
+    const op = cmp[2] === "!=" ? "NotIn" : cmp[2] === ">" ? "Gt" : cmp[2] === "<" ? "Lt" : "In";
+    return { key: cmp[1], op, values: [cmp[3] ?? ""] };
+  }
+  const exists = /^(!?)([^\s=!<>()]+)$/.exec(t);
+  if (exists?.[2]) return { key: exists[2], op: exists[1] ? "DoesNotExist" : "Exists", values: [] };
+  return undefined;
+}
+
+/** A requirement written back as parseRequirement reads it. */
+export function requirementText(r: { key: string; op: OperatorName; values: string[] }): string {
+  switch (r.op) {
+    case "In":
+      return r.values.length === 1
+        ? `${r.key}=${r.values[0]}`
+        : `${r.key} in (${r.values.join(",")})`;
+    case "NotIn":
+      return r.values.length === 1
+        ? `${r.key}!=${r.values[0]}`
+        : `${r.key} notin (${r.values.join(",")})`;
+    case "Exists":
+      return r.key;
+    case "DoesNotExist":
+      return `!${r.key}`;
+    case "Gt":
+      return `${r.key}>${r.values[0] ?? ""}`;
+    case "Lt":
+      return `${r.key}<${r.values[0] ?? ""}`;
+  }
+}

@@ -20,6 +20,9 @@ export function register(s: Session): Promise<string> {
           peerId: options.peerId ?? "",
           cpuCount: availableParallelism(),
           memoryMb: BigInt(Math.floor(freemem() / (1 << 20))),
+          capacity: Object.fromEntries(
+            Object.entries(options.capacity ?? {}).map(([k, v]) => [k, BigInt(v)]),
+          ),
         },
         // Not stopped mid-call: a registration the coordinator committed
         // must be answered, so that the stop that follows deregisters it.

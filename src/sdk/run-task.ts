@@ -25,6 +25,7 @@ function taskOf(claim: Claim, leaseSeconds: number): WorkerTask {
     tracestate: claim.tracestate,
     steps: claim.steps,
     leaseSeconds,
+    resources: Object.fromEntries(Object.entries(claim.resources).map(([k, v]) => [k, Number(v)])),
   };
 }
 

@@ -35,6 +35,11 @@ export interface WorkerTask {
   steps: number | undefined;
   /** The lease TTL in seconds; the SDK renews it. */
   leaseSeconds: number;
+  /**
+   * What the lease holds on this worker for the task (its `resources`,
+   * `slots` included), e.g. `{ gpu: 1, slots: 1 }`: what to give it.
+   */
+  resources: Record<string, number>;
 }
 
 /** What `ctx.upload` stores: bytes, text, or a stream of chunks (a Node Readable is one). */
@@ -113,8 +118,14 @@ export interface WorkerOptions {
   workloads: string[];
   /** Further capabilities (features a task may require, e.g. "gpu"), registered with the workloads. */
   capabilities?: string[];
-  /** Labels matched by task affinity. */
+  /** Labels matched by task affinity, requirements and preferences. */
   labels?: Record<string, string>;
+  /**
+   * What the worker offers besides its slots (`concurrency`): resource
+   * name → quantity, e.g. `{ gpu: 2, "license/houdini": 1 }`. `cpu`
+   * (millicores) and `memory` (MiB) default to the host's (docs/scheduling.md).
+   */
+  capacity?: Record<string, number>;
   /** Worker name; default the host name. */
   name?: string;
   /** A stable peer_id: registering again with it updates the same worker. */

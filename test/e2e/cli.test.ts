@@ -454,6 +454,50 @@ describe("meshwork operator CLI against a live coordinator with auth on", {
     await tasks().cancelTask({ taskId });
   });
 
+  it("creates a task with resources and selectors, says why it waits, and sets shares, limits and rates", async () => {
+    const created = await cli([
+      "task",
+      "create",
+      "--workload",
+      "cli-sched",
+      "--resources",
+      "gpu=2,memory=4096",
+      "--require",
+      "model in (a100,h100)",
+      "--require",
+      "!spot",
+      "--prefer",
+      "50:disk=ssd",
+      "--share",
+      "lab/cli",
+      "--concurrency-key",
+      "cli-licence",
+    ]);
+    expect(created.code).toBe(0);
+    const id = created.stdout.trim();
+    const got = await cli(["task", "get", id]);
+    expect(got.stdout).toMatch(/^resources:\s+gpu=2,memory=4096,slots=1$/m);
+    expect(got.stdout).toMatch(/^requires:\s+model in \(a100,h100\); !spot$/m);
+    expect(got.stdout).toMatch(/^prefers:\s+50:disk=ssd$/m);
+    expect(got.stdout).toMatch(/^share:\s+lab\/cli$/m);
+    const why = await cli(["task", "why", id]);
+    expect(why.code).toBe(0);
+    expect(why.stdout).toMatch(/^position 1 in its share's queue$/m);
+    expect(why.stdout).toMatch(/^no matching worker: /m);
+
+    expect((await cli(["share", "set", "lab/cli", "3"])).code).toBe(0);
+    const shares = await cli(["share", "list"]);
+    expect(shares.stdout).toMatch(/^\s+lab\/cli\s+3\s+100\.0%/m);
+    expect((await cli(["limit", "set", "cli-licence", "2"])).code).toBe(0);
+    expect((await cli(["limit", "list"])).stdout).toMatch(/^cli-licence\s+0\s+2\s+1$/m);
+    expect((await cli(["rate", "set", "cli-api", "2.5", "--burst", "5"])).code).toBe(0);
+    expect((await cli(["rate", "list"])).stdout).toMatch(/^cli-api\s+2\.5\s+5\s+5\.00/m);
+    expect((await cli(["rate", "delete", "cli-api"])).stdout).toBe("rate cli-api removed\n");
+    const bad = await cli(["task", "create", "--workload", "x", "--require", "model ~ a100"]);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain("--require takes");
+  });
+
   it("refuses a bad token with one clear line and exit 1, without printing the token", async () => {
     const secret = "mw_not-a-real-token-0123456789";
     const r = await cli(["task", "list"], ["--url", server.url, "--token", secret]);
