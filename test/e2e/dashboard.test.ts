@@ -415,6 +415,43 @@ describe.skipIf(!hasChromium)(
       expect(await page.evaluate('sessionStorage.getItem("meshwork.token")')).toBeNull();
     }, 180_000);
 
+    it("shows each worker's resources, the share tree, and why a task waits", async () => {
+      const rpc = clients();
+      await page.goto(`${url}/`);
+      await page.locator("#token").fill(adminToken);
+      await page.getByRole("button", { name: "Sign in" }).click();
+      await page.locator("#workers").waitFor(seen);
+      const workload = `viz-${Date.now()}`;
+      const { workerId } = await rpc.fleet.registerWorker({
+        name: "gpu-box",
+        capabilities: [workload],
+        maxConcurrency: 4,
+        capacity: { gpu: 2n },
+      });
+      const { tasks: made } = await rpc.tasks.createTasks({
+        tasks: [
+          { name: "fits", workload, share: "lab/viz", resources: { gpu: 1n } },
+          { name: "too-big", workload, share: "lab/viz", resources: { gpu: 4n } },
+        ],
+      });
+      await rpc.leases.claimTasks({ workerId, maxTasks: 4 });
+      await page.goto(`${url}/#/fleet`);
+      await page
+        .locator(`[data-worker-row="${workerId}"] [data-resource="gpu"]`)
+        .getByText("gpu 1 / 2")
+        .waitFor(seen);
+      await page.locator('#shares [data-share="lab/viz"]').waitFor(seen);
+      await page.screenshot({ path: join(shots, "fleet-scheduling.png"), fullPage: true });
+      await page.goto(`${url}/#/tasks/${made[1]?.taskId}`);
+      await page.locator('#waiting [data-kind="NO_CAPACITY"]').getByText("large enough").waitFor(seen);
+      await page.getByText("Position 1 in its share's queue.").waitFor(seen);
+      await page.screenshot({ path: join(shots, "task-waiting.png"), fullPage: true });
+      expect(pageErrors).toEqual([]);
+      // Signed out again, as the other tests expect to find the page.
+      await page.locator("#sign-out").click();
+      await page.locator("#token").waitFor(seen);
+    });
+
     it("runs tasks again and cancels them, one and a selection; not-found pages; fits a 600 px screen", async () => {
       const rpc = clients();
       await page.goto(`${url}/`);

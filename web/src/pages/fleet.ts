@@ -1,6 +1,6 @@
 import { type Worker, WorkerState } from "../../../gen/meshwork/v1/fleet_pb.js";
 import { type Task, TaskState } from "../../../gen/meshwork/v1/task_pb.js";
-import { type Abilities, fleet, tasks, whatMayI } from "../api.js";
+import { type Abilities, fleet, shares, tasks, whatMayI } from "../api.js";
 import { chart, onSample, record } from "../chart.js";
 import { fill, h } from "../dom.js";
 import {
@@ -14,6 +14,7 @@ import {
   workerPill,
 } from "../format.js";
 import { act, empty, type Page, refreshMs } from "../page.js";
+import { resourceUse, sharesTable, workersNeeded } from "./scheduling.js";
 
 /** Running and assigned tasks per workload (up to 1000 of each: enough for a glance). */
 async function activeByWorkload(signal: AbortSignal): Promise<Map<string, number>> {
@@ -91,6 +92,7 @@ function workerRow(w: Worker, page: Page, reload: () => Promise<void>, may: Abil
       h("span", null, `${w.activeLeases} / ${w.maxConcurrency}`),
       meter(load),
     ),
+    h("td", null, resourceUse(w)),
     h("td", null, when(w.lastHeartbeatAt)),
     // Drain is an admin's (or the worker's own token's) call; a LOST worker
     // claims nothing anyway: it is removed with "Remove LOST workers".
@@ -105,7 +107,8 @@ export function fleetPage(page: Page): void {
   const chartBox = h("div", null, chart());
   const backlog = h("section", { class: "panel" });
   const workers = h("section", { class: "panel" });
-  fill(page.el, h("h1", null, "Fleet"), counts, chartBox, backlog, workers);
+  const shareTree = h("section", { class: "panel" });
+  fill(page.el, h("h1", null, "Fleet"), counts, chartBox, backlog, workers, shareTree);
   onSample(() => fill(chartBox, chart()), page.signal);
 
   const prune = h(
@@ -123,12 +126,23 @@ export function fleetPage(page: Page): void {
     });
   });
   const reload = async () => {
-    const [status, list, active, may] = await Promise.all([
+    const [status, list, active, may, tree] = await Promise.all([
       fleet.getFleetStatus({}, { signal: page.signal }),
       allWorkers(page.signal),
       activeByWorkload(page.signal),
       whatMayI(),
+      shares.listShares({}, { signal: page.signal }),
     ]);
+    fill(
+      shareTree,
+      h("h2", null, "Shares"),
+      h(
+        "p",
+        { class: "muted" },
+        `Entitled: the part of the fleet a share gets while it has work; holds now: what its leases hold; usage: the same, decayed with a half-life of ${tree.halfLifeSeconds} s.`,
+      ),
+      sharesTable(tree.shares),
+    );
     // The chart's legend shows this same read.
     record(status);
     const byState = new Map(status.taskCounts.map((c) => [c.state, Number(c.count)]));
@@ -165,6 +179,7 @@ export function fleetPage(page: Page): void {
           null,
           b?.oldestAge ? span(durationMs(b.oldestAge)) : h("span", { class: "muted" }, "—"),
         ),
+        h("td", null, b ? workersNeeded(b) : h("span", { class: "muted" }, "—")),
       );
     });
     fill(
@@ -184,6 +199,7 @@ export function fleetPage(page: Page): void {
                 h("th", { class: "num" }, "Pending"),
                 h("th", { class: "num" }, "Running"),
                 h("th", null, "Oldest pending"),
+                h("th", null, "Workers needed"),
               ),
             ),
             h("tbody", null, ...rows),
@@ -220,6 +236,7 @@ export function fleetPage(page: Page): void {
                 h("th", null, "Labels"),
                 h("th", { class: "num" }, "Queue"),
                 h("th", { class: "num" }, "Leases / max"),
+                h("th", null, "Resources used"),
                 h("th", null, "Last heartbeat"),
                 h("th", null, ""),
               ),

@@ -16,6 +16,7 @@ import {
   when,
 } from "../format.js";
 import { act, empty, notFound, type Page } from "../page.js";
+import { schedulingRows, waitingList } from "./scheduling.js";
 
 /** Errors after which WatchTask is called again (others, like not_found, are final). */
 const retryable = new Set([
@@ -107,6 +108,7 @@ export function taskPage(page: Page, taskId: string): void {
   const head = h("div", { class: "task-head" });
   const fields = h("dl", { class: "fields" });
   const lease = h("dl", { class: "fields" });
+  const waiting = h("section", { class: "panel", id: "waiting-panel", hidden: true });
   const history = h("ol", { class: "history", id: "history" });
   const files = h("div");
   const live = h("span", { class: "live" }, "connecting…");
@@ -127,6 +129,7 @@ export function taskPage(page: Page, taskId: string): void {
       h(
         "div",
         null,
+        waiting,
         h("section", { class: "panel" }, h("h2", null, "Lease and progress"), lease),
         h("section", { class: "panel" }, h("h2", null, "History ", live), history),
       ),
@@ -287,6 +290,7 @@ export function taskPage(page: Page, taskId: string): void {
       ),
       row("Attempt", `${t.attempt} of ${t.maxAttempts}`),
       row("Priority", String(t.priority)),
+      ...schedulingRows(t).map(([label, text]) => row(label, text)),
       row("Required capabilities", or(t.requiredCapabilities.join(", "))),
       row(
         "Affinity",
@@ -376,7 +380,23 @@ export function taskPage(page: Page, taskId: string): void {
     );
   };
 
+  /** Why a PENDING task waits (GetTask), read again at most every 3 s while it does. */
+  let waitingReadAt = 0;
+  function explain(t: Task): void {
+    waiting.hidden = t.state !== TaskState.PENDING;
+    if (waiting.hidden || Date.now() - waitingReadAt < 3000) return;
+    waitingReadAt = Date.now();
+    void tasks.getTask({ taskId }, { signal: page.signal }).then(
+      (r) => fill(waiting, h("h2", null, "Why it waits"), waitingList(r.waiting, r.queuePosition)),
+      (e) => !isAbort(e) && page.error(e),
+    );
+  }
+  page.every(3000, async () => {
+    if (last) explain(last);
+  });
+
   function update(t: Task): void {
+    explain(t);
     const changedState = last?.state !== t.state;
     if (changedState || last?.attempt !== t.attempt) loadHistory();
     last = t;
