@@ -113,6 +113,7 @@ import {
   rssOf,
   startCoordinator,
 } from "./lib.js";
+import { scheduling } from "./scheduling.js";
 import { drawSweep, type SweepPoint, type SweepResults } from "./sweep-svg.js";
 
 const env = process.env;
@@ -135,7 +136,7 @@ const sweepMax = Number(env.BENCH_SWEEP_MAX ?? 20_000);
 const warmupTasks = Number(env.BENCH_WARMUP ?? 1000);
 const historyDone = Number(env.BENCH_HISTORY ?? 1_000_000);
 const parts = (
-  env.BENCH_SCENARIOS ?? "graphile,ceiling,postgres,leases,pglite,memory,backlog,history"
+  env.BENCH_SCENARIOS ?? "graphile,ceiling,postgres,leases,pglite,memory,backlog,history,scheduling"
 )
   .split(",")
   .map((s) => s.trim());
@@ -148,6 +149,7 @@ const known = [
   "memory",
   "backlog",
   "history",
+  "scheduling",
   "sweep",
 ];
 for (const p of parts) {
@@ -943,6 +945,7 @@ await part("history", async () => {
   await historyAt(0);
   await historyAt(historyDone);
 });
+await part("scheduling", () => scheduling(figures, { workers, batch }));
 await part("sweep", sweep);
 
 // ---------------------------------------------------------------- the table
@@ -1085,6 +1088,30 @@ const rows: Row[] = [
     value: ratio(f.history_fresh_1b, f.history_big_1b),
     target: "≤ 1.5",
     met: atMost(1.5),
+  },
+  {
+    what: "9 1b tasks/s, plain ÷ with shares, 10 resources, selectors",
+    value: f.sched1bRatio === undefined ? undefined : 1 / f.sched1bRatio,
+    target: "≤ 1.5",
+    met: atMost(1.5),
+  },
+  {
+    what: "9 claim p50, with shares, 10 resources, selectors ÷ plain",
+    value: f.schedP50Ratio,
+    target: "≤ 1.5",
+    met: atMost(1.5),
+  },
+  {
+    what: "9 claim p99, with shares, 10 resources, selectors ÷ plain",
+    value: f.schedP99Ratio,
+    target: "≤ 1.5",
+    met: atMost(1.5),
+  },
+  {
+    what: "9 fair share 1:2:1, largest error (points)",
+    value: f.fairShareError,
+    target: "≤ 5",
+    met: atMost(5),
   },
 ];
 const measured = rows.filter((r) => r.value !== undefined).length > 0;

@@ -186,6 +186,10 @@ export interface DrainOptions {
    * Default: batch > 1.
    */
   completeMany?: boolean;
+  /** What worker `i` registers besides its workload and max_concurrency (capacity, labels). */
+  register?: (i: number) => { capacity?: Record<string, bigint>; labels?: Record<string, string> };
+  /** Each claim's time, in ms, when given (the scheduling bench's probe). */
+  claimMs?: number[];
 }
 
 /**
@@ -199,14 +203,17 @@ export async function drainWorkload(co: Coordinator, workload: string, o: DrainO
   const started = performance.now();
   const cpu = cpuMeter(co.pid, co.database === "postgres");
   await Promise.all(
-    Array.from({ length: o.workers }, async () => {
+    Array.from({ length: o.workers }, async (_, i) => {
       const c = clients(grpc(co));
       const { workerId } = await c.fleet.registerWorker({
         capabilities: [workload],
         maxConcurrency: o.batch,
+        ...o.register?.(i),
       });
       while (completed < o.tasks) {
+        const t0 = performance.now();
         const { claims } = await c.leases.claimTasks({ workerId, maxTasks: o.batch });
+        if (claims.length > 0) o.claimMs?.push(performance.now() - t0);
         if (claims.length === 0) {
           await new Promise((r) => setTimeout(r, 5));
           continue;

@@ -10,7 +10,7 @@ import { asNumber, asTable } from "../db/values.js";
  * or release through this replica (others count from its next read).
  */
 export interface ClaimScheduling {
-  plans(maxes: readonly number[]): ([string, number][] | null)[];
+  plans(maxes: readonly number[]): ({ shares: string[]; seq: number[] } | null)[];
   reserveAfterMs(workerId: string): number | null;
   granted(rows: readonly { share: string; resources: Resources }[]): void;
   ended(rows: readonly { share: string; resources: Resources }[]): void;

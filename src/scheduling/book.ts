@@ -6,7 +6,7 @@ import {
   computeTree,
   dominantShare,
   type PlanShare,
-  planClaim,
+  planPicks,
   type ShareNode,
   shareKey,
 } from "./tree.js";
@@ -18,6 +18,12 @@ interface Leaf {
   usage: number;
   /** Whether it had PENDING tasks at the last refresh. */
   pending: boolean;
+}
+
+/** A claim's plan: its shares, and its picks in order as indexes into them. */
+export interface ClaimPlan {
+  shares: string[];
+  seq: number[];
 }
 
 /** The book as last computed: what ListShares' figures and the waiting reasons read. */
@@ -121,41 +127,51 @@ export function createShareBook(deps: {
     },
 
     /**
-     * The plan for a claim of `max` tasks: [share, quota] pairs, furthest
-     * below its entitlement first; null when fewer than two shares have
-     * PENDING tasks (the claim's own order is then the share's).
+     * Plans for claims made together (one statement): the picks of a
+     * water-filling over every share with work, for all of them at once,
+     * dealt out among the claims in turn (so that they do not all start on
+     * the same share). Each plan names its shares and its picks in order
+     * (src/leases/sql/claim.sql); null for every claim when fewer than two
+     * shares have PENDING tasks (a claim's own order is then the share's).
      */
-    plan(max: number): [string, number][] | null {
-      if (order.length < 2) return null;
-      return planClaim(order, max);
-    },
-
-    /**
-     * Plans for claims made together (one statement): the shares' quotas
-     * for all of them at once, dealt out claim by claim in order, so that
-     * they do not all start on the same share.
-     */
-    plans(maxes: readonly number[]): ([string, number][] | null)[] {
+    plans(maxes: readonly number[]): (ClaimPlan | null)[] {
       if (order.length < 2) return maxes.map(() => null);
-      const left = planClaim(
+      // A claim reads at most about 4 shares: picks come in chunks of a
+      // quarter of the largest claim. Fairness is kept across claims, each
+      // served by the shares furthest below their part at the time.
+      const chunk = Math.max(1, Math.ceil(Math.max(...maxes) / 4));
+      const picks = planPicks(
         order,
         maxes.reduce((sum, m) => sum + m, 0),
+        chunk,
       );
-      let at = 0;
-      return maxes.map((max) => {
-        const plan: [string, number][] = [];
-        let want = max;
-        // Round robin from where the previous claim stopped.
-        for (let seen = 0; want > 0 && seen < left.length; seen++) {
-          const entry = left[(at + seen) % left.length] as [string, number];
-          if (entry[1] === 0) continue;
-          const take = Math.min(want, entry[1]);
-          plan.push([entry[0], take]);
-          entry[1] -= take;
-          want -= take;
+      const dealt: number[][] = maxes.map(() => []);
+      let k = 0;
+      for (let i = 0; i < picks.length; ) {
+        // The next claim (in turn) that still wants a task takes the next chunk.
+        for (let tries = 0; tries < maxes.length; tries++, k = (k + 1) % maxes.length) {
+          if ((dealt[k] as number[]).length < (maxes[k] ?? 0)) break;
         }
-        at = (at + 1) % Math.max(1, left.length);
-        return plan.length > 0 ? plan : null;
+        const mine = dealt[k] as number[];
+        const want = (maxes[k] ?? 0) - mine.length;
+        for (let n = 0; n < Math.min(chunk, want) && i < picks.length; n++)
+          mine.push(picks[i++] as number);
+        k = (k + 1) % maxes.length;
+      }
+      return dealt.map((own) => {
+        if (own.length === 0) return null;
+        const index = new Map<number, number>();
+        const shares: string[] = [];
+        const seq = own.map((pick) => {
+          let i = index.get(pick);
+          if (i === undefined) {
+            i = shares.length;
+            index.set(pick, i);
+            shares.push((order[pick] as PlanShare).path);
+          }
+          return i;
+        });
+        return { shares, seq };
       });
     },
 

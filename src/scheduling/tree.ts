@@ -147,22 +147,25 @@ export interface PlanShare {
 }
 
 /**
- * How many of `max` tasks each share should get in one claim, furthest
- * below its entitlement first: water-filling, each task raising its
- * share's key by its cost over its entitlement. `shares` sorted by key;
- * only the first few are ever read (O(max log max)). The quotas are a
- * plan: the claim takes what fits and fills the rest from anyone.
+ * The picks of `max` tasks over the shares, furthest below its entitlement
+ * first: water-filling, each pick raising its share's key by its cost over
+ * its entitlement; `chunk` picks of one share at a time (a claim then reads
+ * fewer shares: each share costs it a scan). Returns the shares' indexes into `shares` in the order
+ * they are picked. `shares` sorted by key; only the first few are ever
+ * read (O(max log max)). A plan: the claim takes what fits and fills the
+ * rest from anyone.
  */
-export function planClaim(shares: readonly PlanShare[], max: number): [string, number][] {
-  const quota = new Map<string, number>();
+export function planPicks(shares: readonly PlanShare[], max: number, chunk = 1): number[] {
+  const picks: number[] = [];
   // A small binary heap of [key, index].
   const heap: [number, number][] = [];
+  const at = (i: number) => heap[i] as [number, number];
   const push = (item: [number, number]) => {
     heap.push(item);
     for (let i = heap.length - 1; i > 0; ) {
       const p = (i - 1) >> 1;
-      if ((heap[p] as [number, number])[0] <= item[0]) break;
-      heap[i] = heap[p] as [number, number];
+      if (at(p)[0] <= item[0]) break;
+      heap[i] = at(p);
       heap[p] = item;
       i = p;
     }
@@ -176,23 +179,21 @@ export function planClaim(shares: readonly PlanShare[], max: number): [string, n
         const l = 2 * i + 1;
         const r = l + 1;
         let m = i;
-        if (l < heap.length && (heap[l] as [number, number])[0] < (heap[m] as [number, number])[0])
-          m = l;
-        if (r < heap.length && (heap[r] as [number, number])[0] < (heap[m] as [number, number])[0])
-          m = r;
+        if (l < heap.length && at(l)[0] < at(m)[0]) m = l;
+        if (r < heap.length && at(r)[0] < at(m)[0]) m = r;
         if (m === i) break;
-        [heap[i], heap[m]] = [heap[m] as [number, number], heap[i] as [number, number]];
+        [heap[i], heap[m]] = [at(m), at(i)];
         i = m;
       }
     }
     return top;
   };
   let next = 0;
-  for (let taken = 0; taken < max; taken++) {
-    // Open the next share in key order while it stands below the heap's best.
+  while (picks.length < max) {
+    // Open the next share in key order while it stands at or below the heap's best.
     while (
       next < shares.length &&
-      (heap.length === 0 || (shares[next] as PlanShare).key <= (heap[0] as [number, number])[0])
+      (heap.length === 0 || (shares[next] as PlanShare).key <= at(0)[0])
     ) {
       push([(shares[next] as PlanShare).key, next]);
       next++;
@@ -200,15 +201,9 @@ export function planClaim(shares: readonly PlanShare[], max: number): [string, n
     const top = pop();
     if (!top) break;
     const s = shares[top[1]] as PlanShare;
-    quota.set(s.path, (quota.get(s.path) ?? 0) + 1);
-    push([top[0] + s.cost / Math.max(s.entitlement, 1e-9), top[1]]);
+    const n = Math.min(chunk, max - picks.length);
+    for (let i = 0; i < n; i++) picks.push(top[1]);
+    push([top[0] + (n * s.cost) / Math.max(s.entitlement, 1e-9), top[1]]);
   }
-  // In key order of first appearance: the claim serves them in this order.
-  const order: [string, number][] = [];
-  for (const s of shares) {
-    const q = quota.get(s.path);
-    if (q !== undefined) order.push([s.path, q]);
-    if (order.length === quota.size) break;
-  }
-  return order;
+  return picks;
 }

@@ -210,6 +210,8 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           details,
         );
       }
+      // The grant's plan settings (src/leases/sql/grant.sql), for this transaction.
+      await tx.execute(sql`set local enable_seqscan = off`);
       const [placed] = await tx.select(getTableColumns(tasks)).from(
         pushGranted(task.id, chosen.id, {
           leaseSeconds: p.leaseSeconds,

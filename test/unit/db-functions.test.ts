@@ -10,7 +10,7 @@ import { functionFiles, functionsText, functionsVersion } from "../../src/db/fun
 const hashes: Record<number, string> = {
   1: "1ac462b9a5c12137ee09989dafb1704f429e5a477d4b8968edad233f512d1f1e",
   2: "b31e26219186b344bde3a13824d741c40c09e9789318b931e3b79e6c888bf7f8",
-  3: "0aa9e197afaeb33fb435d66bf2814f1ba90fd8769d99ce7ea8a61e912d75cfe6",
+  3: "2b0643b16ab2a885871fa988c5976b8ba7e6500e817dff86db6f817a348aff1f",
 };
 
 describe("database functions", () => {

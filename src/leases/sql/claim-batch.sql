@@ -46,12 +46,11 @@ BEGIN
         c->'labels',
         (c->>'max')::int,
         k,
-        CASE WHEN jsonb_typeof(c->'plan') = 'array' THEN c->'plan' END,
+        CASE WHEN jsonb_typeof(c->'plan') = 'object' THEN c->'plan' END,
         (c->>'reserveAfterMs')::int) AS t;
     RETURN QUERY
       SELECT i,
-        greatest(0, coalesce(k, x.max_concurrency)
-          - coalesce((meshwork_allocated(x.id)->>'slots')::int, 0)),
+        greatest(0, coalesce(k, x.max_concurrency) - meshwork_slots_held(x.id)::int),
         coalesce(k, x.max_concurrency),
         NULL::tasks
       FROM workers x

@@ -23,10 +23,12 @@
 --     asks is held back: smaller tasks get only what it leaves.
 --  2. Tasks with an expired lease, oldest expiry first.
 --  3. `plan`, when given (leases/claim.ts, from the share book
---     scheduling/shares.ts): a JSON array of [share, quota] pairs, the
---     shares furthest below their entitlement first; up to `quota` tasks
---     of each, in the share's own order: highest priority, then earliest
---     deadline (none last), then oldest.
+--     scheduling/book.ts): {"shares": [...], "seq": [...]}, the picks of a
+--     water-filling over the shares furthest below their entitlement, as
+--     indexes into `shares`: each pick takes the next task of its share
+--     that fits, in the share's own order (highest priority, then earliest
+--     deadline, none last, then oldest). A worker that fits only a few
+--     tasks takes the first picks: the shares furthest below first.
 --  4. Every share, in that same order (work-conserving: what the plan's
 --     shares could not use goes to anyone's tasks).
 -- A task whose preferences (selectors.sql) the worker meets less than
@@ -88,6 +90,7 @@ DECLARE
   total jsonb;                -- what the worker offers
   free jsonb;                 -- what it has free for the next task
   scan_free jsonb;            -- `free` when a source is opened: its scan filter
+  after jsonb;                -- `free` once a candidate is taken
   room int := max_tasks;      -- tasks still to take
   budget int := 8 * max_tasks + 32;
   picked uuid[] := '{}';
@@ -98,11 +101,13 @@ DECLARE
   reserved_ask jsonb;
   cur refcursor;
   c tasks;
-  src int := 0;
-  nplan int := coalesce(jsonb_array_length(plan), 0);
-  quota int;
-  taken int;
-  last_pass boolean;
+  phase text := 'expired';    -- expired, plan, all, deferred
+  phase_cur refcursor;        -- the cursor of the phase (not the plan's)
+  share_curs refcursor[] := '{}';  -- the plan's cursors, by share
+  share_done boolean[] := '{}';
+  share_at int;
+  share_name text;
+  step int := 0;              -- the plan's pick being served
 BEGIN
   -- One claim or placement at a time per worker (placement takes the same
   -- lock): what it has free is counted after the lock, so concurrent
@@ -112,7 +117,10 @@ BEGIN
     RETURN;
   END IF;
   total := meshwork_capacity(w, concurrency);
-  free := meshwork_minus(total, meshwork_allocated(worker));
+  -- A worker that offers nothing but slots needs only its slots counted.
+  free := CASE WHEN w.capacity = '{}'::jsonb
+    THEN jsonb_build_object('slots', (total->>'slots')::bigint - meshwork_slots_held(worker))
+    ELSE meshwork_minus(total, meshwork_allocated(worker)) END;
   IF (free->>'slots')::bigint < 1 THEN
     RETURN;
   END IF;
@@ -148,85 +156,134 @@ BEGIN
     END IF;
   END IF;
 
-  -- 2–4, and last the deferred: one source at a time.
+  -- 2–4, and last the deferred: one candidate at a time, from the source
+  -- the phase names. A cursor is opened when its source is first read and
+  -- closed when the source is used up or the claim is done.
   LOOP
-    EXIT WHEN room <= 0 OR budget <= 0 OR (free->>'slots')::bigint < 1;
-    scan_free := free;
-    last_pass := false;
-    quota := room;
-    IF src = 0 THEN
-      OPEN cur FOR SELECT t.* FROM tasks t
-        WHERE meshwork_lease_expired(t)
-          AND t.failures < t.max_attempts
-          AND meshwork_claim_matches(t, caps, labels)
-          AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
-        -- Oldest expiry first, as tasks_lease_expiry_idx stores it.
-        ORDER BY t.lease_expires_at
-        FOR UPDATE OF t SKIP LOCKED;
-    ELSIF src <= nplan THEN
-      quota := least(room, (plan->(src - 1)->>1)::int);
-      OPEN cur FOR SELECT t.* FROM tasks t
-        WHERE t.state = 'PENDING'
-          AND t.share = plan->(src - 1)->>0
-          AND (t.not_before IS NULL OR t.not_before <= now())
-          AND meshwork_claim_matches(t, caps, labels)
-          AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
-        -- The share's order, as tasks_share_claim_idx stores it.
-        ORDER BY t.share, t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
-        FOR UPDATE OF t SKIP LOCKED;
-    ELSIF src = nplan + 1 THEN
-      OPEN cur FOR SELECT t.* FROM tasks t
-        WHERE t.state = 'PENDING'
-          AND (t.not_before IS NULL OR t.not_before <= now())
-          AND meshwork_claim_matches(t, caps, labels)
-          AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
-        -- The claim order, as tasks_claim_idx stores it.
-        ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
-        FOR UPDATE OF t SKIP LOCKED;
-    ELSIF src = nplan + 2 AND cardinality(deferred) > 0 THEN
-      -- Already locked by this claim; best score first.
-      last_pass := true;
-      OPEN cur FOR SELECT t.* FROM tasks t
-        WHERE t.id = ANY (deferred)
-        ORDER BY meshwork_preference_score(t.preferences, labels) DESC,
-          t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC;
-    ELSE
+    EXIT WHEN room <= 0 OR (free->>'slots')::bigint < 1;
+    -- Examined enough: what was deferred is all that is left to take.
+    IF budget <= 0 AND phase <> 'deferred' THEN
+      IF phase_cur IS NOT NULL THEN
+        CLOSE phase_cur;
+        phase_cur := NULL;
+      END IF;
+      phase := 'deferred';
+    END IF;
+    IF phase = 'plan' AND (plan IS NULL OR step >= jsonb_array_length(plan->'seq')) THEN
+      phase := 'all';
+    END IF;
+    IF phase = 'deferred' AND cardinality(deferred) = 0 THEN
       EXIT;
     END IF;
-    src := src + 1;
-    taken := 0;
-    LOOP
-      EXIT WHEN room <= 0 OR taken >= quota OR (free->>'slots')::bigint < 1;
-      EXIT WHEN budget <= 0 AND NOT last_pass;
-      FETCH cur INTO c;
-      EXIT WHEN NOT FOUND;
-      IF NOT last_pass THEN
-        CONTINUE WHEN c.id = ANY (seen);
-        seen := seen || c.id;
-        budget := budget - 1;
-        IF c.preferences <> '[]'
-            AND meshwork_preference_score(c.preferences, labels) < meshwork_preference_max(c.preferences) THEN
-          deferred := deferred || c.id;
-          CONTINUE;
-        END IF;
+    -- The cursor of this phase (and, for the plan, of this step's share).
+    IF phase = 'plan' THEN
+      share_at := (plan->'seq'->>step)::int + 1;
+      IF share_done[share_at] THEN
+        step := step + 1;
+        CONTINUE;
       END IF;
-      -- What this claim took before may leave too little for it now.
-      CONTINUE WHEN NOT (CASE WHEN c.resources = '{"slots": 1}' THEN (free->>'slots')::bigint >= 1
-        ELSE meshwork_fits_in(c.resources, free) END);
-      CONTINUE WHEN (c.concurrency_key <> '' OR c.rate_key <> '')
-        AND meshwork_limits_take(c.id, c.concurrency_key, c.rate_key, false,
-          coalesce((held->>c.concurrency_key)::int, 0)) IS NOT NULL;
-      IF c.concurrency_key <> '' THEN
-        held := held || jsonb_build_object(c.concurrency_key, coalesce((held->>c.concurrency_key)::int, 0) + 1);
+      cur := share_curs[share_at];
+    ELSE
+      cur := phase_cur;
+    END IF;
+    IF cur IS NULL THEN
+      scan_free := free;
+      IF phase = 'expired' THEN
+        OPEN cur FOR SELECT t.* FROM tasks t
+          WHERE meshwork_lease_expired(t)
+            AND t.failures < t.max_attempts
+            AND meshwork_claim_matches(t, caps, labels)
+            AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
+          -- Oldest expiry first, as tasks_lease_expiry_idx stores it.
+          ORDER BY t.lease_expires_at
+          FOR UPDATE OF t SKIP LOCKED;
+      ELSIF phase = 'plan' THEN
+        share_name := plan->'shares'->>(share_at - 1);
+        OPEN cur FOR SELECT t.* FROM tasks t
+          WHERE t.state = 'PENDING'
+            AND t.share = share_name
+            AND (t.not_before IS NULL OR t.not_before <= now())
+            AND meshwork_claim_matches(t, caps, labels)
+            AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
+          -- The share's order, as tasks_share_claim_idx stores it.
+          ORDER BY t.share, t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+          FOR UPDATE OF t SKIP LOCKED;
+        share_curs[share_at] := cur;
+      ELSIF phase = 'all' THEN
+        OPEN cur FOR SELECT t.* FROM tasks t
+          WHERE t.state = 'PENDING'
+            AND (t.not_before IS NULL OR t.not_before <= now())
+            AND meshwork_claim_matches(t, caps, labels)
+            AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
+          -- The claim order, as tasks_claim_idx stores it.
+          ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+          FOR UPDATE OF t SKIP LOCKED;
+      ELSE
+        -- Already locked by this claim; best score first.
+        OPEN cur FOR SELECT t.* FROM tasks t
+          WHERE t.id = ANY (deferred)
+          ORDER BY meshwork_preference_score(t.preferences, labels) DESC,
+            t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC;
       END IF;
-      picked := picked || c.id;
-      room := room - 1;
-      taken := taken + 1;
-      free := CASE WHEN c.resources = '{"slots": 1}'
-        THEN free || jsonb_build_object('slots', (free->>'slots')::bigint - 1)
-        ELSE meshwork_minus(free, c.resources) END;
-    END LOOP;
-    CLOSE cur;
+      IF phase <> 'plan' THEN
+        phase_cur := cur;
+      END IF;
+    END IF;
+    FETCH cur INTO c;
+    IF NOT FOUND THEN
+      -- This source is used up: the next share of the plan, or the next phase.
+      CLOSE cur;
+      IF phase = 'plan' THEN
+        share_done[share_at] := true;
+        step := step + 1;
+      ELSE
+        phase_cur := NULL;
+        phase := CASE phase WHEN 'expired' THEN 'plan' WHEN 'all' THEN 'deferred' ELSE 'done' END;
+        EXIT WHEN phase = 'done';
+      END IF;
+      CONTINUE;
+    END IF;
+    IF phase <> 'deferred' THEN
+      CONTINUE WHEN c.id = ANY (seen);
+      seen := seen || c.id;
+      budget := budget - 1;
+      -- A task whose preferences this worker meets only in part waits for
+      -- the deferred phase (as many as the claim may take, no more: the
+      -- rest are left to other workers).
+      IF c.preferences <> '[]' AND cardinality(deferred) < room
+          AND NOT meshwork_preferences_met(c.preferences, labels) THEN
+        deferred := deferred || c.id;
+        CONTINUE;
+      END IF;
+    END IF;
+    -- What this claim took before may leave too little for it now.
+    after := CASE WHEN c.resources = '{"slots": 1}'
+      THEN free || jsonb_build_object('slots', (free->>'slots')::bigint - 1)
+      ELSE meshwork_take(free, c.resources) END;
+    CONTINUE WHEN after IS NULL OR (after->>'slots')::bigint < 0;
+    CONTINUE WHEN (c.concurrency_key <> '' OR c.rate_key <> '')
+      AND meshwork_limits_take(c.id, c.concurrency_key, c.rate_key, false,
+        coalesce((held->>c.concurrency_key)::int, 0)) IS NOT NULL;
+    IF c.concurrency_key <> '' THEN
+      held := held || jsonb_build_object(c.concurrency_key, coalesce((held->>c.concurrency_key)::int, 0) + 1);
+    END IF;
+    picked := picked || c.id;
+    room := room - 1;
+    free := after;
+    -- The plan's next step: the next pick of the water-filling, maybe another share.
+    IF phase = 'plan' THEN
+      step := step + 1;
+    END IF;
+  END LOOP;
+  -- Cursors still open (the claim filled up first).
+  IF phase_cur IS NOT NULL THEN
+    CLOSE phase_cur;
+  END IF;
+  FOR i IN 1 .. coalesce(cardinality(share_curs), 0) LOOP
+    IF share_curs[i] IS NOT NULL AND NOT coalesce(share_done[i], false) THEN
+      cur := share_curs[i];
+      CLOSE cur;
+    END IF;
   END LOOP;
 
   -- A large task that keeps losing to smaller ones: reserve the worker for

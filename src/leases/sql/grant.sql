@@ -14,16 +14,16 @@
 -- when not empty, the correlation id; finished_at cleared (RetryTask
 -- re-places FAILED tasks).
 --
--- plpgsql, so that its plan is cached per connection; sequential scans off,
--- so that the UPDATE reaches its rows by primary key whatever the table's
--- size was when the plan was made (see claim.sql). No JIT (see claim.sql).
+-- plpgsql, so that its plan is cached per connection. Its callers run it
+-- with sequential scans and JIT off (the claim's own settings, SET LOCAL in
+-- placement's transaction), so that the UPDATE reaches its rows by primary
+-- key whatever the table's size was when the plan was made (see claim.sql);
+-- settings of its own would cost every claim a save and restore of them.
 CREATE OR REPLACE FUNCTION meshwork_grant(
   ids uuid[], worker uuid, push boolean,
   lease_secs int DEFAULT NULL, schedule_key text DEFAULT NULL, correlation text DEFAULT NULL)
 RETURNS SETOF tasks
 LANGUAGE plpgsql VOLATILE
-SET enable_seqscan = off
-SET jit = off
 AS $$
 DECLARE
   url text := '';

@@ -39,6 +39,15 @@ LANGUAGE sql STABLE AS $$
   ) r
 $$;
 
+-- The slots a worker's live leases hold: what a claim's answer reports and
+-- all a worker that offers nothing but slots needs (cheaper than the whole
+-- map of meshwork_allocated). One index lookup on tasks_lease_worker_idx.
+CREATE OR REPLACE FUNCTION meshwork_slots_held(worker uuid) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+  SELECT coalesce(sum((t.resources->>'slots')::bigint), 0) FROM tasks t
+  WHERE t.lease_worker_id = worker AND meshwork_lease_live(t)
+$$;
+
 -- `have` less `used`, per resource of `have` (below 0 where leases hold
 -- more than a worker now offers: its capacity shrank under them).
 CREATE OR REPLACE FUNCTION meshwork_minus(have jsonb, used jsonb) RETURNS jsonb
@@ -53,6 +62,21 @@ LANGUAGE sql IMMUTABLE AS $$
   SELECT NOT EXISTS (
     SELECT 1 FROM jsonb_each_text(ask) AS a
     WHERE a.value::bigint > coalesce((free->>a.key)::bigint, 0))
+$$;
+
+-- `free` less `ask` when `ask` fits in it (meshwork_fits_in), else NULL:
+-- the claim's one step per task it takes.
+-- Written out rather than calling the two (the claim runs it per task
+-- taken, and a call of a SQL function that is not inlined costs).
+CREATE OR REPLACE FUNCTION meshwork_take(free jsonb, ask jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT CASE WHEN EXISTS (
+      SELECT 1 FROM jsonb_each_text(ask) AS a
+      WHERE a.value::bigint > coalesce((free->>a.key)::bigint, 0))
+    THEN NULL
+    ELSE (SELECT jsonb_object_agg(f.key, f.value::bigint - coalesce((ask->>f.key)::bigint, 0))
+      FROM jsonb_each_text(free) AS f)
+  END
 $$;
 
 -- What a worker has free for `t` (or for any task, `t` null): its capacity

@@ -39,6 +39,14 @@ LANGUAGE sql IMMUTABLE AS $$
     WHERE meshwork_requirement_holds(p, labels)), 0)::int END
 $$;
 
+-- Whether `labels` meet every preference of `prefs` (a pull claim takes
+-- the tasks whose preferences it meets only in part after the others).
+CREATE OR REPLACE FUNCTION meshwork_preferences_met(prefs jsonb, labels jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT NOT EXISTS (
+    SELECT 1 FROM jsonb_array_elements(prefs) AS p WHERE NOT meshwork_requirement_holds(p, labels))
+$$;
+
 -- The most a worker can score for `prefs`: every weight.
 CREATE OR REPLACE FUNCTION meshwork_preference_max(prefs jsonb) RETURNS int
 LANGUAGE sql IMMUTABLE AS $$
