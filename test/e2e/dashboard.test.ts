@@ -443,7 +443,10 @@ describe.skipIf(!hasChromium)(
       await page.locator('#shares [data-share="lab/viz"]').waitFor(seen);
       await page.screenshot({ path: join(shots, "fleet-scheduling.png"), fullPage: true });
       await page.goto(`${url}/#/tasks/${made[1]?.taskId}`);
-      await page.locator('#waiting [data-kind="NO_CAPACITY"]').getByText("large enough").waitFor(seen);
+      await page
+        .locator('#waiting [data-kind="NO_CAPACITY"]')
+        .getByText("large enough")
+        .waitFor(seen);
       await page.getByText("Position 1 in its share's queue.").waitFor(seen);
       await page.screenshot({ path: join(shots, "task-waiting.png"), fullPage: true });
       expect(pageErrors).toEqual([]);
