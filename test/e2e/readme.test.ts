@@ -64,6 +64,17 @@ describe("README", () => {
     expect(lines[3]).toBe("TASK_STATE_SUCCEEDED");
   });
 
+  it("runs the scheduling walk-through as written: two of three fit, the third says why it waits", async () => {
+    const { stdout } = await run("bash", ["-euo", "pipefail", "-c", block("scheduling")], {
+      env: env(),
+    });
+    const [claimed, kinds] = stdout.trim().split("\n");
+    expect(claimed).toBe("2");
+    expect(kinds?.split(" ")).toEqual(
+      expect.arrayContaining(["WAIT_KIND_CONCURRENCY_LIMIT", "WAIT_KIND_NO_CAPACITY"]),
+    );
+  });
+
   it("runs the worker REST walk-through as written: registered, claimed, renewed, verified, completed, then 204", async () => {
     const dir = mkdtempSync(join(tmpdir(), "meshwork-readme-"));
     const { stdout } = await run("bash", ["-euo", "pipefail", "-c", block("worker-rest")], {

@@ -66,3 +66,39 @@ describe("observability flags", () => {
     }
   });
 });
+
+describe("the scheduling flags", () => {
+  it("default to the token's share, a 5 min half-life, reservations after 30 s and no KEDA listener", () => {
+    expect(loadConfig([], {})).toMatchObject({
+      defaultShare: "",
+      shareHalfLifeMs: 300_000,
+      reserveAfterMs: 30_000,
+      kedaListen: "",
+      kedaClientCa: "",
+    });
+  });
+
+  it("take a share path, durations and a listen address, from flags or the environment", () => {
+    expect(
+      loadConfig(
+        ["--default-share", "lab/shared", "--share-half-life", "1h", "--reserve-after", "0"],
+        {
+          MESHWORK_KEDA_LISTEN: "127.0.0.1:9090",
+        },
+      ),
+    ).toMatchObject({
+      defaultShare: "lab/shared",
+      shareHalfLifeMs: 3_600_000,
+      reserveAfterMs: 0,
+      kedaListen: "127.0.0.1:9090",
+    });
+  });
+
+  it("refuse a zero half-life, a bad KEDA address, and a client CA without TLS", () => {
+    expect(() => loadConfig(["--share-half-life", "0"], {})).toThrow("--share-half-life");
+    expect(() => loadConfig(["--keda-listen", "nowhere"], {})).toThrow(ConfigError);
+    expect(() =>
+      loadConfig(["--keda-listen", "127.0.0.1:9090", "--keda-client-ca", "ca.pem"], {}),
+    ).toThrow("--keda-client-ca needs --keda-listen and a server certificate");
+  });
+});
