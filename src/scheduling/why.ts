@@ -4,7 +4,7 @@ import { WaitKind, type WaitReason, WaitReasonSchema } from "../../gen/meshwork/
 import { describeRequirement, describeShortfall } from "../core/scheduling.js";
 import type { Db } from "../db/database.js";
 import type { Resources, TaskRow } from "../db/schema/index.js";
-import { asNumber, rowsOf } from "../db/values.js";
+import { asBoolean, asNumber, rowsOf } from "../db/values.js";
 import type { ShareSnapshot } from "./book.js";
 
 /** One worker as the waiting reasons judge it against one task (every verdict the database's). */
@@ -76,18 +76,17 @@ export function createWaitingReasons(deps: {
           meshwork_minus(meshwork_capacity(w), meshwork_allocated(w.id)) as free_unreserved
         from workers w, tasks t where t.id = ${task.id}::uuid`,
     );
-    const bool = (v: unknown) => v === true || v === "t";
     const list = (v: unknown) => (Array.isArray(v) ? v : []) as unknown[];
     return rows.map((r) => ({
       id: String(r.id),
       name: String(r.name ?? ""),
-      live: bool(r.live),
-      drained: bool(r.drained),
-      hasWorkload: bool(r.has_workload),
+      live: asBoolean(r.live),
+      drained: asBoolean(r.drained),
+      hasWorkload: asBoolean(r.has_workload),
       missing: list(r.missing).map(String),
       affinityMissing: list(r.affinity_missing).map(String),
       unmet: list(r.unmet).map(Number),
-      bigEnough: bool(r.big_enough),
+      bigEnough: asBoolean(r.big_enough),
       total: json(r.total),
       free: json(r.free),
       freeUnreserved: json(r.free_unreserved),

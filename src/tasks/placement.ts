@@ -182,11 +182,11 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           .for("no key update");
         const [again] = await rowsOf<{ fits: boolean | string }>(
           tx,
-          sql`select meshwork_fits_in(t.resources, meshwork_free(w, t.id))::text as fits
+          sql`select meshwork_fits_in(t.resources, meshwork_free(w, t.id)) as fits
             from workers w, tasks t
             where w.id = ${w.id}::uuid and t.id = ${task.id}::uuid`,
         );
-        if (again?.fits === "true" || again?.fits === true) {
+        if (asBoolean(again?.fits)) {
           chosen = w;
           break;
         }
