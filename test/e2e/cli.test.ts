@@ -486,8 +486,18 @@ describe("meshwork operator CLI against a live coordinator with auth on", {
     expect(why.stdout).toMatch(/^no matching worker: /m);
 
     expect((await cli(["share", "set", "lab/cli", "3"])).code).toBe(0);
+    const sibling = ["task", "create", "--workload", "cli-sched", "--share", "lab/other"];
+    expect((await cli(sibling)).code).toBe(0);
     const shares = await cli(["share", "list"]);
-    expect(shares.stdout).toMatch(/^\s+lab\/cli\s+3\s+100\.0%/m);
+    // Other tests' tasks make other active shares (their tokens' names), so
+    // lab's part depends on them; lab/cli (weight 3) gets three quarters of
+    // it beside lab/other (weight 1).
+    const entitled = (path: string) =>
+      Number(shares.stdout.match(new RegExp(`^\\s*${path}\\s+\\d+\\s+(\\d+\\.\\d)%`, "m"))?.[1]);
+    expect(shares.stdout).toMatch(/^\s+lab\/cli\s+3\s/m);
+    expect(entitled("lab")).toBeGreaterThan(0);
+    expect(Math.abs(entitled("lab/cli") - 0.75 * entitled("lab"))).toBeLessThanOrEqual(0.1);
+    expect(Math.abs(entitled("lab/other") - 0.25 * entitled("lab"))).toBeLessThanOrEqual(0.1);
     expect((await cli(["limit", "set", "cli-licence", "2"])).code).toBe(0);
     expect((await cli(["limit", "list"])).stdout).toMatch(/^cli-licence\s+0\s+2\s+1$/m);
     expect((await cli(["rate", "set", "cli-api", "2.5", "--burst", "5"])).code).toBe(0);

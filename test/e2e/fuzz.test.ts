@@ -3,7 +3,7 @@
  * listening on 127.0.0.1 with auth on, over every protocol it serves, and
  * check that every answer is well formed and leaks nothing.
  *
- * Targets: every RPC of the six meshwork.v1 services (from the generated
+ * Targets: every RPC of the eight meshwork.v1 services (from the generated
  * descriptors), every plain HTTP route (random ids, file names, methods and
  * headers) and a few random paths.
  *
@@ -57,9 +57,11 @@ import {
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
+import { ConcurrencyService } from "../../gen/meshwork/v1/concurrency_pb.js";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
 import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
+import { ShareService } from "../../gen/meshwork/v1/share_pb.js";
 import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
 import { TokenService } from "../../gen/meshwork/v1/token_pb.js";
 import { createApp } from "../../src/app.js";
@@ -89,6 +91,8 @@ const services = [
   ArtifactService,
   KnowledgeService,
   TokenService,
+  ShareService,
+  ConcurrencyService,
 ];
 
 /** RPCs that may legitimately keep a request open (long poll, watch, bidi stream). */
@@ -1784,7 +1788,7 @@ describe("fuzz: hostile input to a listening coordinator (auth on)", () => {
     await tdb?.drop();
   });
 
-  it("enumerates every RPC of the six services, as policy.ts lists them", () => {
+  it("enumerates every RPC of the eight services, as policy.ts lists them", () => {
     const listed = Object.keys(policy).filter((k) => k.startsWith("meshwork.v1."));
     expect(targets.map((t) => t.name).sort()).toEqual(listed.sort());
   });

@@ -4,9 +4,11 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Health } from "../../gen/grpc/health/v1/health_pb.js";
 import { ServerReflection } from "../../gen/grpc/reflection/v1/reflection_pb.js";
 import { ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
+import { ConcurrencyService } from "../../gen/meshwork/v1/concurrency_pb.js";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
 import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
+import { ShareService } from "../../gen/meshwork/v1/share_pb.js";
 import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { TokenRole, TokenService } from "../../gen/meshwork/v1/token_pb.js";
 import { policy } from "../../src/auth/policy.js";
@@ -21,6 +23,8 @@ const services: DescService[] = [
   ArtifactService,
   KnowledgeService,
   TokenService,
+  ShareService,
+  ConcurrencyService,
 ];
 
 let h: Harness;
@@ -169,6 +173,10 @@ describe("roles", () => {
       ["worker", TokenService, "ListTokens", false],
       ["admin", TokenService, "RevokeToken", true],
       ["admin", LeaseService, "ClaimTasks", true],
+      ["client", ShareService, "ListShares", true],
+      ["client", ShareService, "SetShare", false],
+      ["client", ConcurrencyService, "SetLimit", false],
+      ["worker", ConcurrencyService, "ListRates", false],
     ];
     for (const [role, service, name, allowed] of expectations) {
       const method = service.methods.find((m) => m.name === name);
