@@ -4,8 +4,6 @@ import type * as http from "node:http";
 import type * as http2 from "node:http2";
 import type { AddressInfo, Socket } from "node:net";
 import { createSecureContext } from "node:tls";
-import { create, createFileRegistry, type DescFile, type FileRegistry } from "@bufbuild/protobuf";
-import { FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
 import type { ConnectError, ConnectRouter } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { ExternalScaler } from "../gen/externalscaler/externalscaler_pb.js";
@@ -55,7 +53,7 @@ import { createAuthInterceptor } from "./rpc/auth-interceptor.js";
 import { createErrorMapper, fixForWire, type ToClientError } from "./rpc/errors.js";
 import { createHealthService } from "./rpc/health.js";
 import { createNulInterceptor, createRpcInterceptor } from "./rpc/interceptors.js";
-import { registerReflection } from "./rpc/reflection.js";
+import { registerReflection, registryOf } from "./rpc/reflection.js";
 import { createKedaScaler } from "./scheduling/keda.js";
 import { createConcurrencyService, createShareService } from "./scheduling/service.js";
 import { toTask } from "./tasks/convert.js";
@@ -90,20 +88,6 @@ function sentCorrelationId(req: Request): string {
   const given = req.headers["x-correlation-id"] ?? req.headers["x-ashlar-correlation-id"];
   const value = Array.isArray(given) ? given[0] : given;
   return value && /^[\x21-\x7e]{1,128}$/.test(value) ? value : "";
-}
-
-/** A registry of the given files and everything they import. */
-function registryOf(files: DescFile[]): FileRegistry {
-  const ordered = new Map<string, DescFile>();
-  const visit = (f: DescFile) => {
-    if (ordered.has(f.name)) return;
-    f.dependencies.forEach(visit);
-    ordered.set(f.name, f);
-  };
-  files.forEach(visit);
-  return createFileRegistry(
-    create(FileDescriptorSetSchema, { file: [...ordered.values()].map((f) => f.proto) }),
-  );
 }
 
 /** What a client may see of an error: refusals keep their code, reason and task; bugs are `internal`. */

@@ -1,17 +1,32 @@
 import {
   create,
+  createFileRegistry,
   type DescFile,
   type DescMessage,
   type DescService,
   type FileRegistry,
   toBinary,
 } from "@bufbuild/protobuf";
-import { FileDescriptorProtoSchema } from "@bufbuild/protobuf/wkt";
+import { FileDescriptorProtoSchema, FileDescriptorSetSchema } from "@bufbuild/protobuf/wkt";
 import type { ConnectRouter } from "@connectrpc/connect";
 import * as v1 from "../../gen/grpc/reflection/v1/reflection_pb.js";
 import * as v1alpha from "../../gen/grpc/reflection/v1alpha/reflection_pb.js";
 
 type ReflectionModule = typeof v1 | typeof v1alpha;
+
+/** A registry of the given files and everything they import. */
+export function registryOf(files: DescFile[]): FileRegistry {
+  const ordered = new Map<string, DescFile>();
+  const visit = (f: DescFile) => {
+    if (ordered.has(f.name)) return;
+    f.dependencies.forEach(visit);
+    ordered.set(f.name, f);
+  };
+  files.forEach(visit);
+  return createFileRegistry(
+    create(FileDescriptorSetSchema, { file: [...ordered.values()].map((f) => f.proto) }),
+  );
+}
 
 /**
  * gRPC server reflection (v1 and v1alpha), so that grpcurl and `buf curl`
