@@ -65,6 +65,10 @@
  *   claims per worker) but at least BENCH_SWEEP_TASKS (2,000) and at most
  *   BENCH_SWEEP_MAX (20,000); written to bench/results/sweep-<date>.json and
  *   drawn as bench/sweep.svg (bench/sweep-svg.ts redraws it from the JSON).
+ * - scheduling (scenario 9, bench/scheduling.ts, whose header says what it
+ *   does): the cost of resources, shares and selectors (1b plain ÷ 1b with
+ *   BENCH_SHARES shares and 10 resources, and the claims' p50/p99), and the
+ *   fair-share error of three weighted shares under a saturated mixed load.
  *
  * Every coordinator a drain or claim is measured on is warmed up first:
  * BENCH_WARMUP (1,000) tasks of another workload drained with claims of 32,

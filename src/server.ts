@@ -2,7 +2,6 @@ import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import type * as http from "node:http";
 import type * as http2 from "node:http2";
-import type { AddressInfo, Socket } from "node:net";
 import { createSecureContext } from "node:tls";
 import type { ConnectError, ConnectRouter } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
@@ -38,7 +37,7 @@ import { dashboardRoutes } from "./http/dashboard.js";
 import { clampDeadline } from "./http/deadline.js";
 import { healthRoutes } from "./http/health-routes.js";
 import { sendJson } from "./http/json.js";
-import { createListener, h2StreamWindow } from "./http/listener.js";
+import { createListener, h2StreamWindow, listenOn } from "./http/listener.js";
 import { metricsRoute, observeHttp } from "./http/metrics.js";
 import { createPlainRouter, header } from "./http/routes.js";
 import { askerOf } from "./http/source.js";
@@ -383,27 +382,9 @@ export async function bind(
     },
     { tls, limits: config },
   );
-  const sockets = new Set<Socket>();
-  server.on("connection", (socket: Socket) => {
-    sockets.add(socket);
-    socket.on("close", () => sockets.delete(socket));
-  });
-  const { host, port } = splitHostPort(listenAddress);
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(port, host, () => {
-      server.off("error", reject);
-      resolve();
-    });
-  });
-  const bound = (server.address() as AddressInfo).port;
-  const urlHost = host.includes(":") ? `[${host}]` : host;
-  const url = `${tls ? "https" : "http"}://${urlHost}:${bound}`;
-  const unbind = async () => {
-    const closed = new Promise<void>((resolve) => server.close(() => resolve()));
-    for (const s of sockets) s.destroy();
-    await closed;
-  };
+  const listening = await listenOn(server, splitHostPort(listenAddress), tls ? "https" : "http");
+  const { url, port: bound, sockets } = listening;
+  const unbind = listening.closeNow;
   return {
     url,
     port: bound,

@@ -1,27 +1,15 @@
-import { create } from "@bufbuild/protobuf";
 import {
   type LabelRequirement,
-  LabelRequirementSchema,
-  Operator,
   type Task,
   WaitKind,
   type WaitReason,
 } from "../../gen/meshwork/v1/task_pb.js";
-import { type OperatorName, parseRequirement, requirementText } from "../core/scheduling.js";
+import { parseRequirement, requirementText } from "../core/scheduling.js";
+import { operatorName, toRequirement } from "../tasks/convert.js";
 import { UsageError } from "./args.js";
 
 // The scheduling flags of `meshwork task create` and `meshwork work`, and
 // how `meshwork task` shows a task's scheduling (docs/scheduling.md).
-
-const operatorOf: Record<OperatorName, Operator> = {
-  In: Operator.IN,
-  NotIn: Operator.NOT_IN,
-  Exists: Operator.EXISTS,
-  DoesNotExist: Operator.DOES_NOT_EXIST,
-  Gt: Operator.GT,
-  Lt: Operator.LT,
-};
-const nameOf = new Map(Object.entries(operatorOf).map(([n, op]) => [op, n as OperatorName]));
 
 /** `cpu=2000,gpu=1` (or several flags) as a resource map. */
 export function quantities(flag: string, texts: readonly string[]): Record<string, bigint> {
@@ -46,11 +34,7 @@ export function requirementFlag(text: string): LabelRequirement {
       `--require takes KEY in (A,B), KEY notin (A), KEY=V, KEY!=V, KEY, !KEY, KEY>N or KEY<N, not ${JSON.stringify(text)}`,
     );
   }
-  return create(LabelRequirementSchema, {
-    key: r.key,
-    operator: operatorOf[r.op],
-    values: r.values,
-  });
+  return toRequirement(r);
 }
 
 /** A --prefer flag: `WEIGHT:REQUIREMENT`, e.g. `50:disk=ssd`. */
@@ -65,7 +49,7 @@ export function preferenceFlag(text: string) {
 
 /** A requirement as --require writes it. */
 export function requirementWords(r: LabelRequirement): string {
-  return requirementText({ key: r.key, op: nameOf.get(r.operator) ?? "In", values: r.values });
+  return requirementText({ key: r.key, op: operatorName(r.operator) ?? "In", values: r.values });
 }
 
 const mapText = (m: Record<string, bigint>) =>

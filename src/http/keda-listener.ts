@@ -1,8 +1,9 @@
 import { readFileSync } from "node:fs";
 import * as http2 from "node:http2";
-import type { AddressInfo, Socket } from "node:net";
+import type { Socket } from "node:net";
 import { splitHostPort } from "../config.js";
 import { StartupError } from "../data-dir-lock.js";
+import { listenOn } from "./listener.js";
 
 /** The KEDA listener as it runs. */
 export interface KedaListener {
@@ -45,28 +46,12 @@ export async function listenKeda(
   } else {
     server = http2.createServer(handler);
   }
-  const sockets = new Set<Socket>();
-  server.on("connection", (socket: Socket) => {
-    socket.setNoDelay(true);
-    sockets.add(socket);
-    socket.on("close", () => sockets.delete(socket));
-  });
-  const { host, port } = splitHostPort(options.listen);
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(port, host, () => {
-      server.off("error", reject);
-      resolve();
-    });
-  });
-  const bound = (server.address() as AddressInfo).port;
-  const urlHost = host.includes(":") ? `[${host}]` : host;
-  return {
-    url: `${options.tlsCert ? "https" : "http"}://${urlHost}:${bound}`,
-    async close() {
-      const closed = new Promise<void>((resolve) => server.close(() => resolve()));
-      for (const s of sockets) s.destroy();
-      await closed;
-    },
-  };
+  // KEDA's gRPC calls are small and latency-bound (TCP_NODELAY, as on the main port).
+  server.on("connection", (socket: Socket) => socket.setNoDelay(true));
+  const listening = await listenOn(
+    server,
+    splitHostPort(options.listen),
+    options.tlsCert ? "https" : "http",
+  );
+  return { url: listening.url, close: listening.closeNow };
 }

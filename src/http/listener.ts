@@ -229,3 +229,51 @@ export function createListener(serve: Handler, options: ListenerOptions): net.Se
   });
   return server;
 }
+
+/** A server listening on its address, with the sockets it holds. */
+export interface Listening {
+  /** e.g. http://127.0.0.1:43127 (an IPv6 host in brackets). */
+  url: string;
+  port: number;
+  /** Stops accepting and ends every open connection at once. */
+  closeNow(): Promise<void>;
+  /** The open connections, for a close that waits for some first. */
+  sockets: Set<net.Socket>;
+}
+
+/**
+ * Listens on `host:port` (port 0: a free one), keeping the open sockets so
+ * that a close can end them (server.close() alone waits for idle
+ * keep-alive connections and streams). Rejects with the listen error
+ * (EADDRINUSE, EACCES).
+ */
+export async function listenOn(
+  server: net.Server,
+  address: { host: string; port: number },
+  scheme: "http" | "https",
+): Promise<Listening> {
+  const sockets = new Set<net.Socket>();
+  server.on("connection", (socket: net.Socket) => {
+    sockets.add(socket);
+    socket.on("close", () => sockets.delete(socket));
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(address.port, address.host, () => {
+      server.off("error", reject);
+      resolve();
+    });
+  });
+  const port = (server.address() as net.AddressInfo).port;
+  const urlHost = address.host.includes(":") ? `[${address.host}]` : address.host;
+  return {
+    url: `${scheme}://${urlHost}:${port}`,
+    port,
+    sockets,
+    async closeNow() {
+      const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+      for (const s of sockets) s.destroy();
+      await closed;
+    },
+  };
+}

@@ -247,9 +247,14 @@ const operatorNames = new Map(
   Object.entries(operatorOf).map(([name, op]) => [op, name as OperatorName]),
 );
 
+/** An operator's stored name (`In`, `NotIn`, …), undefined for UNSPECIFIED or an unknown value. */
+export function operatorName(op: Operator): OperatorName | undefined {
+  return operatorNames.get(op);
+}
+
 /** A LabelRequirement as stored, checked. */
 export function fromRequirement(field: string, r: LabelRequirement | undefined): RequirementJson {
-  return requirement(field, r?.key ?? "", operatorNames.get(r?.operator ?? Operator.UNSPECIFIED), [
+  return requirement(field, r?.key ?? "", operatorName(r?.operator ?? Operator.UNSPECIFIED), [
     ...(r?.values ?? []),
   ]);
 }
