@@ -36,7 +36,8 @@ import { sourceFiles, src } from "../support/source-files.js";
  * 10  stores         a store per handle
  * 11  app            shared state, the object every service's Deps is cut from
  * 12  server  startup
- * 13  main  cli/     start-up, signals, the meshwork command
+ * 13  main           start-up, signals
+ * 14  cli/           the meshwork command (serve loads main.ts)
  */
 const ranks: Record<string, number> = {
   db: 0,
@@ -62,7 +63,7 @@ const ranks: Record<string, number> = {
   server: 12,
   startup: 12,
   main: 13,
-  cli: 13,
+  cli: 14,
 };
 
 /** The module a file belongs to: its folder under src/, or the file itself at the top. */
@@ -76,8 +77,12 @@ function imports(): { file: string; target: string; from: string; to: string }[]
   const found = [];
   for (const file of sourceFiles(src)) {
     const text = readFileSync(file, "utf8");
-    for (const m of text.matchAll(/(?:^|\n)\s*(?:import|export)\b[^;]*?\bfrom\s+"(\.[^"]+)"/g)) {
-      const target = resolve(dirname(file), (m[1] ?? "").replace(/\.js$/, ".ts"));
+    // `import … from`, `export … from`, `import "./x.js"` and `import("./x.js")`.
+    const specifiers =
+      /(?:^|\n)\s*(?:import|export)\b[^;]*?\bfrom\s+"(\.[^"]+)"|(?:^|\n)\s*import\s+"(\.[^"]+)"|\bimport\(\s*"(\.[^"]+)"\s*\)/g;
+    for (const m of text.matchAll(specifiers)) {
+      const spec = m[1] ?? m[2] ?? m[3] ?? "";
+      const target = resolve(dirname(file), spec.replace(/\.js$/, ".ts"));
       if (!target.startsWith(`${src}/`)) continue; // gen/ and the like
       const [from, to] = [moduleOf(file), moduleOf(target)];
       if (to !== from)
