@@ -61,6 +61,22 @@ ${endpointHelp}`,
 const pct = (f: number) => `${(f * 100).toFixed(1)}%`;
 
 /** `meshwork share|limit|rate …`; returns the exit code. */
+
+/** Every page of a listing, merged into the first page's response (its next_page_token then empty). */
+async function wholeList<R extends { nextPageToken: string }>(
+  read: (pageToken: string) => Promise<R>,
+  merge: (all: R, page: R) => void,
+): Promise<R> {
+  const all = await read("");
+  for (let next = all.nextPageToken; next; ) {
+    const page = await read(next);
+    merge(all, page);
+    next = page.nextPageToken;
+  }
+  all.nextPageToken = "";
+  return all;
+}
+
 export async function schedulingCommand(
   command: "share" | "limit" | "rate",
   argv: string[],
@@ -110,7 +126,10 @@ export async function schedulingCommand(
         );
         return 0;
       }
-      const res = await shares.listShares({});
+      const res = await wholeList(
+        (pageToken) => shares.listShares({ pageSize: 1000, pageToken }),
+        (all, page) => all.shares.push(...page.shares),
+      );
       if (values.json) {
         io.out.write(`${JSON.stringify(toJson(ListSharesResponseSchema, res))}\n`);
         return 0;
@@ -146,7 +165,10 @@ export async function schedulingCommand(
         io.out.write(deleted ? `limit ${key} removed\n` : `key ${key} had no limit\n`);
         return 0;
       }
-      const res = await limits.listLimits({});
+      const res = await wholeList(
+        (pageToken) => limits.listLimits({ pageSize: 1000, pageToken }),
+        (all, page) => all.limits.push(...page.limits),
+      );
       if (values.json) {
         io.out.write(`${JSON.stringify(toJson(ListLimitsResponseSchema, res))}\n`);
         return 0;
@@ -179,7 +201,10 @@ export async function schedulingCommand(
       io.out.write(deleted ? `rate ${key} removed\n` : `key ${key} had no rate\n`);
       return 0;
     }
-    const res = await limits.listRates({});
+    const res = await wholeList(
+      (pageToken) => limits.listRates({ pageSize: 1000, pageToken }),
+      (all, page) => all.rates.push(...page.rates),
+    );
     if (values.json) {
       io.out.write(`${JSON.stringify(toJson(ListRatesResponseSchema, res))}\n`);
       return 0;

@@ -93,3 +93,16 @@ export function pageOf<T>(
 export function byTimeAndId(at: Date, id: string): Position {
   return { at, keys: [id] };
 }
+
+/**
+ * Position of a row of a listing ordered by a text key alone (limits,
+ * rates, the share tree): the same codec, at time 0.
+ */
+export function byKey(key: string): Position {
+  return { at: new Date(0), keys: [key] };
+}
+
+/** Decodes the page token of a listing ordered by a text key: the last key of the page before. */
+export function decodeKeyCursor(token: string): string | undefined {
+  return decodePageToken(token, 1)?.keys[0];
+}

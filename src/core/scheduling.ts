@@ -159,9 +159,16 @@ export function shareAncestry(path: string): string[] {
   return segments.map((_, i) => segments.slice(0, i + 1).join("/"));
 }
 
-/** A concurrency or rate key: empty (none) or an identifier-like string. */
-export function limitKey(field: string, key: string): string {
-  return text(field, key, { optional: true });
+/**
+ * A concurrency or rate key: text of at most 256 characters without white
+ * space at either end (a key that looks blank could never be given a
+ * limit). On a task it may be empty (no key); ConcurrencyService's calls
+ * require one (`required`).
+ */
+export function limitKey(field: string, key: string, { required = false } = {}): string {
+  text(field, key, { optional: !required });
+  if (key !== key.trim()) throw invalid(`${field} must not begin or end with white space`);
+  return key;
 }
 
 /** A requirement in words: `gpu-model in (a100, h100)`, `has label spot`, `cores > 8`. */

@@ -81,6 +81,10 @@ export function createFleetStore(db: Db, heartbeatIntervalSeconds: number) {
     lost,
     activeLeases: liveLeases(workers.id).mapWith(Number),
     allocated: allocatedOf(workers.id),
+    // A reservation whose task another worker took stays on the row until
+    // this worker's next claim drops it; it is shown only while it holds.
+    reservedTaskId: sql<string | null>`case when ${workers.reservedTaskId} is null then null
+      else (select t.id from tasks t where t.id = ${workers.reservedTaskId} and t.state = 'PENDING') end`,
   };
 
   // Prepared once: a worker is read on every claim.

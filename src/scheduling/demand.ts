@@ -97,6 +97,8 @@ export async function readDemand(db: Db, pool: Pool): Promise<Demand> {
   const maps = JSON.stringify(labelMaps(pool.selector));
   const selector = JSON.stringify(Object.fromEntries(pool.selector));
   const capacity = JSON.stringify(pool.capacity);
+  // A capacity that names resources (not only slots) offers none of the others.
+  const shaped = Object.keys(pool.capacity).some((k) => k !== "slots");
   const rows = await rowsOf<{
     kind: string;
     key: string | null;
@@ -111,9 +113,12 @@ export async function readDemand(db: Db, pool: Pool): Promise<Demand> {
           and exists (select 1 from jsonb_array_elements(${maps}::jsonb) as l
             where t.affinity <@ l.value
               and (t.requirements = '[]'::jsonb or meshwork_requirements_hold(t.requirements, l.value)))
-          -- Only what one worker of the pool could ever hold.
+          -- Only what one worker of the pool could ever hold: no more of a
+          -- resource than it offers, and none of one it does not.
           and not exists (select 1 from jsonb_each_text(t.resources) as a
-            where ${capacity}::jsonb ? a.key and a.value::bigint > (${capacity}::jsonb ->> a.key)::bigint)
+            where case when ${capacity}::jsonb ? a.key
+              then a.value::bigint > (${capacity}::jsonb ->> a.key)::bigint
+              else ${shaped}::boolean and a.key <> 'slots' and a.value::bigint > 0 end)
       ), leased as (
         select t.resources from tasks t join workers w on w.id = t.lease_worker_id
         where t.workload = ${pool.workload} and meshwork_lease_live(t)

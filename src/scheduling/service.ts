@@ -11,11 +11,12 @@ import {
 import { type Share, ShareSchema, type ShareService } from "../../gen/meshwork/v1/share_pb.js";
 import type { Config } from "../config.js";
 import { invalid } from "../core/errors.js";
-import { sharePath } from "../core/scheduling.js";
-import { intInRange, text } from "../core/validate.js";
+import { byKey, decodeKeyCursor, pageOf, pageSize } from "../core/paging.js";
+import { limitKey, sharePath } from "../core/scheduling.js";
+import { intInRange } from "../core/validate.js";
 import type { ShareBook } from "./book.js";
 import type { LimitRow, RateRow, SchedulingStore } from "./store.js";
-import { computeTree, type ShareNode } from "./tree.js";
+import { computeTree, type ShareNode, treeOrder } from "./tree.js";
 
 /** What ShareService and ConcurrencyService use. */
 export interface SchedulingServiceDeps {
@@ -91,10 +92,21 @@ export function createShareService(app: SchedulingServiceDeps): ServiceImpl<type
       return { deleted };
     },
 
-    async listShares() {
+    async listShares(req) {
+      const size = pageSize(req.pageSize);
+      const after = decodeKeyCursor(req.pageToken);
+      const tree = await readTree(app);
+      // The tree's order (parents first, siblings by path) is not the
+      // paths' text order: a page starts after the node the token names, or
+      // where that node would stand had it gone since.
+      const start = after === undefined ? 0 : tree.findIndex((n) => treeOrder(n.path, after) > 0);
+      const page = pageOf(start < 0 ? [] : tree.slice(start, start + size + 1), size, (n) =>
+        byKey(n.path),
+      );
       return {
-        shares: (await readTree(app)).map(toShare),
+        shares: page.rows.map(toShare),
         halfLifeSeconds: app.config.shareHalfLifeMs / 1000,
+        nextPageToken: page.next,
       };
     },
   };
@@ -114,8 +126,8 @@ function toLimit(r: LimitRow): ConcurrencyLimit {
   return create(ConcurrencyLimitSchema, { ...r, pending: BigInt(r.pending) });
 }
 
-/** A limit key (concurrency_key, rate_key): required here, ≤ 256 characters. */
-const keyField = (value: string) => text("key", value);
+/** A limit key (concurrency_key, rate_key): required here. */
+const keyField = (value: string) => limitKey("key", value, { required: true });
 
 /** ConcurrencyService: limits and rates by key. */
 export function createConcurrencyService(
@@ -126,7 +138,7 @@ export function createConcurrencyService(
     async setLimit(req) {
       const key = keyField(req.key);
       await store.setLimit(key, intInRange("max_running", req.maxRunning, 0, 1_000_000));
-      const [limit] = await store.limits(key);
+      const [limit] = await store.limits({ key });
       if (!limit) throw new Error("a limit just set was not read back");
       return { limit: toLimit(limit) };
     },
@@ -135,8 +147,11 @@ export function createConcurrencyService(
       return { deleted: await store.deleteLimit(keyField(req.key)) };
     },
 
-    async listLimits() {
-      return { limits: (await store.limits()).map(toLimit) };
+    async listLimits(req) {
+      const size = pageSize(req.pageSize);
+      const rows = await store.limits({ after: decodeKeyCursor(req.pageToken), size: size + 1 });
+      const page = pageOf(rows, size, (r) => byKey(r.key));
+      return { limits: page.rows.map(toLimit), nextPageToken: page.next };
     },
 
     async setRate(req) {
@@ -150,7 +165,7 @@ export function createConcurrencyService(
           ? Math.max(1, Math.ceil(perSecond))
           : intInRange("burst", req.burst, 1, 1_000_000);
       await store.setRate(key, perSecond, burst);
-      const [rate] = await store.rates(key);
+      const [rate] = await store.rates({ key });
       if (!rate) throw new Error("a rate just set was not read back");
       return { rate: toRate(rate) };
     },
@@ -159,8 +174,11 @@ export function createConcurrencyService(
       return { deleted: await store.deleteRate(keyField(req.key)) };
     },
 
-    async listRates() {
-      return { rates: (await store.rates()).map(toRate) };
+    async listRates(req) {
+      const size = pageSize(req.pageSize);
+      const rows = await store.rates({ after: decodeKeyCursor(req.pageToken), size: size + 1 });
+      const page = pageOf(rows, size, (r) => byKey(r.key));
+      return { rates: page.rows.map(toRate), nextPageToken: page.next };
     },
   };
 }

@@ -1,4 +1,4 @@
-import { asc, eq, sql } from "drizzle-orm";
+import { and, asc, eq, gt, sql } from "drizzle-orm";
 import type { Db } from "../db/database.js";
 import { concurrencyLimits, type Resources, rateLimits, shares } from "../db/schema/index.js";
 import { asNumber, rowsOf } from "../db/values.js";
@@ -10,6 +10,13 @@ export interface HeldByShare {
 }
 
 /** A key's concurrency limit, with what runs and waits under it. */
+/** Which keys a listing reads: one `key`, or up to `size` after `after` (all by default). */
+export interface KeyRange {
+  key?: string | undefined;
+  after?: string | undefined;
+  size?: number | undefined;
+}
+
 export interface LimitRow {
   key: string;
   maxRunning: number;
@@ -170,7 +177,8 @@ export function createSchedulingStore(db: Db, heartbeatIntervalSeconds: number) 
     },
 
     /** The limits, by key, with their live leases and PENDING tasks (all, or one key). */
-    async limits(key?: string): Promise<LimitRow[]> {
+    /** The limits by key: one `key`, or up to `size` after the key `after`. */
+    async limits({ key, after, size }: KeyRange = {}): Promise<LimitRow[]> {
       const rows = await rowsOf<{
         key: string;
         max_running: number;
@@ -181,8 +189,10 @@ export function createSchedulingStore(db: Db, heartbeatIntervalSeconds: number) 
         sql`select l.key, l.max_running, meshwork_key_running(l.key) as running,
             (select count(*) from tasks t where t.state = 'PENDING' and t.concurrency_key = l.key) as pending
           from concurrency_limits l
-          where ${key ?? null}::text is null or l.key = ${key ?? null}::text
-          order by l.key`,
+          where (${key ?? null}::text is null or l.key = ${key ?? null}::text)
+            and (${after ?? null}::text is null or l.key > ${after ?? null}::text)
+          order by l.key
+          limit ${size ?? null}`,
       );
       return rows.map((r) => ({
         key: r.key,
@@ -201,7 +211,8 @@ export function createSchedulingStore(db: Db, heartbeatIntervalSeconds: number) 
         values (${key}, ${perSecond}, ${burst}, ${burst}, now())
         on conflict (key) do update set
           tokens = least(excluded.burst, meshwork_rate_tokens(rate_limits)),
-          per_second = excluded.per_second, burst = excluded.burst, refilled_at = now()`);
+          per_second = excluded.per_second, burst = excluded.burst,
+          refilled_at = greatest(rate_limits.refilled_at, now())`);
     },
 
     async deleteRate(key: string): Promise<boolean> {
@@ -209,8 +220,8 @@ export function createSchedulingStore(db: Db, heartbeatIntervalSeconds: number) 
       return rows.length > 0;
     },
 
-    /** The rates, by key, with the tokens each bucket holds now (all, or one key). */
-    async rates(key?: string): Promise<RateRow[]> {
+    /** The rates by key, with the tokens each bucket holds now: one `key`, or up to `size` after `after`. */
+    async rates({ key, after, size }: KeyRange = {}): Promise<RateRow[]> {
       const rows = await db
         .select({
           key: rateLimits.key,
@@ -220,8 +231,14 @@ export function createSchedulingStore(db: Db, heartbeatIntervalSeconds: number) 
           refilledAt: rateLimits.refilledAt,
         })
         .from(rateLimits)
-        .where(key === undefined ? undefined : eq(rateLimits.key, key))
-        .orderBy(asc(rateLimits.key));
+        .where(
+          and(
+            key === undefined ? undefined : eq(rateLimits.key, key),
+            after === undefined ? undefined : gt(rateLimits.key, after),
+          ),
+        )
+        .orderBy(asc(rateLimits.key))
+        .limit(size ?? Number.MAX_SAFE_INTEGER);
       return rows;
     },
   };

@@ -123,7 +123,22 @@ export function computeTree(input: TreeInput): ShareNode[] {
     }
   };
   split(undefined, 1);
-  return [...nodes.values()].sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
+  return [...nodes.values()].sort((a, b) => treeOrder(a.path, b.path));
+}
+
+/**
+ * The order of the tree's listing: depth first, siblings by path, so that
+ * a node's children follow it at once (`lab`, `lab/a`, `lab-x`: by text
+ * alone `lab-x` would come between `lab` and `lab/a`). Negative when `a`
+ * comes first.
+ */
+export function treeOrder(a: string, b: string): number {
+  const [x, y] = [a.split("/"), b.split("/")];
+  for (let i = 0; i < Math.min(x.length, y.length); i++) {
+    const [p, q] = [x[i] ?? "", y[i] ?? ""];
+    if (p !== q) return p < q ? -1 : 1;
+  }
+  return x.length - y.length;
 }
 
 /**

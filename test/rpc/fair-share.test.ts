@@ -1,8 +1,10 @@
 import { createClient } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ConcurrencyService } from "../../gen/meshwork/v1/concurrency_pb.js";
 import type { Claim } from "../../gen/meshwork/v1/lease_pb.js";
 import { ShareService } from "../../gen/meshwork/v1/share_pb.js";
 import { WaitKind } from "../../gen/meshwork/v1/task_pb.js";
+import { outcome } from "../support/errors.js";
 import { createHarness, type Harness, uniqueWorkload } from "../support/harness.js";
 
 // Fair share and reservations, driven step by step: a step is one unit of
@@ -174,6 +176,44 @@ describe("fair share", () => {
   });
 });
 
+describe("the share tree's listing", () => {
+  it("lists parents before their children, depth first, siblings by path, a page at a time", async () => {
+    const h = await createHarness();
+    try {
+      const shares = createClient(ShareService, h.transport);
+      const workload = uniqueWorkload();
+      // By text alone, `lab-x` would stand between `lab` and its children.
+      for (const share of ["lab/b", "lab-x", "lab/a/deep", "lab/a", "zoo"]) {
+        await h.tasks.createTask({ workload, share });
+      }
+      await shares.setShare({ path: "lab", weight: 2 });
+      const whole = await shares.listShares({});
+      const paths = whole.shares.map((s) => s.path);
+      expect(paths).toEqual(["lab", "lab/a", "lab/a/deep", "lab/b", "lab-x", "zoo"]);
+      expect(whole.nextPageToken).toBe("");
+      // Page by page, the same nodes in the same order.
+      const paged: string[] = [];
+      let pageToken = "";
+      let pages = 0;
+      do {
+        const page = await shares.listShares({ pageSize: 2, pageToken });
+        expect(page.shares.length).toBeLessThanOrEqual(2);
+        paged.push(...page.shares.map((s) => s.path));
+        pageToken = page.nextPageToken;
+        pages++;
+      } while (pageToken && pages < 10);
+      expect(paged).toEqual(paths);
+      expect(pages).toBe(3);
+      expect((await outcome(shares.listShares({ pageSize: 1001 }))).code).toBe("InvalidArgument");
+      expect((await outcome(shares.listShares({ pageToken: "nonsense" }))).reason).toBe(
+        "INVALID_PAGE_TOKEN",
+      );
+    } finally {
+      await h.close();
+    }
+  });
+});
+
 describe("reservations", () => {
   /** A worker of 4 GPUs busy with 1-GPU tasks, a 4-GPU task, and a new 1-GPU task every step. */
   async function starve(reserveAfterMs: number) {
@@ -211,6 +251,75 @@ describe("reservations", () => {
       await h.close();
     }
   }
+
+  it("is neither made nor kept for a task its concurrency limit holds back", async () => {
+    const h = await createHarness({ reserveAfterMs: 1 });
+    try {
+      const limits = createClient(ConcurrencyService, h.transport);
+      const sim = await fleet(h, 1, 4);
+      const [workerId] = sim.workers;
+      if (!workerId) throw new Error("no worker");
+      const reservedFor = async () =>
+        (await h.fleet.getWorker({ workerId })).worker?.reservedTaskId;
+      const claim = async () =>
+        (await h.leases.claimTasks({ workerId, maxTasks: 10 })).claims.length;
+      await backlog(sim, "small", 1);
+      expect(await claim()).toBe(1); // 3 of 4 GPUs free
+      const key = `licence-${sim.workload}`;
+      await limits.setLimit({ key, maxRunning: 0 });
+      const { task: big } = await h.tasks.createTask({
+        workload: sim.workload,
+        share: "big",
+        resources: { gpu: 4n },
+        concurrencyKey: key,
+      });
+      await new Promise((resolve) => setTimeout(resolve, 20));
+      expect(await claim()).toBe(0);
+      expect(await reservedFor()).toBe("");
+      // Once its limit lets it run, it is reserved like any large task...
+      await limits.setLimit({ key, maxRunning: 1 });
+      expect(await claim()).toBe(0);
+      expect(await reservedFor()).toBe(big?.taskId);
+      // ...and when the limit holds it back again, the reservation goes and
+      // small tasks get the free GPUs rather than wait behind it.
+      await limits.setLimit({ key, maxRunning: 0 });
+      await backlog(sim, "small", 3);
+      expect(await claim()).toBe(3);
+      expect(await reservedFor()).toBe("");
+    } finally {
+      await h.close();
+    }
+  });
+
+  it("shows a worker's reservation only while its task waits (another worker may take it)", async () => {
+    const h = await createHarness({ reserveAfterMs: 1 });
+    try {
+      const sim = await fleet(h, 1, 4);
+      const [held] = sim.workers;
+      if (!held) throw new Error("no worker");
+      await backlog(sim, "small", 1);
+      await h.leases.claimTasks({ workerId: held, maxTasks: 10 });
+      const { task: big } = await h.tasks.createTask({
+        workload: sim.workload,
+        resources: { gpu: 4n },
+      });
+      await new Promise((resolve) => setTimeout(resolve, 20));
+      await h.leases.claimTasks({ workerId: held, maxTasks: 10 });
+      const reservedOf = async (workerId: string) =>
+        (await h.fleet.getWorker({ workerId })).worker?.reservedTaskId;
+      expect(await reservedOf(held)).toBe(big?.taskId);
+      const { workerId: other } = await h.fleet.registerWorker({
+        capabilities: [sim.workload],
+        maxConcurrency: 4,
+        capacity: { gpu: 4n },
+      });
+      const { claims } = await h.leases.claimTasks({ workerId: other, maxTasks: 1 });
+      expect(claims.map((c) => c.taskId)).toEqual([big?.taskId]);
+      expect(await reservedOf(held)).toBe("");
+    } finally {
+      await h.close();
+    }
+  });
 
   it("a large task losing to smaller ones gets the worker reserved and runs within the bound", async () => {
     const reserved = await starve(1);

@@ -53,9 +53,11 @@ describe("the KEDA external scaler over h2c", () => {
       tasks: [
         ...Array.from({ length: 9 }, () => ({ workload, resources: { gpu: 1n, cpu: 1000n } })),
         ...Array.from({ length: 2 }, () => ({ workload, resources: { gpu: 3n } })),
-        // Not the pool's: another zone, and one no worker of 4 GPUs can hold.
+        // Not the pool's: another zone, one no worker of 4 GPUs can hold, and
+        // one asking a resource the pool's workers do not offer at all.
         { workload, affinity: { zone: "us" }, resources: { gpu: 1n } },
         { workload, resources: { gpu: 8n } },
+        { workload, resources: { gpu: 1n, "license/x": 1n } },
       ],
     });
     expect((await scaler.isActive(ref)).result).toBe(true);
@@ -81,8 +83,8 @@ describe("the KEDA external scaler over h2c", () => {
     const status = await h.fleet.getFleetStatus({});
     const backlog = status.backlog.find((b) => b.workload === workload);
     expect(backlog?.workerCapacity).toMatchObject({ gpu: 4n, cpu: 16_000n });
-    expect(backlog?.pendingResources.gpu).toBe(5n + 2n * 3n + 1n + 8n);
-    // All the workload's tasks but the one no worker can hold: 15 + 1 GPUs.
+    expect(backlog?.pendingResources.gpu).toBe(5n + 2n * 3n + 1n + 8n + 1n);
+    // All the workload's tasks but the two no worker can hold: 15 + 1 GPUs.
     expect(backlog?.workersNeeded).toBe(4);
     expect(await h.app.metrics.scrape()).toContain(
       `meshwork_workers_needed{workload="${workload}"} 4`,

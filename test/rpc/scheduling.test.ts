@@ -276,6 +276,62 @@ describe("concurrency limits", () => {
     expect((await h.leases.claimTasks({ workerId: next, maxTasks: 20 })).claims).toHaveLength(2);
   });
 
+  it("refuses a blank or padded key on a task and on a limit, creating nothing", async () => {
+    const workload = uniqueWorkload();
+    for (const fields of [
+      { concurrencyKey: " " },
+      { rateKey: " api" },
+      { concurrencyKey: "x\t" },
+    ]) {
+      expect((await outcome(h.tasks.createTask({ workload, ...fields }))).code).toBe(
+        "InvalidArgument",
+      );
+    }
+    expect((await h.tasks.listTasks({ workload })).tasks).toEqual([]);
+    expect((await outcome(limits.setLimit({ key: " ", maxRunning: 1 }))).code).toBe(
+      "InvalidArgument",
+    );
+    expect((await outcome(limits.setRate({ key: "a ", perSecond: 1 }))).code).toBe(
+      "InvalidArgument",
+    );
+  });
+
+  it("lists limits and rates by key, a page at a time", async () => {
+    const prefix = `page-${uniqueWorkload()}`;
+    const keys = ["c", "a", "b"].map((k) => `${prefix}-${k}`);
+    for (const key of keys) {
+      await limits.setLimit({ key, maxRunning: 3 });
+      await limits.setRate({ key, perSecond: 2 });
+    }
+    const walk = async (
+      read: (pageToken: string) => Promise<{ keys: string[]; next: string }>,
+    ): Promise<string[]> => {
+      const out: string[] = [];
+      let pageToken = "";
+      for (let pages = 0; pages < 100; pages++) {
+        const page = await read(pageToken);
+        expect(page.keys.length).toBeLessThanOrEqual(2);
+        out.push(...page.keys);
+        pageToken = page.next;
+        if (!pageToken) break;
+      }
+      return out.filter((k) => k.startsWith(prefix));
+    };
+    const sorted = [...keys].sort();
+    expect(
+      await walk(async (pageToken) => {
+        const r = await limits.listLimits({ pageSize: 2, pageToken });
+        return { keys: r.limits.map((l) => l.key), next: r.nextPageToken };
+      }),
+    ).toEqual(sorted);
+    expect(
+      await walk(async (pageToken) => {
+        const r = await limits.listRates({ pageSize: 2, pageToken });
+        return { keys: r.rates.map((l) => l.key), next: r.nextPageToken };
+      }),
+    ).toEqual(sorted);
+  });
+
   it("a placement over the limit is resource_exhausted and changes nothing", async () => {
     const workload = uniqueWorkload();
     const key = `k-${workload}`;

@@ -11,6 +11,7 @@ const hashes: Record<number, string> = {
   1: "1ac462b9a5c12137ee09989dafb1704f429e5a477d4b8968edad233f512d1f1e",
   2: "b31e26219186b344bde3a13824d741c40c09e9789318b931e3b79e6c888bf7f8",
   3: "2b0643b16ab2a885871fa988c5976b8ba7e6500e817dff86db6f817a348aff1f",
+  4: "8c866a19c29c61c78df2e88bce1aa4d01d191c239f94a6fd12dd6afef1566689",
 };
 
 describe("database functions", () => {

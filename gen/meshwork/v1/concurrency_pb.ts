@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file meshwork/v1/concurrency.proto.
  */
 export const file_meshwork_v1_concurrency: GenFile = /*@__PURE__*/
-  fileDesc("Ch1tZXNod29yay92MS9jb25jdXJyZW5jeS5wcm90bxILbWVzaHdvcmsudjEiVgoQQ29uY3VycmVuY3lMaW1pdBILCgNrZXkYASABKAkSEwoLbWF4X3J1bm5pbmcYAiABKAUSDwoHcnVubmluZxgDIAEoBRIPCgdwZW5kaW5nGAQgASgDIjMKD1NldExpbWl0UmVxdWVzdBILCgNrZXkYASABKAkSEwoLbWF4X3J1bm5pbmcYAiABKAUiQAoQU2V0TGltaXRSZXNwb25zZRIsCgVsaW1pdBgBIAEoCzIdLm1lc2h3b3JrLnYxLkNvbmN1cnJlbmN5TGltaXQiIQoSRGVsZXRlTGltaXRSZXF1ZXN0EgsKA2tleRgBIAEoCSImChNEZWxldGVMaW1pdFJlc3BvbnNlEg8KB2RlbGV0ZWQYASABKAgiEwoRTGlzdExpbWl0c1JlcXVlc3QiQwoSTGlzdExpbWl0c1Jlc3BvbnNlEi0KBmxpbWl0cxgBIAMoCzIdLm1lc2h3b3JrLnYxLkNvbmN1cnJlbmN5TGltaXQiewoJUmF0ZUxpbWl0EgsKA2tleRgBIAEoCRISCgpwZXJfc2Vjb25kGAIgASgBEg0KBWJ1cnN0GAMgASgFEg4KBnRva2VucxgEIAEoARIuCgp1cGRhdGVkX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJPCg5TZXRSYXRlUmVxdWVzdBILCgNrZXkYASABKAkSEgoKcGVyX3NlY29uZBgCIAEoARISCgVidXJzdBgDIAEoBUgAiAEBQggKBl9idXJzdCI3Cg9TZXRSYXRlUmVzcG9uc2USJAoEcmF0ZRgBIAEoCzIWLm1lc2h3b3JrLnYxLlJhdGVMaW1pdCIgChFEZWxldGVSYXRlUmVxdWVzdBILCgNrZXkYASABKAkiJQoSRGVsZXRlUmF0ZVJlc3BvbnNlEg8KB2RlbGV0ZWQYASABKAgiEgoQTGlzdFJhdGVzUmVxdWVzdCI6ChFMaXN0UmF0ZXNSZXNwb25zZRIlCgVyYXRlcxgBIAMoCzIWLm1lc2h3b3JrLnYxLlJhdGVMaW1pdDLpAwoSQ29uY3VycmVuY3lTZXJ2aWNlEkcKCFNldExpbWl0EhwubWVzaHdvcmsudjEuU2V0TGltaXRSZXF1ZXN0Gh0ubWVzaHdvcmsudjEuU2V0TGltaXRSZXNwb25zZRJQCgtEZWxldGVMaW1pdBIfLm1lc2h3b3JrLnYxLkRlbGV0ZUxpbWl0UmVxdWVzdBogLm1lc2h3b3JrLnYxLkRlbGV0ZUxpbWl0UmVzcG9uc2USUgoKTGlzdExpbWl0cxIeLm1lc2h3b3JrLnYxLkxpc3RMaW1pdHNSZXF1ZXN0Gh8ubWVzaHdvcmsudjEuTGlzdExpbWl0c1Jlc3BvbnNlIgOQAgESRAoHU2V0UmF0ZRIbLm1lc2h3b3JrLnYxLlNldFJhdGVSZXF1ZXN0GhwubWVzaHdvcmsudjEuU2V0UmF0ZVJlc3BvbnNlEk0KCkRlbGV0ZVJhdGUSHi5tZXNod29yay52MS5EZWxldGVSYXRlUmVxdWVzdBofLm1lc2h3b3JrLnYxLkRlbGV0ZVJhdGVSZXNwb25zZRJPCglMaXN0UmF0ZXMSHS5tZXNod29yay52MS5MaXN0UmF0ZXNSZXF1ZXN0Gh4ubWVzaHdvcmsudjEuTGlzdFJhdGVzUmVzcG9uc2UiA5ACAWIGcHJvdG8z", [file_google_protobuf_timestamp]);
+  fileDesc("Ch1tZXNod29yay92MS9jb25jdXJyZW5jeS5wcm90bxILbWVzaHdvcmsudjEiVgoQQ29uY3VycmVuY3lMaW1pdBILCgNrZXkYASABKAkSEwoLbWF4X3J1bm5pbmcYAiABKAUSDwoHcnVubmluZxgDIAEoBRIPCgdwZW5kaW5nGAQgASgDIjMKD1NldExpbWl0UmVxdWVzdBILCgNrZXkYASABKAkSEwoLbWF4X3J1bm5pbmcYAiABKAUiQAoQU2V0TGltaXRSZXNwb25zZRIsCgVsaW1pdBgBIAEoCzIdLm1lc2h3b3JrLnYxLkNvbmN1cnJlbmN5TGltaXQiIQoSRGVsZXRlTGltaXRSZXF1ZXN0EgsKA2tleRgBIAEoCSImChNEZWxldGVMaW1pdFJlc3BvbnNlEg8KB2RlbGV0ZWQYASABKAgiOgoRTGlzdExpbWl0c1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiXAoSTGlzdExpbWl0c1Jlc3BvbnNlEi0KBmxpbWl0cxgBIAMoCzIdLm1lc2h3b3JrLnYxLkNvbmN1cnJlbmN5TGltaXQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJInsKCVJhdGVMaW1pdBILCgNrZXkYASABKAkSEgoKcGVyX3NlY29uZBgCIAEoARINCgVidXJzdBgDIAEoBRIOCgZ0b2tlbnMYBCABKAESLgoKdXBkYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTwoOU2V0UmF0ZVJlcXVlc3QSCwoDa2V5GAEgASgJEhIKCnBlcl9zZWNvbmQYAiABKAESEgoFYnVyc3QYAyABKAVIAIgBAUIICgZfYnVyc3QiNwoPU2V0UmF0ZVJlc3BvbnNlEiQKBHJhdGUYASABKAsyFi5tZXNod29yay52MS5SYXRlTGltaXQiIAoRRGVsZXRlUmF0ZVJlcXVlc3QSCwoDa2V5GAEgASgJIiUKEkRlbGV0ZVJhdGVSZXNwb25zZRIPCgdkZWxldGVkGAEgASgIIjkKEExpc3RSYXRlc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiUwoRTGlzdFJhdGVzUmVzcG9uc2USJQoFcmF0ZXMYASADKAsyFi5tZXNod29yay52MS5SYXRlTGltaXQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJMukDChJDb25jdXJyZW5jeVNlcnZpY2USRwoIU2V0TGltaXQSHC5tZXNod29yay52MS5TZXRMaW1pdFJlcXVlc3QaHS5tZXNod29yay52MS5TZXRMaW1pdFJlc3BvbnNlElAKC0RlbGV0ZUxpbWl0Eh8ubWVzaHdvcmsudjEuRGVsZXRlTGltaXRSZXF1ZXN0GiAubWVzaHdvcmsudjEuRGVsZXRlTGltaXRSZXNwb25zZRJSCgpMaXN0TGltaXRzEh4ubWVzaHdvcmsudjEuTGlzdExpbWl0c1JlcXVlc3QaHy5tZXNod29yay52MS5MaXN0TGltaXRzUmVzcG9uc2UiA5ACARJECgdTZXRSYXRlEhsubWVzaHdvcmsudjEuU2V0UmF0ZVJlcXVlc3QaHC5tZXNod29yay52MS5TZXRSYXRlUmVzcG9uc2USTQoKRGVsZXRlUmF0ZRIeLm1lc2h3b3JrLnYxLkRlbGV0ZVJhdGVSZXF1ZXN0Gh8ubWVzaHdvcmsudjEuRGVsZXRlUmF0ZVJlc3BvbnNlEk8KCUxpc3RSYXRlcxIdLm1lc2h3b3JrLnYxLkxpc3RSYXRlc1JlcXVlc3QaHi5tZXNod29yay52MS5MaXN0UmF0ZXNSZXNwb25zZSIDkAIBYgZwcm90bzM", [file_google_protobuf_timestamp]);
 
 /**
  * ConcurrencyLimit is a key's limit and what runs under it.
@@ -148,11 +148,24 @@ export const DeleteLimitResponseSchema: GenMessage<DeleteLimitResponse> = /*@__P
   messageDesc(file_meshwork_v1_concurrency, 4);
 
 /**
- * ListLimitsRequest takes no fields.
+ * ListLimitsRequest pages through the limits, by key.
  *
  * @generated from message meshwork.v1.ListLimitsRequest
  */
 export type ListLimitsRequest = Message<"meshwork.v1.ListLimitsRequest"> & {
+  /**
+   * page_size is 1–1000; 0 means 100.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+
+  /**
+   * page_token continues a listing; empty for the first page.
+   *
+   * @generated from field: string page_token = 2;
+   */
+  pageToken: string;
 };
 
 /**
@@ -169,11 +182,18 @@ export const ListLimitsRequestSchema: GenMessage<ListLimitsRequest> = /*@__PURE_
  */
 export type ListLimitsResponse = Message<"meshwork.v1.ListLimitsResponse"> & {
   /**
-   * limits are the limits, by key.
+   * limits are the limits of this page, by key.
    *
    * @generated from field: repeated meshwork.v1.ConcurrencyLimit limits = 1;
    */
   limits: ConcurrencyLimit[];
+
+  /**
+   * next_page_token continues the listing; empty at the end.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
 };
 
 /**
@@ -332,11 +352,24 @@ export const DeleteRateResponseSchema: GenMessage<DeleteRateResponse> = /*@__PUR
   messageDesc(file_meshwork_v1_concurrency, 11);
 
 /**
- * ListRatesRequest takes no fields.
+ * ListRatesRequest pages through the rates, by key.
  *
  * @generated from message meshwork.v1.ListRatesRequest
  */
 export type ListRatesRequest = Message<"meshwork.v1.ListRatesRequest"> & {
+  /**
+   * page_size is 1–1000; 0 means 100.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+
+  /**
+   * page_token continues a listing; empty for the first page.
+   *
+   * @generated from field: string page_token = 2;
+   */
+  pageToken: string;
 };
 
 /**
@@ -353,11 +386,18 @@ export const ListRatesRequestSchema: GenMessage<ListRatesRequest> = /*@__PURE__*
  */
 export type ListRatesResponse = Message<"meshwork.v1.ListRatesResponse"> & {
   /**
-   * rates are the rates, by key.
+   * rates are the rates of this page, by key.
    *
    * @generated from field: repeated meshwork.v1.RateLimit rates = 1;
    */
   rates: RateLimit[];
+
+  /**
+   * next_page_token continues the listing; empty at the end.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
 };
 
 /**

@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file meshwork/v1/share.proto.
  */
 export const file_meshwork_v1_share: GenFile = /*@__PURE__*/
-  fileDesc("ChdtZXNod29yay92MS9zaGFyZS5wcm90bxILbWVzaHdvcmsudjEifwoFU2hhcmUSDAoEcGF0aBgBIAEoCRIOCgZ3ZWlnaHQYAiABKAESEwoLZW50aXRsZW1lbnQYAyABKAESDQoFdXNhZ2UYBCABKAESDwoHcnVubmluZxgFIAEoAxIPCgdwZW5kaW5nGAYgASgDEhIKCmFsbG9jYXRpb24YByABKAEiLwoPU2V0U2hhcmVSZXF1ZXN0EgwKBHBhdGgYASABKAkSDgoGd2VpZ2h0GAIgASgBIjUKEFNldFNoYXJlUmVzcG9uc2USIQoFc2hhcmUYASABKAsyEi5tZXNod29yay52MS5TaGFyZSIiChJEZWxldGVTaGFyZVJlcXVlc3QSDAoEcGF0aBgBIAEoCSImChNEZWxldGVTaGFyZVJlc3BvbnNlEg8KB2RlbGV0ZWQYASABKAgiEwoRTGlzdFNoYXJlc1JlcXVlc3QiUwoSTGlzdFNoYXJlc1Jlc3BvbnNlEiIKBnNoYXJlcxgBIAMoCzISLm1lc2h3b3JrLnYxLlNoYXJlEhkKEWhhbGZfbGlmZV9zZWNvbmRzGAIgASgBMv0BCgxTaGFyZVNlcnZpY2USRwoIU2V0U2hhcmUSHC5tZXNod29yay52MS5TZXRTaGFyZVJlcXVlc3QaHS5tZXNod29yay52MS5TZXRTaGFyZVJlc3BvbnNlElAKC0RlbGV0ZVNoYXJlEh8ubWVzaHdvcmsudjEuRGVsZXRlU2hhcmVSZXF1ZXN0GiAubWVzaHdvcmsudjEuRGVsZXRlU2hhcmVSZXNwb25zZRJSCgpMaXN0U2hhcmVzEh4ubWVzaHdvcmsudjEuTGlzdFNoYXJlc1JlcXVlc3QaHy5tZXNod29yay52MS5MaXN0U2hhcmVzUmVzcG9uc2UiA5ACAWIGcHJvdG8z");
+  fileDesc("ChdtZXNod29yay92MS9zaGFyZS5wcm90bxILbWVzaHdvcmsudjEifwoFU2hhcmUSDAoEcGF0aBgBIAEoCRIOCgZ3ZWlnaHQYAiABKAESEwoLZW50aXRsZW1lbnQYAyABKAESDQoFdXNhZ2UYBCABKAESDwoHcnVubmluZxgFIAEoAxIPCgdwZW5kaW5nGAYgASgDEhIKCmFsbG9jYXRpb24YByABKAEiLwoPU2V0U2hhcmVSZXF1ZXN0EgwKBHBhdGgYASABKAkSDgoGd2VpZ2h0GAIgASgBIjUKEFNldFNoYXJlUmVzcG9uc2USIQoFc2hhcmUYASABKAsyEi5tZXNod29yay52MS5TaGFyZSIiChJEZWxldGVTaGFyZVJlcXVlc3QSDAoEcGF0aBgBIAEoCSImChNEZWxldGVTaGFyZVJlc3BvbnNlEg8KB2RlbGV0ZWQYASABKAgiOgoRTGlzdFNoYXJlc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkibAoSTGlzdFNoYXJlc1Jlc3BvbnNlEiIKBnNoYXJlcxgBIAMoCzISLm1lc2h3b3JrLnYxLlNoYXJlEhkKEWhhbGZfbGlmZV9zZWNvbmRzGAIgASgBEhcKD25leHRfcGFnZV90b2tlbhgDIAEoCTL9AQoMU2hhcmVTZXJ2aWNlEkcKCFNldFNoYXJlEhwubWVzaHdvcmsudjEuU2V0U2hhcmVSZXF1ZXN0Gh0ubWVzaHdvcmsudjEuU2V0U2hhcmVSZXNwb25zZRJQCgtEZWxldGVTaGFyZRIfLm1lc2h3b3JrLnYxLkRlbGV0ZVNoYXJlUmVxdWVzdBogLm1lc2h3b3JrLnYxLkRlbGV0ZVNoYXJlUmVzcG9uc2USUgoKTGlzdFNoYXJlcxIeLm1lc2h3b3JrLnYxLkxpc3RTaGFyZXNSZXF1ZXN0Gh8ubWVzaHdvcmsudjEuTGlzdFNoYXJlc1Jlc3BvbnNlIgOQAgFiBnByb3RvMw");
 
 /**
  * Share is one node of the share tree as it stands now.
@@ -172,11 +172,26 @@ export const DeleteShareResponseSchema: GenMessage<DeleteShareResponse> = /*@__P
   messageDesc(file_meshwork_v1_share, 4);
 
 /**
- * ListSharesRequest takes no fields.
+ * ListSharesRequest pages through the share tree, in the order of
+ * ListSharesResponse.shares. Each page is cut from the tree as it stands
+ * when that page is read: figures of two pages may be a moment apart.
  *
  * @generated from message meshwork.v1.ListSharesRequest
  */
 export type ListSharesRequest = Message<"meshwork.v1.ListSharesRequest"> & {
+  /**
+   * page_size is 1–1000; 0 means 100.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+
+  /**
+   * page_token continues a listing; empty for the first page.
+   *
+   * @generated from field: string page_token = 2;
+   */
+  pageToken: string;
 };
 
 /**
@@ -193,7 +208,8 @@ export const ListSharesRequestSchema: GenMessage<ListSharesRequest> = /*@__PURE_
  */
 export type ListSharesResponse = Message<"meshwork.v1.ListSharesResponse"> & {
   /**
-   * shares are the nodes, parents before their children, siblings by path.
+   * shares are the nodes of this page, depth first: each node, then its
+   * children (siblings by path), so `lab/a` comes before `lab-x`.
    *
    * @generated from field: repeated meshwork.v1.Share shares = 1;
    */
@@ -205,6 +221,13 @@ export type ListSharesResponse = Message<"meshwork.v1.ListSharesResponse"> & {
    * @generated from field: double half_life_seconds = 2;
    */
   halfLifeSeconds: number;
+
+  /**
+   * next_page_token continues the listing; empty at the end.
+   *
+   * @generated from field: string next_page_token = 3;
+   */
+  nextPageToken: string;
 };
 
 /**

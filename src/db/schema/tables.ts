@@ -48,7 +48,14 @@ export const workers = pgTable(
     reservedTaskId: uuid("reserved_task_id"),
     reservedAt: timestamptz("reserved_at"),
   },
-  (t) => [index("workers_registered_idx").on(t.registeredAt, t.id)],
+  (t) => [
+    index("workers_registered_idx").on(t.registeredAt, t.id),
+    // One worker held for a task at most: two claims on two replicas cannot
+    // both reserve it (the second's reservation is refused and skipped).
+    uniqueIndex("workers_reserved_task_idx")
+      .on(t.reservedTaskId)
+      .where(sql`${t.reservedTaskId} is not null`),
+  ],
 );
 
 /** Resource name → quantity (docs/scheduling.md). */

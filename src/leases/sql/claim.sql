@@ -127,11 +127,12 @@ BEGIN
 
   -- 1. The reserved task: taken if it fits, else what it asks is held back.
   -- A reservation that no longer applies (taken, cancelled, no longer
-  -- fitting the worker at all) is dropped.
+  -- fitting the worker at all, held back by a limit) is dropped.
   IF w.reserved_task_id IS NOT NULL THEN
     SELECT t.resources INTO reserved_ask FROM tasks t
       WHERE t.id = w.reserved_task_id AND t.state = 'PENDING'
-        AND meshwork_claim_matches(t, caps, labels) AND meshwork_fits_in(t.resources, total);
+        AND meshwork_claim_matches(t, caps, labels) AND meshwork_fits_in(t.resources, total)
+        AND NOT meshwork_limits_hold(t.id, t.concurrency_key, t.rate_key);
     IF FOUND THEN
       reserved := w.reserved_task_id;
       seen := ARRAY[reserved];
@@ -291,7 +292,7 @@ BEGIN
   -- first (a bounded walk, whatever the backlog).
   IF reserve_after_ms IS NOT NULL AND reserved IS NULL AND w.reserved_task_id IS NULL THEN
     SELECT x.id, x.resources INTO reserved, reserved_ask FROM (
-      SELECT t.id, t.resources, t.not_before, t.created_at FROM tasks t
+      SELECT t.id, t.resources, t.not_before, t.created_at, t.concurrency_key, t.rate_key FROM tasks t
       WHERE t.state = 'PENDING'
         AND (t.not_before IS NULL OR t.not_before <= now())
         AND meshwork_claim_matches(t, caps, labels)
@@ -304,9 +305,16 @@ BEGIN
       AND now() - coalesce(x.not_before, x.created_at) >= make_interval(secs => reserve_after_ms / 1000.0)
       AND NOT (x.id = ANY (picked))
       AND NOT EXISTS (SELECT 1 FROM workers o WHERE o.reserved_task_id = x.id)
+      AND NOT meshwork_limits_hold(x.id, x.concurrency_key, x.rate_key)
     LIMIT 1;
     IF reserved IS NOT NULL THEN
-      UPDATE workers x SET reserved_task_id = reserved, reserved_at = now() WHERE x.id = worker;
+      -- Another replica's claim may have reserved it since this one looked:
+      -- workers_reserved_task_idx refuses the second, which goes without.
+      BEGIN
+        UPDATE workers x SET reserved_task_id = reserved, reserved_at = now() WHERE x.id = worker;
+      EXCEPTION WHEN unique_violation THEN
+        reserved := NULL;
+      END;
     END IF;
   END IF;
 

@@ -71,9 +71,26 @@ BEGIN
       IF available < 1 THEN
         RETURN 'RATE_LIMIT';
       END IF;
-      UPDATE rate_limits r SET tokens = available - 1, refilled_at = now() WHERE r.key = rk;
+      -- greatest(): a transaction that began before the last taker's must not
+      -- move refilled_at back, or the time between the two is refilled twice.
+      UPDATE rate_limits r SET tokens = available - 1, refilled_at = greatest(r.refilled_at, now())
+        WHERE r.key = rk;
     END IF;
   END IF;
   RETURN NULL;
 END;
+$$;
+
+-- Whether a limit holds task `t_id` (keys `ck`, `rk`) back now, read
+-- without locking or taking anything: its concurrency key at its limit, or
+-- its rate bucket short of a token. A reservation is not made, or kept, for
+-- a task a limit holds back (claim.sql): the worker's resources would sit
+-- idle for as long as the limit lasts.
+CREATE OR REPLACE FUNCTION meshwork_limits_hold(t_id uuid, ck text, rk text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+  SELECT (ck <> '' AND EXISTS (
+            SELECT 1 FROM concurrency_limits l
+            WHERE l.key = ck AND meshwork_key_running(ck, t_id) >= l.max_running))
+      OR (rk <> '' AND EXISTS (
+            SELECT 1 FROM rate_limits r WHERE r.key = rk AND meshwork_rate_tokens(r) < 1))
 $$;

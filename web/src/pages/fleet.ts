@@ -131,7 +131,7 @@ export function fleetPage(page: Page): void {
       allWorkers(page.signal),
       activeByWorkload(page.signal),
       whatMayI(),
-      shares.listShares({}, { signal: page.signal }),
+      shares.listShares({ pageSize: 1000 }, { signal: page.signal }),
     ]);
     fill(
       shareTree,
@@ -142,6 +142,9 @@ export function fleetPage(page: Page): void {
         `Entitled: the part of the fleet a share gets while it has work; holds now: what its leases hold; usage: the same, decayed with a half-life of ${tree.halfLifeSeconds} s.`,
       ),
       sharesTable(tree.shares),
+      tree.nextPageToken
+        ? h("p", { class: "muted" }, "The first 1,000 nodes: meshwork share list prints them all.")
+        : null,
     );
     // The chart's legend shows this same read.
     record(status);
