@@ -308,6 +308,16 @@ describe("reservations", () => {
       const reservedOf = async (workerId: string) =>
         (await h.fleet.getWorker({ workerId })).worker?.reservedTaskId;
       expect(await reservedOf(held)).toBe(big?.taskId);
+      // Both wait on the reservation: the large task for the worker to free
+      // up, a small one because what is free is held for the large one.
+      const { task: small } = await h.tasks.createTask({
+        workload: sim.workload,
+        resources: { gpu: 1n },
+      });
+      for (const t of [big, small]) {
+        const { waiting } = await h.tasks.getTask({ taskId: t?.taskId ?? "" });
+        expect(waiting.map((w) => w.kind)).toContain(WaitKind.RESERVED);
+      }
       const { workerId: other } = await h.fleet.registerWorker({
         capabilities: [sim.workload],
         maxConcurrency: 4,
