@@ -350,5 +350,10 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
       app.events.emit([row.id]);
       return { task: toTask(row) };
     },
+
+    // LOGS-PLACEHOLDER: replaced by the log tail (src/logs/).
+    async appendLogs() {
+      throw new DomainError("failed_precondition", "INVALID_STATE", "task logs: not yet");
+    },
   };
 }

@@ -378,5 +378,14 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
       app.events.emit(ids);
       return { count: ids.length };
     },
+
+    // LOGS-PLACEHOLDER: replaced by the log tail (src/logs/).
+    async getTaskLogs() {
+      throw new DomainError("failed_precondition", "INVALID_STATE", "task logs: not yet");
+    },
+    // biome-ignore lint/correctness/useYield: LOGS-PLACEHOLDER
+    async *watchTaskLogs() {
+      throw new DomainError("failed_precondition", "INVALID_STATE", "task logs: not yet");
+    },
   };
 }

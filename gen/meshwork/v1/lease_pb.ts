@@ -8,7 +8,7 @@ import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { ArtifactRef } from "./artifact_pb.js";
 import { file_meshwork_v1_artifact } from "./artifact_pb.js";
-import type { Progress, Task } from "./task_pb.js";
+import type { LogLine, LogLineSchema, Progress, Task } from "./task_pb.js";
 import { file_meshwork_v1_task } from "./task_pb.js";
 import type { JsonObject, Message } from "@bufbuild/protobuf";
 
@@ -16,7 +16,36 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file meshwork/v1/lease.proto.
  */
 export const file_meshwork_v1_lease: GenFile = /*@__PURE__*/
-  fileDesc("ChdtZXNod29yay92MS9sZWFzZS5wcm90bxILbWVzaHdvcmsudjEilwEKEUNsYWltVGFza3NSZXF1ZXN0EhEKCXdvcmtlcl9pZBgBIAEoCRIUCgxjYXBhYmlsaXRpZXMYAiADKAkSEQoJbWF4X3Rhc2tzGAMgASgFEhQKDHdhaXRfc2Vjb25kcxgEIAEoBRIcCg9tYXhfY29uY3VycmVuY3kYBSABKAVIAIgBAUISChBfbWF4X2NvbmN1cnJlbmN5IuMDCgVDbGFpbRIPCgd0YXNrX2lkGAEgASgJEg8KB2F0dGVtcHQYAiABKAUSEwoLbGVhc2VfdG9rZW4YAyABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoId29ya2xvYWQYBSABKAkSJwoFaW5wdXQYBiABKAsyGC5tZXNod29yay52MS5BcnRpZmFjdFJlZhIrCgpwYXJhbWV0ZXJzGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIZChFjaGVja3BvaW50X2hhbmRsZRgIIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgJIAEoCRISCgVzdGVwcxgKIAEoBUgAiAEBEgwKBG5hbWUYCyABKAkSFQoNbGVhc2Vfc2Vjb25kcxgMIAEoBRITCgt0cmFjZXBhcmVudBgNIAEoCRISCgp0cmFjZXN0YXRlGA4gASgJEjQKCXJlc291cmNlcxgPIAMoCzIhLm1lc2h3b3JrLnYxLkNsYWltLlJlc291cmNlc0VudHJ5GjAKDlJlc291cmNlc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAFCCAoGX3N0ZXBzInkKEkNsYWltVGFza3NSZXNwb25zZRIiCgZjbGFpbXMYASADKAsyEi5tZXNod29yay52MS5DbGFpbRIXCgpmcmVlX3Nsb3RzGAIgASgFSACIAQESFwoPbWF4X2NvbmN1cnJlbmN5GAMgASgFQg0KC19mcmVlX3Nsb3RzIlwKEFN0YXJ0VGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIRCgl3b3JrZXJfaWQYAiABKAkSDwoHYXR0ZW1wdBgDIAEoBRITCgtsZWFzZV90b2tlbhgEIAEoCSI0ChFTdGFydFRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayK2AQoRUmVuZXdMZWFzZVJlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIRCgl3b3JrZXJfaWQYAiABKAkSDwoHYXR0ZW1wdBgDIAEoBRITCgtsZWFzZV90b2tlbhgEIAEoCRIbCg5leHRlbmRfc2Vjb25kcxgFIAEoBUgAiAEBEicKCHByb2dyZXNzGAYgASgLMhUubWVzaHdvcmsudjEuUHJvZ3Jlc3NCEQoPX2V4dGVuZF9zZWNvbmRzIoUBChJSZW5ld0xlYXNlUmVzcG9uc2USNAoQbGVhc2VfZXhwaXJlc19hdBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGAoQY2FuY2VsX3JlcXVlc3RlZBgCIAEoCBIfCgR0YXNrGAMgASgLMhEubWVzaHdvcmsudjEuVGFzayJwCg5MZWFzZUhlYXJ0YmVhdBIPCgd0YXNrX2lkGAEgASgJEg8KB2F0dGVtcHQYAiABKAUSEwoLbGVhc2VfdG9rZW4YAyABKAkSJwoIcHJvZ3Jlc3MYBCABKAsyFS5tZXNod29yay52MS5Qcm9ncmVzcyJ/ChNTdHJlYW1MZWFzZXNSZXF1ZXN0EhEKCXdvcmtlcl9pZBgBIAEoCRIYCgtxdWV1ZV9kZXB0aBgCIAEoBUgAiAEBEisKBmxlYXNlcxgDIAMoCzIbLm1lc2h3b3JrLnYxLkxlYXNlSGVhcnRiZWF0Qg4KDF9xdWV1ZV9kZXB0aCKZAQoLTGVhc2VVcGRhdGUSDwoHdGFza19pZBgBIAEoCRIPCgdhdHRlbXB0GAIgASgFEigKBnN0YXR1cxgDIAEoDjIYLm1lc2h3b3JrLnYxLkxlYXNlU3RhdHVzEi4KCmV4cGlyZXNfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBnJlYXNvbhgFIAEoCSJRChRTdHJlYW1MZWFzZXNSZXNwb25zZRIoCgZsZWFzZXMYASADKAsyGC5tZXNod29yay52MS5MZWFzZVVwZGF0ZRIPCgdkcmFpbmVkGAIgASgIIpECChNDb21wbGV0ZVRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSEQoJd29ya2VyX2lkGAIgASgJEg8KB2F0dGVtcHQYAyABKAUSEwoLbGVhc2VfdG9rZW4YBCABKAkSKAoGcmVzdWx0GAUgASgLMhgubWVzaHdvcmsudjEuQXJ0aWZhY3RSZWYSFgoOcmVzdWx0X3N1bW1hcnkYBiABKAkSPgoHbWV0cmljcxgHIAMoCzItLm1lc2h3b3JrLnYxLkNvbXBsZXRlVGFza1JlcXVlc3QuTWV0cmljc0VudHJ5Gi4KDE1ldHJpY3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAE6AjgBIjcKFENvbXBsZXRlVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIk0KFENvbXBsZXRlVGFza3NSZXF1ZXN0EjUKC2NvbXBsZXRpb25zGAEgAygLMiAubWVzaHdvcmsudjEuQ29tcGxldGVUYXNrUmVxdWVzdCJACg9Db21wbGV0aW9uRXJyb3ISDAoEY29kZRgBIAEoCRIOCgZyZWFzb24YAiABKAkSDwoHbWVzc2FnZRgDIAEoCSJvChBDb21wbGV0aW9uUmVzdWx0EiEKBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrSAASLQoFZXJyb3IYAiABKAsyHC5tZXNod29yay52MS5Db21wbGV0aW9uRXJyb3JIAEIJCgdvdXRjb21lIkcKFUNvbXBsZXRlVGFza3NSZXNwb25zZRIuCgdyZXN1bHRzGAEgAygLMh0ubWVzaHdvcmsudjEuQ29tcGxldGlvblJlc3VsdCKsAQoPRmFpbFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSEQoJd29ya2VyX2lkGAIgASgJEg8KB2F0dGVtcHQYAyABKAUSEwoLbGVhc2VfdG9rZW4YBCABKAkSEgoKZXJyb3JfY29kZRgFIAEoCRIVCg1lcnJvcl9tZXNzYWdlGAYgASgJEhYKCXJldHJ5YWJsZRgHIAEoCEgAiAEBQgwKCl9yZXRyeWFibGUiMwoQRmFpbFRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayJ5ChJSZWxlYXNlVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIRCgl3b3JrZXJfaWQYAiABKAkSDwoHYXR0ZW1wdBgDIAEoBRITCgtsZWFzZV90b2tlbhgEIAEoCRIZChFjaGVja3BvaW50X2hhbmRsZRgFIAEoCSI2ChNSZWxlYXNlVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrKncKC0xlYXNlU3RhdHVzEhwKGExFQVNFX1NUQVRVU19VTlNQRUNJRklFRBAAEhgKFExFQVNFX1NUQVRVU19SRU5FV0VEEAESFQoRTEVBU0VfU1RBVFVTX0xPU1QQAhIZChVMRUFTRV9TVEFUVVNfQ0FOQ0VMRUQQAzKZBQoMTGVhc2VTZXJ2aWNlEk0KCkNsYWltVGFza3MSHi5tZXNod29yay52MS5DbGFpbVRhc2tzUmVxdWVzdBofLm1lc2h3b3JrLnYxLkNsYWltVGFza3NSZXNwb25zZRJKCglTdGFydFRhc2sSHS5tZXNod29yay52MS5TdGFydFRhc2tSZXF1ZXN0Gh4ubWVzaHdvcmsudjEuU3RhcnRUYXNrUmVzcG9uc2USTQoKUmVuZXdMZWFzZRIeLm1lc2h3b3JrLnYxLlJlbmV3TGVhc2VSZXF1ZXN0Gh8ubWVzaHdvcmsudjEuUmVuZXdMZWFzZVJlc3BvbnNlElcKDFN0cmVhbUxlYXNlcxIgLm1lc2h3b3JrLnYxLlN0cmVhbUxlYXNlc1JlcXVlc3QaIS5tZXNod29yay52MS5TdHJlYW1MZWFzZXNSZXNwb25zZSgBMAESUwoMQ29tcGxldGVUYXNrEiAubWVzaHdvcmsudjEuQ29tcGxldGVUYXNrUmVxdWVzdBohLm1lc2h3b3JrLnYxLkNvbXBsZXRlVGFza1Jlc3BvbnNlElYKDUNvbXBsZXRlVGFza3MSIS5tZXNod29yay52MS5Db21wbGV0ZVRhc2tzUmVxdWVzdBoiLm1lc2h3b3JrLnYxLkNvbXBsZXRlVGFza3NSZXNwb25zZRJHCghGYWlsVGFzaxIcLm1lc2h3b3JrLnYxLkZhaWxUYXNrUmVxdWVzdBodLm1lc2h3b3JrLnYxLkZhaWxUYXNrUmVzcG9uc2USUAoLUmVsZWFzZVRhc2sSHy5tZXNod29yay52MS5SZWxlYXNlVGFza1JlcXVlc3QaIC5tZXNod29yay52MS5SZWxlYXNlVGFza1Jlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_meshwork_v1_artifact, file_meshwork_v1_task]);
+  fileDesc("ChdtZXNod29yay92MS9sZWFzZS5wcm90bxILbWVzaHdvcmsudjEiNwoSQXBwZW5kTG9nc1Jlc3BvbnNlEhAKCGFjY2VwdGVkGAEgASgFEg8KB2Ryb3BwZWQYAiABKAUilwEKEUNsYWltVGFza3NSZXF1ZXN0EhEKCXdvcmtlcl9pZBgBIAEoCRIUCgxjYXBhYmlsaXRpZXMYAiADKAkSEQoJbWF4X3Rhc2tzGAMgASgFEhQKDHdhaXRfc2Vjb25kcxgEIAEoBRIcCg9tYXhfY29uY3VycmVuY3kYBSABKAVIAIgBAUISChBfbWF4X2NvbmN1cnJlbmN5Iv0ECgVDbGFpbRIPCgd0YXNrX2lkGAEgASgJEg8KB2F0dGVtcHQYAiABKAUSEwoLbGVhc2VfdG9rZW4YAyABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoId29ya2xvYWQYBSABKAkSJwoFaW5wdXQYBiABKAsyGC5tZXNod29yay52MS5BcnRpZmFjdFJlZhIrCgpwYXJhbWV0ZXJzGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIZChFjaGVja3BvaW50X2hhbmRsZRgIIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgJIAEoCRISCgVzdGVwcxgKIAEoBUgAiAEBEgwKBG5hbWUYCyABKAkSFQoNbGVhc2Vfc2Vjb25kcxgMIAEoBRITCgt0cmFjZXBhcmVudBgNIAEoCRISCgp0cmFjZXN0YXRlGA4gASgJEjQKCXJlc291cmNlcxgPIAMoCzIhLm1lc2h3b3JrLnYxLkNsYWltLlJlc291cmNlc0VudHJ5EkUKEmRlcGVuZGVuY3lfb3V0cHV0cxgQIAMoCzIpLm1lc2h3b3JrLnYxLkNsYWltLkRlcGVuZGVuY3lPdXRwdXRzRW50cnkSFwoPdGltZW91dF9zZWNvbmRzGBEgASgFGjAKDlJlc291cmNlc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAEaOAoWRGVwZW5kZW5jeU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQggKBl9zdGVwcyJ5ChJDbGFpbVRhc2tzUmVzcG9uc2USIgoGY2xhaW1zGAEgAygLMhIubWVzaHdvcmsudjEuQ2xhaW0SFwoKZnJlZV9zbG90cxgCIAEoBUgAiAEBEhcKD21heF9jb25jdXJyZW5jeRgDIAEoBUINCgtfZnJlZV9zbG90cyJcChBTdGFydFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSEQoJd29ya2VyX2lkGAIgASgJEg8KB2F0dGVtcHQYAyABKAUSEwoLbGVhc2VfdG9rZW4YBCABKAkiNAoRU3RhcnRUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2sitgEKEVJlbmV3TGVhc2VSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSEQoJd29ya2VyX2lkGAIgASgJEg8KB2F0dGVtcHQYAyABKAUSEwoLbGVhc2VfdG9rZW4YBCABKAkSGwoOZXh0ZW5kX3NlY29uZHMYBSABKAVIAIgBARInCghwcm9ncmVzcxgGIAEoCzIVLm1lc2h3b3JrLnYxLlByb2dyZXNzQhEKD19leHRlbmRfc2Vjb25kcyKFAQoSUmVuZXdMZWFzZVJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYAiABKAgSHwoEdGFzaxgDIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2sicAoOTGVhc2VIZWFydGJlYXQSDwoHdGFza19pZBgBIAEoCRIPCgdhdHRlbXB0GAIgASgFEhMKC2xlYXNlX3Rva2VuGAMgASgJEicKCHByb2dyZXNzGAQgASgLMhUubWVzaHdvcmsudjEuUHJvZ3Jlc3MiowEKE1N0cmVhbUxlYXNlc1JlcXVlc3QSEQoJd29ya2VyX2lkGAEgASgJEhgKC3F1ZXVlX2RlcHRoGAIgASgFSACIAQESKwoGbGVhc2VzGAMgAygLMhsubWVzaHdvcmsudjEuTGVhc2VIZWFydGJlYXQSIgoEbG9ncxgEIAMoCzIULm1lc2h3b3JrLnYxLkxvZ0xpbmVCDgoMX3F1ZXVlX2RlcHRoIpkBCgtMZWFzZVVwZGF0ZRIPCgd0YXNrX2lkGAEgASgJEg8KB2F0dGVtcHQYAiABKAUSKAoGc3RhdHVzGAMgASgOMhgubWVzaHdvcmsudjEuTGVhc2VTdGF0dXMSLgoKZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGcmVhc29uGAUgASgJIlEKFFN0cmVhbUxlYXNlc1Jlc3BvbnNlEigKBmxlYXNlcxgBIAMoCzIYLm1lc2h3b3JrLnYxLkxlYXNlVXBkYXRlEg8KB2RyYWluZWQYAiABKAgiwAIKE0NvbXBsZXRlVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIRCgl3b3JrZXJfaWQYAiABKAkSDwoHYXR0ZW1wdBgDIAEoBRITCgtsZWFzZV90b2tlbhgEIAEoCRIoCgZyZXN1bHQYBSABKAsyGC5tZXNod29yay52MS5BcnRpZmFjdFJlZhIWCg5yZXN1bHRfc3VtbWFyeRgGIAEoCRI+CgdtZXRyaWNzGAcgAygLMi0ubWVzaHdvcmsudjEuQ29tcGxldGVUYXNrUmVxdWVzdC5NZXRyaWNzRW50cnkSLQoMcmVzdWx0X3ZhbHVlGAggASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBouCgxNZXRyaWNzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgBOgI4ASI3ChRDb21wbGV0ZVRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayJNChRDb21wbGV0ZVRhc2tzUmVxdWVzdBI1Cgtjb21wbGV0aW9ucxgBIAMoCzIgLm1lc2h3b3JrLnYxLkNvbXBsZXRlVGFza1JlcXVlc3QiQAoPQ29tcGxldGlvbkVycm9yEgwKBGNvZGUYASABKAkSDgoGcmVhc29uGAIgASgJEg8KB21lc3NhZ2UYAyABKAkibwoQQ29tcGxldGlvblJlc3VsdBIhCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFza0gAEi0KBWVycm9yGAIgASgLMhwubWVzaHdvcmsudjEuQ29tcGxldGlvbkVycm9ySABCCQoHb3V0Y29tZSJHChVDb21wbGV0ZVRhc2tzUmVzcG9uc2USLgoHcmVzdWx0cxgBIAMoCzIdLm1lc2h3b3JrLnYxLkNvbXBsZXRpb25SZXN1bHQirAEKD0ZhaWxUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEhEKCXdvcmtlcl9pZBgCIAEoCRIPCgdhdHRlbXB0GAMgASgFEhMKC2xlYXNlX3Rva2VuGAQgASgJEhIKCmVycm9yX2NvZGUYBSABKAkSFQoNZXJyb3JfbWVzc2FnZRgGIAEoCRIWCglyZXRyeWFibGUYByABKAhIAIgBAUIMCgpfcmV0cnlhYmxlIjMKEEZhaWxUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2sieQoSUmVsZWFzZVRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSEQoJd29ya2VyX2lkGAIgASgJEg8KB2F0dGVtcHQYAyABKAUSEwoLbGVhc2VfdG9rZW4YBCABKAkSGQoRY2hlY2twb2ludF9oYW5kbGUYBSABKAkiNgoTUmVsZWFzZVRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayp3CgtMZWFzZVN0YXR1cxIcChhMRUFTRV9TVEFUVVNfVU5TUEVDSUZJRUQQABIYChRMRUFTRV9TVEFUVVNfUkVORVdFRBABEhUKEUxFQVNFX1NUQVRVU19MT1NUEAISGQoVTEVBU0VfU1RBVFVTX0NBTkNFTEVEEAMy4AUKDExlYXNlU2VydmljZRJNCgpDbGFpbVRhc2tzEh4ubWVzaHdvcmsudjEuQ2xhaW1UYXNrc1JlcXVlc3QaHy5tZXNod29yay52MS5DbGFpbVRhc2tzUmVzcG9uc2USSgoJU3RhcnRUYXNrEh0ubWVzaHdvcmsudjEuU3RhcnRUYXNrUmVxdWVzdBoeLm1lc2h3b3JrLnYxLlN0YXJ0VGFza1Jlc3BvbnNlEk0KClJlbmV3TGVhc2USHi5tZXNod29yay52MS5SZW5ld0xlYXNlUmVxdWVzdBofLm1lc2h3b3JrLnYxLlJlbmV3TGVhc2VSZXNwb25zZRJXCgxTdHJlYW1MZWFzZXMSIC5tZXNod29yay52MS5TdHJlYW1MZWFzZXNSZXF1ZXN0GiEubWVzaHdvcmsudjEuU3RyZWFtTGVhc2VzUmVzcG9uc2UoATABElMKDENvbXBsZXRlVGFzaxIgLm1lc2h3b3JrLnYxLkNvbXBsZXRlVGFza1JlcXVlc3QaIS5tZXNod29yay52MS5Db21wbGV0ZVRhc2tSZXNwb25zZRJWCg1Db21wbGV0ZVRhc2tzEiEubWVzaHdvcmsudjEuQ29tcGxldGVUYXNrc1JlcXVlc3QaIi5tZXNod29yay52MS5Db21wbGV0ZVRhc2tzUmVzcG9uc2USRwoIRmFpbFRhc2sSHC5tZXNod29yay52MS5GYWlsVGFza1JlcXVlc3QaHS5tZXNod29yay52MS5GYWlsVGFza1Jlc3BvbnNlElAKC1JlbGVhc2VUYXNrEh8ubWVzaHdvcmsudjEuUmVsZWFzZVRhc2tSZXF1ZXN0GiAubWVzaHdvcmsudjEuUmVsZWFzZVRhc2tSZXNwb25zZRJFCgpBcHBlbmRMb2dzEhQubWVzaHdvcmsudjEuTG9nTGluZRofLm1lc2h3b3JrLnYxLkFwcGVuZExvZ3NSZXNwb25zZSgBYgZwcm90bzM", [file_google_protobuf_struct, file_google_protobuf_timestamp, file_meshwork_v1_artifact, file_meshwork_v1_task]);
+
+/**
+ * AppendLogsResponse says what became of the lines sent.
+ *
+ * @generated from message meshwork.v1.AppendLogsResponse
+ */
+export type AppendLogsResponse = Message<"meshwork.v1.AppendLogsResponse"> & {
+  /**
+   * accepted counts the lines kept.
+   *
+   * @generated from field: int32 accepted = 1;
+   */
+  accepted: number;
+
+  /**
+   * dropped counts the lines not kept: of a lease the sender does not hold,
+   * or past the rate limit.
+   *
+   * @generated from field: int32 dropped = 2;
+   */
+  dropped: number;
+};
+
+/**
+ * Describes the message meshwork.v1.AppendLogsResponse.
+ * Use `create(AppendLogsResponseSchema)` to create a new message.
+ */
+export const AppendLogsResponseSchema: GenMessage<AppendLogsResponse> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_lease, 0);
 
 /**
  * ClaimTasksRequest asks for work.
@@ -67,7 +96,7 @@ export type ClaimTasksRequest = Message<"meshwork.v1.ClaimTasksRequest"> & {
  * Use `create(ClaimTasksRequestSchema)` to create a new message.
  */
 export const ClaimTasksRequestSchema: GenMessage<ClaimTasksRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 0);
+  messageDesc(file_meshwork_v1_lease, 1);
 
 /**
  * Claim is one leased task, with what the worker needs to run it.
@@ -183,6 +212,23 @@ export type Claim = Message<"meshwork.v1.Claim"> & {
    * @generated from field: map<string, int64> resources = 15;
    */
   resources: { [key: string]: bigint };
+
+  /**
+   * dependency_outputs are the OUTPUT artifacts of the task's dependencies
+   * (Task.dependency_outputs): `<ref or task id>/<name>` → artifact id, to
+   * download as inputs (GET /artifacts/{artifact_id}/download).
+   *
+   * @generated from field: map<string, string> dependency_outputs = 16;
+   */
+  dependencyOutputs: { [key: string]: string };
+
+  /**
+   * timeout_seconds is the task's bound on an attempt's running time (0:
+   * none); the attempt's lease cannot be renewed past it.
+   *
+   * @generated from field: int32 timeout_seconds = 17;
+   */
+  timeoutSeconds: number;
 };
 
 /**
@@ -190,7 +236,7 @@ export type Claim = Message<"meshwork.v1.Claim"> & {
  * Use `create(ClaimSchema)` to create a new message.
  */
 export const ClaimSchema: GenMessage<Claim> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 1);
+  messageDesc(file_meshwork_v1_lease, 2);
 
 /**
  * ClaimTasksResponse holds the leased tasks; empty when none arrived in time.
@@ -244,7 +290,7 @@ export type ClaimTasksResponse = Message<"meshwork.v1.ClaimTasksResponse"> & {
  * Use `create(ClaimTasksResponseSchema)` to create a new message.
  */
 export const ClaimTasksResponseSchema: GenMessage<ClaimTasksResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 2);
+  messageDesc(file_meshwork_v1_lease, 3);
 
 /**
  * StartTaskRequest starts a pushed task.
@@ -287,7 +333,7 @@ export type StartTaskRequest = Message<"meshwork.v1.StartTaskRequest"> & {
  * Use `create(StartTaskRequestSchema)` to create a new message.
  */
 export const StartTaskRequestSchema: GenMessage<StartTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 3);
+  messageDesc(file_meshwork_v1_lease, 4);
 
 /**
  * StartTaskResponse returns the RUNNING task.
@@ -308,7 +354,7 @@ export type StartTaskResponse = Message<"meshwork.v1.StartTaskResponse"> & {
  * Use `create(StartTaskResponseSchema)` to create a new message.
  */
 export const StartTaskResponseSchema: GenMessage<StartTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 4);
+  messageDesc(file_meshwork_v1_lease, 5);
 
 /**
  * RenewLeaseRequest renews one lease.
@@ -366,7 +412,7 @@ export type RenewLeaseRequest = Message<"meshwork.v1.RenewLeaseRequest"> & {
  * Use `create(RenewLeaseRequestSchema)` to create a new message.
  */
 export const RenewLeaseRequestSchema: GenMessage<RenewLeaseRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 5);
+  messageDesc(file_meshwork_v1_lease, 6);
 
 /**
  * RenewLeaseResponse returns the new expiry.
@@ -403,7 +449,7 @@ export type RenewLeaseResponse = Message<"meshwork.v1.RenewLeaseResponse"> & {
  * Use `create(RenewLeaseResponseSchema)` to create a new message.
  */
 export const RenewLeaseResponseSchema: GenMessage<RenewLeaseResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 6);
+  messageDesc(file_meshwork_v1_lease, 7);
 
 /**
  * LeaseHeartbeat is one lease a StreamLeases message renews.
@@ -445,7 +491,7 @@ export type LeaseHeartbeat = Message<"meshwork.v1.LeaseHeartbeat"> & {
  * Use `create(LeaseHeartbeatSchema)` to create a new message.
  */
 export const LeaseHeartbeatSchema: GenMessage<LeaseHeartbeat> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 7);
+  messageDesc(file_meshwork_v1_lease, 8);
 
 /**
  * StreamLeasesRequest is one heartbeat of a worker over the stream.
@@ -473,6 +519,14 @@ export type StreamLeasesRequest = Message<"meshwork.v1.StreamLeasesRequest"> & {
    * @generated from field: repeated meshwork.v1.LeaseHeartbeat leases = 3;
    */
   leases: LeaseHeartbeat[];
+
+  /**
+   * logs are log lines of tasks this worker holds, as AppendLogs takes them
+   * (at most 1,000 per message; worker_id may be left empty).
+   *
+   * @generated from field: repeated meshwork.v1.LogLine logs = 4;
+   */
+  logs: LogLine[];
 };
 
 /**
@@ -480,7 +534,7 @@ export type StreamLeasesRequest = Message<"meshwork.v1.StreamLeasesRequest"> & {
  * Use `create(StreamLeasesRequestSchema)` to create a new message.
  */
 export const StreamLeasesRequestSchema: GenMessage<StreamLeasesRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 8);
+  messageDesc(file_meshwork_v1_lease, 9);
 
 /**
  * LeaseUpdate is the outcome of one lease.
@@ -530,7 +584,7 @@ export type LeaseUpdate = Message<"meshwork.v1.LeaseUpdate"> & {
  * Use `create(LeaseUpdateSchema)` to create a new message.
  */
 export const LeaseUpdateSchema: GenMessage<LeaseUpdate> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 9);
+  messageDesc(file_meshwork_v1_lease, 10);
 
 /**
  * StreamLeasesResponse answers one StreamLeasesRequest.
@@ -558,7 +612,7 @@ export type StreamLeasesResponse = Message<"meshwork.v1.StreamLeasesResponse"> &
  * Use `create(StreamLeasesResponseSchema)` to create a new message.
  */
 export const StreamLeasesResponseSchema: GenMessage<StreamLeasesResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 10);
+  messageDesc(file_meshwork_v1_lease, 11);
 
 /**
  * CompleteTaskRequest finishes an attempt successfully.
@@ -615,6 +669,14 @@ export type CompleteTaskRequest = Message<"meshwork.v1.CompleteTaskRequest"> & {
    * @generated from field: map<string, double> metrics = 7;
    */
   metrics: { [key: string]: number };
+
+  /**
+   * result_value is a small structured result (≤ 64 KiB as JSON), kept as
+   * Task.result_value.
+   *
+   * @generated from field: google.protobuf.Struct result_value = 8;
+   */
+  resultValue?: JsonObject | undefined;
 };
 
 /**
@@ -622,7 +684,7 @@ export type CompleteTaskRequest = Message<"meshwork.v1.CompleteTaskRequest"> & {
  * Use `create(CompleteTaskRequestSchema)` to create a new message.
  */
 export const CompleteTaskRequestSchema: GenMessage<CompleteTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 11);
+  messageDesc(file_meshwork_v1_lease, 12);
 
 /**
  * CompleteTaskResponse returns the SUCCEEDED task.
@@ -643,7 +705,7 @@ export type CompleteTaskResponse = Message<"meshwork.v1.CompleteTaskResponse"> &
  * Use `create(CompleteTaskResponseSchema)` to create a new message.
  */
 export const CompleteTaskResponseSchema: GenMessage<CompleteTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 12);
+  messageDesc(file_meshwork_v1_lease, 13);
 
 /**
  * CompleteTasksRequest finishes many attempts.
@@ -664,7 +726,7 @@ export type CompleteTasksRequest = Message<"meshwork.v1.CompleteTasksRequest"> &
  * Use `create(CompleteTasksRequestSchema)` to create a new message.
  */
 export const CompleteTasksRequestSchema: GenMessage<CompleteTasksRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 13);
+  messageDesc(file_meshwork_v1_lease, 14);
 
 /**
  * CompletionError is why one completion of a batch was refused.
@@ -699,7 +761,7 @@ export type CompletionError = Message<"meshwork.v1.CompletionError"> & {
  * Use `create(CompletionErrorSchema)` to create a new message.
  */
 export const CompletionErrorSchema: GenMessage<CompletionError> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 14);
+  messageDesc(file_meshwork_v1_lease, 15);
 
 /**
  * CompletionResult is the outcome of one completion of a batch.
@@ -736,7 +798,7 @@ export type CompletionResult = Message<"meshwork.v1.CompletionResult"> & {
  * Use `create(CompletionResultSchema)` to create a new message.
  */
 export const CompletionResultSchema: GenMessage<CompletionResult> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 15);
+  messageDesc(file_meshwork_v1_lease, 16);
 
 /**
  * CompleteTasksResponse answers each completion, in request order.
@@ -757,7 +819,7 @@ export type CompleteTasksResponse = Message<"meshwork.v1.CompleteTasksResponse">
  * Use `create(CompleteTasksResponseSchema)` to create a new message.
  */
 export const CompleteTasksResponseSchema: GenMessage<CompleteTasksResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 16);
+  messageDesc(file_meshwork_v1_lease, 17);
 
 /**
  * FailTaskRequest reports a failed attempt.
@@ -822,7 +884,7 @@ export type FailTaskRequest = Message<"meshwork.v1.FailTaskRequest"> & {
  * Use `create(FailTaskRequestSchema)` to create a new message.
  */
 export const FailTaskRequestSchema: GenMessage<FailTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 17);
+  messageDesc(file_meshwork_v1_lease, 18);
 
 /**
  * FailTaskResponse returns the task: PENDING with not_before, or FAILED.
@@ -843,7 +905,7 @@ export type FailTaskResponse = Message<"meshwork.v1.FailTaskResponse"> & {
  * Use `create(FailTaskResponseSchema)` to create a new message.
  */
 export const FailTaskResponseSchema: GenMessage<FailTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 18);
+  messageDesc(file_meshwork_v1_lease, 19);
 
 /**
  * ReleaseTaskRequest gives a task back without counting a failure.
@@ -894,7 +956,7 @@ export type ReleaseTaskRequest = Message<"meshwork.v1.ReleaseTaskRequest"> & {
  * Use `create(ReleaseTaskRequestSchema)` to create a new message.
  */
 export const ReleaseTaskRequestSchema: GenMessage<ReleaseTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 19);
+  messageDesc(file_meshwork_v1_lease, 20);
 
 /**
  * ReleaseTaskResponse returns the task, PENDING again.
@@ -915,7 +977,7 @@ export type ReleaseTaskResponse = Message<"meshwork.v1.ReleaseTaskResponse"> & {
  * Use `create(ReleaseTaskResponseSchema)` to create a new message.
  */
 export const ReleaseTaskResponseSchema: GenMessage<ReleaseTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_lease, 20);
+  messageDesc(file_meshwork_v1_lease, 21);
 
 /**
  * LeaseStatus is the outcome of one lease in a StreamLeases message.
@@ -1068,6 +1130,21 @@ export const LeaseService: GenService<{
     methodKind: "unary";
     input: typeof ReleaseTaskRequestSchema;
     output: typeof ReleaseTaskResponseSchema;
+  },
+  /**
+   * AppendLogs takes a stream of log lines of tasks whose leases the sender
+   * holds (each line names its lease: task_id, attempt, worker_id and
+   * lease_token) and answers once the stream ends. Lines of a lease the
+   * sender does not hold are dropped and counted, not refused: a worker
+   * keeps writing while its lease is lost. The coordinator keeps a bounded
+   * tail per task (TaskService.GetTaskLogs).
+   *
+   * @generated from rpc meshwork.v1.LeaseService.AppendLogs
+   */
+  appendLogs: {
+    methodKind: "client_streaming";
+    input: typeof LogLineSchema;
+    output: typeof AppendLogsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_meshwork_v1_lease, 0);

@@ -14,7 +14,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file meshwork/v1/task.proto.
  */
 export const file_meshwork_v1_task: GenFile = /*@__PURE__*/
-  fileDesc("ChZtZXNod29yay92MS90YXNrLnByb3RvEgttZXNod29yay52MSJ2CgxSZXRyeUJhY2tvZmYSKgoHaW5pdGlhbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgNtYXgYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEgoKbXVsdGlwbGllchgDIAEoASKeAQoFTGVhc2USEQoJd29ya2VyX2lkGAEgASgJEg8KB2F0dGVtcHQYAiABKAUSEwoLbGVhc2VfdG9rZW4YAyABKAkSLgoKZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjQKCFByb2dyZXNzEhcKD2NvbXBsZXRlZF9zdGVwcxgBIAEoBRIPCgdtZXNzYWdlGAIgASgJIioKCVRhc2tFcnJvchIMCgRjb2RlGAEgASgJEg8KB21lc3NhZ2UYAiABKAki4wsKBFRhc2sSDwoHdGFza19pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhAKCHdvcmtsb2FkGAMgASgJEh0KFXJlcXVpcmVkX2NhcGFiaWxpdGllcxgEIAMoCRIxCghhZmZpbml0eRgFIAMoCzIfLm1lc2h3b3JrLnYxLlRhc2suQWZmaW5pdHlFbnRyeRIQCghwcmlvcml0eRgGIAEoBRIsCghkZWFkbGluZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKcGFyYW1ldGVycxgIIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSJwoFaW5wdXQYCSABKAsyGC5tZXNod29yay52MS5BcnRpZmFjdFJlZhISCgVzdGVwcxgKIAEoBUgAiAEBEiUKBXN0YXRlGAsgASgOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEg8KB2F0dGVtcHQYDCABKAUSFAoMbWF4X2F0dGVtcHRzGA0gASgFEhUKDWxlYXNlX3NlY29uZHMYDiABKAUSMAoNcmV0cnlfYmFja29mZhgPIAEoCzIZLm1lc2h3b3JrLnYxLlJldHJ5QmFja29mZhIXCg9pZGVtcG90ZW5jeV9rZXkYECABKAkSFgoOY29ycmVsYXRpb25faWQYESABKAkSGgoSYXNzaWduZWRfd29ya2VyX2lkGBIgASgJEh0KFWFzc2lnbmVkX2FwaV9iYXNlX3VybBgTIAEoCRIhCgVsZWFzZRgUIAEoCzISLm1lc2h3b3JrLnYxLkxlYXNlEhkKEWNoZWNrcG9pbnRfaGFuZGxlGBUgASgJEicKCHByb2dyZXNzGBYgASgLMhUubWVzaHdvcmsudjEuUHJvZ3Jlc3MSKAoGcmVzdWx0GBcgASgLMhgubWVzaHdvcmsudjEuQXJ0aWZhY3RSZWYSFgoOcmVzdWx0X3N1bW1hcnkYGCABKAkSLwoHbWV0cmljcxgZIAMoCzIeLm1lc2h3b3JrLnYxLlRhc2suTWV0cmljc0VudHJ5EiUKBWVycm9yGBogASgLMhYubWVzaHdvcmsudjEuVGFza0Vycm9yEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYGyABKAgSLgoKbm90X2JlZm9yZRgcIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgdIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgeIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgfIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYICABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3RyYWNlcGFyZW50GCEgASgJEhIKCnRyYWNlc3RhdGUYIiABKAkSMwoJcmVzb3VyY2VzGCMgAygLMiAubWVzaHdvcmsudjEuVGFzay5SZXNvdXJjZXNFbnRyeRIzCgxyZXF1aXJlbWVudHMYJCADKAsyHS5tZXNod29yay52MS5MYWJlbFJlcXVpcmVtZW50EjUKC3ByZWZlcmVuY2VzGCUgAygLMiAubWVzaHdvcmsudjEuV2VpZ2h0ZWRSZXF1aXJlbWVudBINCgVzaGFyZRgmIAEoCRIXCg9jb25jdXJyZW5jeV9rZXkYJyABKAkSEAoIcmF0ZV9rZXkYKCABKAkaLwoNQWZmaW5pdHlFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBGi4KDE1ldHJpY3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAE6AjgBGjAKDlJlc291cmNlc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAFCCAoGX3N0ZXBzIlgKEExhYmVsUmVxdWlyZW1lbnQSCwoDa2V5GAEgASgJEicKCG9wZXJhdG9yGAIgASgOMhUubWVzaHdvcmsudjEuT3BlcmF0b3ISDgoGdmFsdWVzGAMgAygJIlkKE1dlaWdodGVkUmVxdWlyZW1lbnQSDgoGd2VpZ2h0GAEgASgFEjIKC3JlcXVpcmVtZW50GAIgASgLMh0ubWVzaHdvcmsudjEuTGFiZWxSZXF1aXJlbWVudCKmAQoKV2FpdFJlYXNvbhIjCgRraW5kGAEgASgOMhUubWVzaHdvcmsudjEuV2FpdEtpbmQSDwoHbWVzc2FnZRgCIAEoCRIzCgZkZXRhaWwYAyADKAsyIy5tZXNod29yay52MS5XYWl0UmVhc29uLkRldGFpbEVudHJ5Gi0KC0RldGFpbEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAEi4QYKEUNyZWF0ZVRhc2tSZXF1ZXN0EgwKBG5hbWUYASABKAkSEAoId29ya2xvYWQYAiABKAkSHQoVcmVxdWlyZWRfY2FwYWJpbGl0aWVzGAMgAygJEj4KCGFmZmluaXR5GAQgAygLMiwubWVzaHdvcmsudjEuQ3JlYXRlVGFza1JlcXVlc3QuQWZmaW5pdHlFbnRyeRIQCghwcmlvcml0eRgFIAEoBRIsCghkZWFkbGluZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKcGFyYW1ldGVycxgHIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSGwoRaW5wdXRfYXJ0aWZhY3RfaWQYCCABKAlIABIUCgppbnB1dF9kYXRhGAkgASgMSAASEgoFc3RlcHMYCiABKAVIAYgBARIZCgxtYXhfYXR0ZW1wdHMYCyABKAVIAogBARIaCg1sZWFzZV9zZWNvbmRzGAwgASgFSAOIAQESMAoNcmV0cnlfYmFja29mZhgNIAEoCzIZLm1lc2h3b3JrLnYxLlJldHJ5QmFja29mZhIXCg9pZGVtcG90ZW5jeV9rZXkYDiABKAkSFgoOY29ycmVsYXRpb25faWQYDyABKAkSQAoJcmVzb3VyY2VzGBAgAygLMi0ubWVzaHdvcmsudjEuQ3JlYXRlVGFza1JlcXVlc3QuUmVzb3VyY2VzRW50cnkSMwoMcmVxdWlyZW1lbnRzGBEgAygLMh0ubWVzaHdvcmsudjEuTGFiZWxSZXF1aXJlbWVudBI1CgtwcmVmZXJlbmNlcxgSIAMoCzIgLm1lc2h3b3JrLnYxLldlaWdodGVkUmVxdWlyZW1lbnQSDQoFc2hhcmUYEyABKAkSFwoPY29uY3VycmVuY3lfa2V5GBQgASgJEhAKCHJhdGVfa2V5GBUgASgJGi8KDUFmZmluaXR5RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ARowCg5SZXNvdXJjZXNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAM6AjgBQgcKBWlucHV0QggKBl9zdGVwc0IPCg1fbWF4X2F0dGVtcHRzQhAKDl9sZWFzZV9zZWNvbmRzIjUKEkNyZWF0ZVRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayJDChJDcmVhdGVUYXNrc1JlcXVlc3QSLQoFdGFza3MYASADKAsyHi5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdCI3ChNDcmVhdGVUYXNrc1Jlc3BvbnNlEiAKBXRhc2tzGAEgAygLMhEubWVzaHdvcmsudjEuVGFzayIhCg5HZXRUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJInQKD0dldFRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzaxIoCgd3YWl0aW5nGAIgAygLMhcubWVzaHdvcmsudjEuV2FpdFJlYXNvbhIWCg5xdWV1ZV9wb3NpdGlvbhgDIAEoBSKdAQoQTGlzdFRhc2tzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRIlCgVzdGF0ZRgDIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIQCgh3b3JrbG9hZBgEIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgFIAEoCRIRCgl3b3JrZXJfaWQYBiABKAkiTgoRTGlzdFRhc2tzUmVzcG9uc2USIAoFdGFza3MYASADKAsyES5tZXNod29yay52MS5UYXNrEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJPChVMaXN0VGFza0V2ZW50c1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJZChZMaXN0VGFza0V2ZW50c1Jlc3BvbnNlEiYKBmV2ZW50cxgBIAMoCzIWLm1lc2h3b3JrLnYxLlRhc2tFdmVudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkivQEKCVRhc2tFdmVudBIQCghzZXF1ZW5jZRgBIAEoAxIoCgR0aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIlCgVzdGF0ZRgDIAEoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIPCgdhdHRlbXB0GAQgASgFEhEKCXdvcmtlcl9pZBgFIAEoCRISCgplcnJvcl9jb2RlGAYgASgJEhUKDWVycm9yX21lc3NhZ2UYByABKAkiIwoQV2F0Y2hUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIjQKEVdhdGNoVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIjQKEUNhbmNlbFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjUKEkNhbmNlbFRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayI9ChBSZXJ1blRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSGAoQcmVydW5fZGVwZW5kZW50cxgCIAEoCCI0ChFSZXJ1blRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayK/AQoKVGFza0ZpbHRlchImCgZzdGF0ZXMYASADKA4yFi5tZXNod29yay52MS5UYXNrU3RhdGUSEAoId29ya2xvYWQYAiABKAkSEAoIdGFza19pZHMYAyADKAkSMQoNY3JlYXRlZF9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoOY3JlYXRlZF9iZWZvcmUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIk0KEVJlcnVuVGFza3NSZXF1ZXN0EicKBmZpbHRlchgBIAEoCzIXLm1lc2h3b3JrLnYxLlRhc2tGaWx0ZXISDwoHZHJ5X3J1bhgCIAEoCCIjChJSZXJ1blRhc2tzUmVzcG9uc2USDQoFY291bnQYASABKAUiXgoSQ2FuY2VsVGFza3NSZXF1ZXN0EicKBmZpbHRlchgBIAEoCzIXLm1lc2h3b3JrLnYxLlRhc2tGaWx0ZXISDwoHZHJ5X3J1bhgCIAEoCBIOCgZyZWFzb24YAyABKAkiJAoTQ2FuY2VsVGFza3NSZXNwb25zZRINCgVjb3VudBgBIAEoBSKOAQoTU2NoZWR1bGVUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEiAKGHNjaGVkdWxlX2lkZW1wb3RlbmN5X2tleRgCIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgDIAEoCRIaCg1sZWFzZV9zZWNvbmRzGAQgASgFSACIAQFCEAoOX2xlYXNlX3NlY29uZHMiNwoUU2NoZWR1bGVUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2siiwEKEFJldHJ5VGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIgChhzY2hlZHVsZV9pZGVtcG90ZW5jeV9rZXkYAiABKAkSFgoOY29ycmVsYXRpb25faWQYAyABKAkSGgoNbGVhc2Vfc2Vjb25kcxgEIAEoBUgAiAEBQhAKDl9sZWFzZV9zZWNvbmRzIjQKEVJldHJ5VGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrKroBCglUYXNrU3RhdGUSGgoWVEFTS19TVEFURV9VTlNQRUNJRklFRBAAEhYKElRBU0tfU1RBVEVfUEVORElORxABEhcKE1RBU0tfU1RBVEVfQVNTSUdORUQQAhIWChJUQVNLX1NUQVRFX1JVTk5JTkcQAxIYChRUQVNLX1NUQVRFX1NVQ0NFRURFRBAEEhUKEVRBU0tfU1RBVEVfRkFJTEVEEAUSFwoTVEFTS19TVEFURV9DQU5DRUxFRBAGKp4BCghPcGVyYXRvchIYChRPUEVSQVRPUl9VTlNQRUNJRklFRBAAEg8KC09QRVJBVE9SX0lOEAESEwoPT1BFUkFUT1JfTk9UX0lOEAISEwoPT1BFUkFUT1JfRVhJU1RTEAMSGwoXT1BFUkFUT1JfRE9FU19OT1RfRVhJU1QQBBIPCgtPUEVSQVRPUl9HVBAFEg8KC09QRVJBVE9SX0xUEAYqkQIKCFdhaXRLaW5kEhkKFVdBSVRfS0lORF9VTlNQRUNJRklFRBAAEiAKHFdBSVRfS0lORF9OT19NQVRDSElOR19XT1JLRVIQARIZChVXQUlUX0tJTkRfTk9fQ0FQQUNJVFkQAhIkCiBXQUlUX0tJTkRfU0hBUkVfT1ZFUl9FTlRJVExFTUVOVBADEh8KG1dBSVRfS0lORF9DT05DVVJSRU5DWV9MSU1JVBAEEhgKFFdBSVRfS0lORF9SQVRFX0xJTUlUEAUSGAoUV0FJVF9LSU5EX05PVF9CRUZPUkUQBhIaChZXQUlUX0tJTkRfREVQRU5ERU5DSUVTEAcSFgoSV0FJVF9LSU5EX1JFU0VSVkVEEAgy2gcKC1Rhc2tTZXJ2aWNlEk0KCkNyZWF0ZVRhc2sSHi5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdBofLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tSZXNwb25zZRJQCgtDcmVhdGVUYXNrcxIfLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tzUmVxdWVzdBogLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tzUmVzcG9uc2USSQoHR2V0VGFzaxIbLm1lc2h3b3JrLnYxLkdldFRhc2tSZXF1ZXN0GhwubWVzaHdvcmsudjEuR2V0VGFza1Jlc3BvbnNlIgOQAgESTwoJTGlzdFRhc2tzEh0ubWVzaHdvcmsudjEuTGlzdFRhc2tzUmVxdWVzdBoeLm1lc2h3b3JrLnYxLkxpc3RUYXNrc1Jlc3BvbnNlIgOQAgESXgoOTGlzdFRhc2tFdmVudHMSIi5tZXNod29yay52MS5MaXN0VGFza0V2ZW50c1JlcXVlc3QaIy5tZXNod29yay52MS5MaXN0VGFza0V2ZW50c1Jlc3BvbnNlIgOQAgESUQoJV2F0Y2hUYXNrEh0ubWVzaHdvcmsudjEuV2F0Y2hUYXNrUmVxdWVzdBoeLm1lc2h3b3JrLnYxLldhdGNoVGFza1Jlc3BvbnNlIgOQAgEwARJNCgpDYW5jZWxUYXNrEh4ubWVzaHdvcmsudjEuQ2FuY2VsVGFza1JlcXVlc3QaHy5tZXNod29yay52MS5DYW5jZWxUYXNrUmVzcG9uc2USUwoMU2NoZWR1bGVUYXNrEiAubWVzaHdvcmsudjEuU2NoZWR1bGVUYXNrUmVxdWVzdBohLm1lc2h3b3JrLnYxLlNjaGVkdWxlVGFza1Jlc3BvbnNlEkoKCVJldHJ5VGFzaxIdLm1lc2h3b3JrLnYxLlJldHJ5VGFza1JlcXVlc3QaHi5tZXNod29yay52MS5SZXRyeVRhc2tSZXNwb25zZRJKCglSZXJ1blRhc2sSHS5tZXNod29yay52MS5SZXJ1blRhc2tSZXF1ZXN0Gh4ubWVzaHdvcmsudjEuUmVydW5UYXNrUmVzcG9uc2USTQoKUmVydW5UYXNrcxIeLm1lc2h3b3JrLnYxLlJlcnVuVGFza3NSZXF1ZXN0Gh8ubWVzaHdvcmsudjEuUmVydW5UYXNrc1Jlc3BvbnNlElAKC0NhbmNlbFRhc2tzEh8ubWVzaHdvcmsudjEuQ2FuY2VsVGFza3NSZXF1ZXN0GiAubWVzaHdvcmsudjEuQ2FuY2VsVGFza3NSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_meshwork_v1_artifact]);
+  fileDesc("ChZtZXNod29yay92MS90YXNrLnByb3RvEgttZXNod29yay52MSJ2CgxSZXRyeUJhY2tvZmYSKgoHaW5pdGlhbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgNtYXgYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEgoKbXVsdGlwbGllchgDIAEoASKeAQoFTGVhc2USEQoJd29ya2VyX2lkGAEgASgJEg8KB2F0dGVtcHQYAiABKAUSEwoLbGVhc2VfdG9rZW4YAyABKAkSLgoKZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjQKCFByb2dyZXNzEhcKD2NvbXBsZXRlZF9zdGVwcxgBIAEoBRIPCgdtZXNzYWdlGAIgASgJIioKCVRhc2tFcnJvchIMCgRjb2RlGAEgASgJEg8KB21lc3NhZ2UYAiABKAki5Q4KBFRhc2sSDwoHdGFza19pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhAKCHdvcmtsb2FkGAMgASgJEh0KFXJlcXVpcmVkX2NhcGFiaWxpdGllcxgEIAMoCRIxCghhZmZpbml0eRgFIAMoCzIfLm1lc2h3b3JrLnYxLlRhc2suQWZmaW5pdHlFbnRyeRIQCghwcmlvcml0eRgGIAEoBRIsCghkZWFkbGluZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKcGFyYW1ldGVycxgIIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSJwoFaW5wdXQYCSABKAsyGC5tZXNod29yay52MS5BcnRpZmFjdFJlZhISCgVzdGVwcxgKIAEoBUgAiAEBEiUKBXN0YXRlGAsgASgOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEg8KB2F0dGVtcHQYDCABKAUSFAoMbWF4X2F0dGVtcHRzGA0gASgFEhUKDWxlYXNlX3NlY29uZHMYDiABKAUSMAoNcmV0cnlfYmFja29mZhgPIAEoCzIZLm1lc2h3b3JrLnYxLlJldHJ5QmFja29mZhIXCg9pZGVtcG90ZW5jeV9rZXkYECABKAkSFgoOY29ycmVsYXRpb25faWQYESABKAkSGgoSYXNzaWduZWRfd29ya2VyX2lkGBIgASgJEh0KFWFzc2lnbmVkX2FwaV9iYXNlX3VybBgTIAEoCRIhCgVsZWFzZRgUIAEoCzISLm1lc2h3b3JrLnYxLkxlYXNlEhkKEWNoZWNrcG9pbnRfaGFuZGxlGBUgASgJEicKCHByb2dyZXNzGBYgASgLMhUubWVzaHdvcmsudjEuUHJvZ3Jlc3MSKAoGcmVzdWx0GBcgASgLMhgubWVzaHdvcmsudjEuQXJ0aWZhY3RSZWYSFgoOcmVzdWx0X3N1bW1hcnkYGCABKAkSLwoHbWV0cmljcxgZIAMoCzIeLm1lc2h3b3JrLnYxLlRhc2suTWV0cmljc0VudHJ5EiUKBWVycm9yGBogASgLMhYubWVzaHdvcmsudjEuVGFza0Vycm9yEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYGyABKAgSLgoKbm90X2JlZm9yZRgcIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgdIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgeIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgfIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYICABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3RyYWNlcGFyZW50GCEgASgJEhIKCnRyYWNlc3RhdGUYIiABKAkSMwoJcmVzb3VyY2VzGCMgAygLMiAubWVzaHdvcmsudjEuVGFzay5SZXNvdXJjZXNFbnRyeRIzCgxyZXF1aXJlbWVudHMYJCADKAsyHS5tZXNod29yay52MS5MYWJlbFJlcXVpcmVtZW50EjUKC3ByZWZlcmVuY2VzGCUgAygLMiAubWVzaHdvcmsudjEuV2VpZ2h0ZWRSZXF1aXJlbWVudBINCgVzaGFyZRgmIAEoCRIXCg9jb25jdXJyZW5jeV9rZXkYJyABKAkSEAoIcmF0ZV9rZXkYKCABKAkSCwoDcmVmGCkgASgJEhIKCmRlcGVuZHNfb24YKiADKAkSOAoRZGVwZW5kZW5jeV9wb2xpY3kYKyABKA4yHS5tZXNod29yay52MS5EZXBlbmRlbmN5UG9saWN5EkQKEmRlcGVuZGVuY3lfb3V0cHV0cxgsIAMoCzIoLm1lc2h3b3JrLnYxLlRhc2suRGVwZW5kZW5jeU91dHB1dHNFbnRyeRIcChRkZXBlbmRlbmNpZXNfcGVuZGluZxgtIAEoBRIXCg90aW1lb3V0X3NlY29uZHMYLiABKAUSLQoMcmVzdWx0X3ZhbHVlGC8gASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIqCgZydW5fYXQYMCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3NjaGVkdWxlX2lkGDEgASgJGi8KDUFmZmluaXR5RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ARouCgxNZXRyaWNzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgBOgI4ARowCg5SZXNvdXJjZXNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAM6AjgBGjgKFkRlcGVuZGVuY3lPdXRwdXRzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIICgZfc3RlcHMiWAoQTGFiZWxSZXF1aXJlbWVudBILCgNrZXkYASABKAkSJwoIb3BlcmF0b3IYAiABKA4yFS5tZXNod29yay52MS5PcGVyYXRvchIOCgZ2YWx1ZXMYAyADKAkiWQoTV2VpZ2h0ZWRSZXF1aXJlbWVudBIOCgZ3ZWlnaHQYASABKAUSMgoLcmVxdWlyZW1lbnQYAiABKAsyHS5tZXNod29yay52MS5MYWJlbFJlcXVpcmVtZW50IqYBCgpXYWl0UmVhc29uEiMKBGtpbmQYASABKA4yFS5tZXNod29yay52MS5XYWl0S2luZBIPCgdtZXNzYWdlGAIgASgJEjMKBmRldGFpbBgDIAMoCzIjLm1lc2h3b3JrLnYxLldhaXRSZWFzb24uRGV0YWlsRW50cnkaLQoLRGV0YWlsRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgDOgI4ASLRCAoRQ3JlYXRlVGFza1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCgh3b3JrbG9hZBgCIAEoCRIdChVyZXF1aXJlZF9jYXBhYmlsaXRpZXMYAyADKAkSPgoIYWZmaW5pdHkYBCADKAsyLC5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdC5BZmZpbml0eUVudHJ5EhAKCHByaW9yaXR5GAUgASgFEiwKCGRlYWRsaW5lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIrCgpwYXJhbWV0ZXJzGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIbChFpbnB1dF9hcnRpZmFjdF9pZBgIIAEoCUgAEhQKCmlucHV0X2RhdGEYCSABKAxIABISCgVzdGVwcxgKIAEoBUgCiAEBEhkKDG1heF9hdHRlbXB0cxgLIAEoBUgDiAEBEhoKDWxlYXNlX3NlY29uZHMYDCABKAVIBIgBARIwCg1yZXRyeV9iYWNrb2ZmGA0gASgLMhkubWVzaHdvcmsudjEuUmV0cnlCYWNrb2ZmEhcKD2lkZW1wb3RlbmN5X2tleRgOIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgPIAEoCRJACglyZXNvdXJjZXMYECADKAsyLS5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdC5SZXNvdXJjZXNFbnRyeRIzCgxyZXF1aXJlbWVudHMYESADKAsyHS5tZXNod29yay52MS5MYWJlbFJlcXVpcmVtZW50EjUKC3ByZWZlcmVuY2VzGBIgAygLMiAubWVzaHdvcmsudjEuV2VpZ2h0ZWRSZXF1aXJlbWVudBINCgVzaGFyZRgTIAEoCRIXCg9jb25jdXJyZW5jeV9rZXkYFCABKAkSEAoIcmF0ZV9rZXkYFSABKAkSLAoGcnVuX2F0GBYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgBEioKBWRlbGF5GBcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uSAESCwoDcmVmGBggASgJEhIKCmRlcGVuZHNfb24YGSADKAkSOAoRZGVwZW5kZW5jeV9wb2xpY3kYGiABKA4yHS5tZXNod29yay52MS5EZXBlbmRlbmN5UG9saWN5EhwKD3RpbWVvdXRfc2Vjb25kcxgbIAEoBUgFiAEBGi8KDUFmZmluaXR5RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ARowCg5SZXNvdXJjZXNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAM6AjgBQgcKBWlucHV0QgcKBXN0YXJ0QggKBl9zdGVwc0IPCg1fbWF4X2F0dGVtcHRzQhAKDl9sZWFzZV9zZWNvbmRzQhIKEF90aW1lb3V0X3NlY29uZHMiNQoSQ3JlYXRlVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIkMKEkNyZWF0ZVRhc2tzUmVxdWVzdBItCgV0YXNrcxgBIAMoCzIeLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tSZXF1ZXN0IjcKE0NyZWF0ZVRhc2tzUmVzcG9uc2USIAoFdGFza3MYASADKAsyES5tZXNod29yay52MS5UYXNrIiEKDkdldFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkidAoPR2V0VGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrEigKB3dhaXRpbmcYAiADKAsyFy5tZXNod29yay52MS5XYWl0UmVhc29uEhYKDnF1ZXVlX3Bvc2l0aW9uGAMgASgFIp0BChBMaXN0VGFza3NSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEiUKBXN0YXRlGAMgASgOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEhAKCHdvcmtsb2FkGAQgASgJEhYKDmNvcnJlbGF0aW9uX2lkGAUgASgJEhEKCXdvcmtlcl9pZBgGIAEoCSJOChFMaXN0VGFza3NSZXNwb25zZRIgCgV0YXNrcxgBIAMoCzIRLm1lc2h3b3JrLnYxLlRhc2sSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIk8KFUxpc3RUYXNrRXZlbnRzUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIlkKFkxpc3RUYXNrRXZlbnRzUmVzcG9uc2USJgoGZXZlbnRzGAEgAygLMhYubWVzaHdvcmsudjEuVGFza0V2ZW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSK9AQoJVGFza0V2ZW50EhAKCHNlcXVlbmNlGAEgASgDEigKBHRpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiUKBXN0YXRlGAMgASgOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEg8KB2F0dGVtcHQYBCABKAUSEQoJd29ya2VyX2lkGAUgASgJEhIKCmVycm9yX2NvZGUYBiABKAkSFQoNZXJyb3JfbWVzc2FnZRgHIAEoCSIjChBXYXRjaFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkiNAoRV2F0Y2hUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2siNAoRQ2FuY2VsVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiNQoSQ2FuY2VsVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIj0KEFJlcnVuVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIYChByZXJ1bl9kZXBlbmRlbnRzGAIgASgIIjQKEVJlcnVuVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIr8BCgpUYXNrRmlsdGVyEiYKBnN0YXRlcxgBIAMoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIQCgh3b3JrbG9hZBgCIAEoCRIQCgh0YXNrX2lkcxgDIAMoCRIxCg1jcmVhdGVkX2FmdGVyGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jcmVhdGVkX2JlZm9yZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoRUmVydW5UYXNrc1JlcXVlc3QSJwoGZmlsdGVyGAEgASgLMhcubWVzaHdvcmsudjEuVGFza0ZpbHRlchIPCgdkcnlfcnVuGAIgASgIIiMKElJlcnVuVGFza3NSZXNwb25zZRINCgVjb3VudBgBIAEoBSJeChJDYW5jZWxUYXNrc1JlcXVlc3QSJwoGZmlsdGVyGAEgASgLMhcubWVzaHdvcmsudjEuVGFza0ZpbHRlchIPCgdkcnlfcnVuGAIgASgIEg4KBnJlYXNvbhgDIAEoCSIkChNDYW5jZWxUYXNrc1Jlc3BvbnNlEg0KBWNvdW50GAEgASgFIo4BChNTY2hlZHVsZVRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSIAoYc2NoZWR1bGVfaWRlbXBvdGVuY3lfa2V5GAIgASgJEhYKDmNvcnJlbGF0aW9uX2lkGAMgASgJEhoKDWxlYXNlX3NlY29uZHMYBCABKAVIAIgBAUIQCg5fbGVhc2Vfc2Vjb25kcyI3ChRTY2hlZHVsZVRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayKLAQoQUmV0cnlUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEiAKGHNjaGVkdWxlX2lkZW1wb3RlbmN5X2tleRgCIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgDIAEoCRIaCg1sZWFzZV9zZWNvbmRzGAQgASgFSACIAQFCEAoOX2xlYXNlX3NlY29uZHMiNAoRUmV0cnlUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2sirQEKB0xvZ0xpbmUSDwoHdGFza19pZBgBIAEoCRIPCgdhdHRlbXB0GAIgASgFEhEKCXdvcmtlcl9pZBgDIAEoCRITCgtsZWFzZV90b2tlbhgEIAEoCRIOCgZzdHJlYW0YBSABKAkSDAoEdGV4dBgGIAEoCRIoCgR0aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghzZXF1ZW5jZRgIIAEoAyJhChJHZXRUYXNrTG9nc1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIWCg5hZnRlcl9zZXF1ZW5jZRgCIAEoAxIRCglwYWdlX3NpemUYAyABKAUSDwoHYXR0ZW1wdBgEIAEoBSJ2ChNHZXRUYXNrTG9nc1Jlc3BvbnNlEiMKBWxpbmVzGAEgAygLMhQubWVzaHdvcmsudjEuTG9nTGluZRIbChNuZXh0X2FmdGVyX3NlcXVlbmNlGAIgASgDEg8KB2Ryb3BwZWQYAyABKAMSDAoEbW9yZRgEIAEoCCI/ChRXYXRjaFRhc2tMb2dzUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEhYKDmFmdGVyX3NlcXVlbmNlGAIgASgDIjwKFVdhdGNoVGFza0xvZ3NSZXNwb25zZRIjCgVsaW5lcxgBIAMoCzIULm1lc2h3b3JrLnYxLkxvZ0xpbmUqugEKCVRhc2tTdGF0ZRIaChZUQVNLX1NUQVRFX1VOU1BFQ0lGSUVEEAASFgoSVEFTS19TVEFURV9QRU5ESU5HEAESFwoTVEFTS19TVEFURV9BU1NJR05FRBACEhYKElRBU0tfU1RBVEVfUlVOTklORxADEhgKFFRBU0tfU1RBVEVfU1VDQ0VFREVEEAQSFQoRVEFTS19TVEFURV9GQUlMRUQQBRIXChNUQVNLX1NUQVRFX0NBTkNFTEVEEAYqegoQRGVwZW5kZW5jeVBvbGljeRIhCh1ERVBFTkRFTkNZX1BPTElDWV9VTlNQRUNJRklFRBAAEiMKH0RFUEVOREVOQ1lfUE9MSUNZX0FMTF9TVUNDRUVERUQQARIeChpERVBFTkRFTkNZX1BPTElDWV9BTExfRE9ORRACKp4BCghPcGVyYXRvchIYChRPUEVSQVRPUl9VTlNQRUNJRklFRBAAEg8KC09QRVJBVE9SX0lOEAESEwoPT1BFUkFUT1JfTk9UX0lOEAISEwoPT1BFUkFUT1JfRVhJU1RTEAMSGwoXT1BFUkFUT1JfRE9FU19OT1RfRVhJU1QQBBIPCgtPUEVSQVRPUl9HVBAFEg8KC09QRVJBVE9SX0xUEAYqkQIKCFdhaXRLaW5kEhkKFVdBSVRfS0lORF9VTlNQRUNJRklFRBAAEiAKHFdBSVRfS0lORF9OT19NQVRDSElOR19XT1JLRVIQARIZChVXQUlUX0tJTkRfTk9fQ0FQQUNJVFkQAhIkCiBXQUlUX0tJTkRfU0hBUkVfT1ZFUl9FTlRJVExFTUVOVBADEh8KG1dBSVRfS0lORF9DT05DVVJSRU5DWV9MSU1JVBAEEhgKFFdBSVRfS0lORF9SQVRFX0xJTUlUEAUSGAoUV0FJVF9LSU5EX05PVF9CRUZPUkUQBhIaChZXQUlUX0tJTkRfREVQRU5ERU5DSUVTEAcSFgoSV0FJVF9LSU5EX1JFU0VSVkVEEAgykAkKC1Rhc2tTZXJ2aWNlEk0KCkNyZWF0ZVRhc2sSHi5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdBofLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tSZXNwb25zZRJQCgtDcmVhdGVUYXNrcxIfLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tzUmVxdWVzdBogLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tzUmVzcG9uc2USSQoHR2V0VGFzaxIbLm1lc2h3b3JrLnYxLkdldFRhc2tSZXF1ZXN0GhwubWVzaHdvcmsudjEuR2V0VGFza1Jlc3BvbnNlIgOQAgESTwoJTGlzdFRhc2tzEh0ubWVzaHdvcmsudjEuTGlzdFRhc2tzUmVxdWVzdBoeLm1lc2h3b3JrLnYxLkxpc3RUYXNrc1Jlc3BvbnNlIgOQAgESXgoOTGlzdFRhc2tFdmVudHMSIi5tZXNod29yay52MS5MaXN0VGFza0V2ZW50c1JlcXVlc3QaIy5tZXNod29yay52MS5MaXN0VGFza0V2ZW50c1Jlc3BvbnNlIgOQAgESUQoJV2F0Y2hUYXNrEh0ubWVzaHdvcmsudjEuV2F0Y2hUYXNrUmVxdWVzdBoeLm1lc2h3b3JrLnYxLldhdGNoVGFza1Jlc3BvbnNlIgOQAgEwARJVCgtHZXRUYXNrTG9ncxIfLm1lc2h3b3JrLnYxLkdldFRhc2tMb2dzUmVxdWVzdBogLm1lc2h3b3JrLnYxLkdldFRhc2tMb2dzUmVzcG9uc2UiA5ACARJdCg1XYXRjaFRhc2tMb2dzEiEubWVzaHdvcmsudjEuV2F0Y2hUYXNrTG9nc1JlcXVlc3QaIi5tZXNod29yay52MS5XYXRjaFRhc2tMb2dzUmVzcG9uc2UiA5ACATABEk0KCkNhbmNlbFRhc2sSHi5tZXNod29yay52MS5DYW5jZWxUYXNrUmVxdWVzdBofLm1lc2h3b3JrLnYxLkNhbmNlbFRhc2tSZXNwb25zZRJTCgxTY2hlZHVsZVRhc2sSIC5tZXNod29yay52MS5TY2hlZHVsZVRhc2tSZXF1ZXN0GiEubWVzaHdvcmsudjEuU2NoZWR1bGVUYXNrUmVzcG9uc2USSgoJUmV0cnlUYXNrEh0ubWVzaHdvcmsudjEuUmV0cnlUYXNrUmVxdWVzdBoeLm1lc2h3b3JrLnYxLlJldHJ5VGFza1Jlc3BvbnNlEkoKCVJlcnVuVGFzaxIdLm1lc2h3b3JrLnYxLlJlcnVuVGFza1JlcXVlc3QaHi5tZXNod29yay52MS5SZXJ1blRhc2tSZXNwb25zZRJNCgpSZXJ1blRhc2tzEh4ubWVzaHdvcmsudjEuUmVydW5UYXNrc1JlcXVlc3QaHy5tZXNod29yay52MS5SZXJ1blRhc2tzUmVzcG9uc2USUAoLQ2FuY2VsVGFza3MSHy5tZXNod29yay52MS5DYW5jZWxUYXNrc1JlcXVlc3QaIC5tZXNod29yay52MS5DYW5jZWxUYXNrc1Jlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_meshwork_v1_artifact]);
 
 /**
  * RetryBackoff says how long a failed task waits before its next attempt:
@@ -459,6 +459,84 @@ export type Task = Message<"meshwork.v1.Task"> & {
    * @generated from field: string rate_key = 40;
    */
   rateKey: string;
+
+  /**
+   * ref is the name the task had in its CreateTasks call
+   * (CreateTaskRequest.ref), or empty.
+   *
+   * @generated from field: string ref = 41;
+   */
+  ref: string;
+
+  /**
+   * depends_on are the tasks this task waits for, by task id (references
+   * of the create call resolved to ids).
+   *
+   * @generated from field: repeated string depends_on = 42;
+   */
+  dependsOn: string[];
+
+  /**
+   * dependency_policy says what a dependency that did not succeed does to
+   * this task.
+   *
+   * @generated from field: meshwork.v1.DependencyPolicy dependency_policy = 43;
+   */
+  dependencyPolicy: DependencyPolicy;
+
+  /**
+   * dependency_outputs are the OUTPUT artifacts of the dependencies that
+   * SUCCEEDED, by `<ref or task id>/<name>` → artifact id: `<ref or task
+   * id>` is the dependency's ref when it had one in the same create call,
+   * else its task id; `<name>` is the artifact's filename, and `result`
+   * names the dependency's result artifact. Filled once the task is
+   * claimable (the dependencies finished).
+   *
+   * @generated from field: map<string, string> dependency_outputs = 44;
+   */
+  dependencyOutputs: { [key: string]: string };
+
+  /**
+   * dependencies_pending counts the dependencies that have not finished
+   * yet; the task is not claimable while it is above 0.
+   *
+   * @generated from field: int32 dependencies_pending = 45;
+   */
+  dependenciesPending: number;
+
+  /**
+   * timeout_seconds bounds one attempt's running time, from its lease's
+   * grant, across renewals (0: no bound). Past it the attempt fails with
+   * error code TIMEOUT and the retry rules apply.
+   *
+   * @generated from field: int32 timeout_seconds = 46;
+   */
+  timeoutSeconds: number;
+
+  /**
+   * result_value is the small structured result the completion carried
+   * (CompleteTaskRequest.result_value), if any.
+   *
+   * @generated from field: google.protobuf.Struct result_value = 47;
+   */
+  resultValue?: JsonObject | undefined;
+
+  /**
+   * run_at is the time the task was created to start at (run_at or
+   * created_at + delay), if it was given one. The task is not claimable
+   * before it (not_before holds it back, as for a retry's backoff).
+   *
+   * @generated from field: google.protobuf.Timestamp run_at = 48;
+   */
+  runAt?: Timestamp | undefined;
+
+  /**
+   * schedule_id is the schedule whose tick created the task, if any
+   * (ScheduleService).
+   *
+   * @generated from field: string schedule_id = 49;
+   */
+  scheduleId: string;
 };
 
 /**
@@ -736,6 +814,66 @@ export type CreateTaskRequest = Message<"meshwork.v1.CreateTaskRequest"> & {
    * @generated from field: string rate_key = 21;
    */
   rateKey: string;
+
+  /**
+   * start, when set, holds the task back: it is not claimable (nor
+   * placeable) before then, and waits with WAIT_KIND_NOT_BEFORE. At most 1
+   * year ahead; a time in the past means now.
+   *
+   * @generated from oneof meshwork.v1.CreateTaskRequest.start
+   */
+  start: {
+    /**
+     * run_at is the time the task may start.
+     *
+     * @generated from field: google.protobuf.Timestamp run_at = 22;
+     */
+    value: Timestamp;
+    case: "runAt";
+  } | {
+    /**
+     * delay is how long after its creation the task may start (0–1 year).
+     *
+     * @generated from field: google.protobuf.Duration delay = 23;
+     */
+    value: Duration;
+    case: "delay";
+  } | { case: undefined; value?: undefined };
+
+  /**
+   * ref names the task within one CreateTasks call, so that other tasks of
+   * the call can depend on it as `ref:NAME` (1–128 characters of
+   * `[A-Za-z0-9._-]`, unique within the call). Kept as Task.ref.
+   *
+   * @generated from field: string ref = 24;
+   */
+  ref: string;
+
+  /**
+   * depends_on are the tasks this one waits for (at most 1,000): task ids
+   * of existing tasks, or `ref:NAME` of tasks of the same CreateTasks call.
+   * An unknown id, an unknown or self reference, or a cycle is
+   * `invalid_argument`, and nothing is created.
+   *
+   * @generated from field: repeated string depends_on = 25;
+   */
+  dependsOn: string[];
+
+  /**
+   * dependency_policy: DEPENDENCY_POLICY_ALL_SUCCEEDED (default) or
+   * DEPENDENCY_POLICY_ALL_DONE.
+   *
+   * @generated from field: meshwork.v1.DependencyPolicy dependency_policy = 26;
+   */
+  dependencyPolicy: DependencyPolicy;
+
+  /**
+   * timeout_seconds bounds one attempt's running time across renewals
+   * (1–604800; unset: no bound). Past it the attempt fails with TIMEOUT.
+   *
+   * @generated from field: optional int32 timeout_seconds = 27;
+   */
+  timeoutSeconds?: number | undefined;
 };
 
 /**
@@ -1188,9 +1326,9 @@ export type RerunTaskRequest = Message<"meshwork.v1.RerunTaskRequest"> & {
   taskId: string;
 
   /**
-   * rerun_dependents also reruns the tasks that depend on this one
-   * (depends_on) and failed or were canceled because it did. Until tasks
-   * can depend on others, no task has dependents and it changes nothing.
+   * rerun_dependents also puts back the tasks that depend on this one
+   * (depends_on, transitively) and FAILED because it did (error code
+   * DEPENDENCY_FAILED): they wait for it again, as at their creation.
    *
    * @generated from field: bool rerun_dependents = 2;
    */
@@ -1508,6 +1646,213 @@ export const RetryTaskResponseSchema: GenMessage<RetryTaskResponse> = /*@__PURE_
   messageDesc(file_meshwork_v1_task, 33);
 
 /**
+ * LogLine is one line of a task's output, sent by the worker running it.
+ *
+ * @generated from message meshwork.v1.LogLine
+ */
+export type LogLine = Message<"meshwork.v1.LogLine"> & {
+  /**
+   * task_id is the task the line belongs to.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  taskId: string;
+
+  /**
+   * attempt is the attempt that wrote it (the sender's lease's attempt).
+   *
+   * @generated from field: int32 attempt = 2;
+   */
+  attempt: number;
+
+  /**
+   * worker_id is the worker that sent it.
+   *
+   * @generated from field: string worker_id = 3;
+   */
+  workerId: string;
+
+  /**
+   * lease_token is the sender's lease token; checked when sent, never
+   * returned in reads.
+   *
+   * @generated from field: string lease_token = 4;
+   */
+  leaseToken: string;
+
+  /**
+   * stream is `stdout`, `stderr` or `log` (the default, for the worker's
+   * own messages).
+   *
+   * @generated from field: string stream = 5;
+   */
+  stream: string;
+
+  /**
+   * text is the line (≤ 8 KiB; longer lines are cut, marked with `…`).
+   *
+   * @generated from field: string text = 6;
+   */
+  text: string;
+
+  /**
+   * time is when the worker wrote the line (default: when it arrived).
+   *
+   * @generated from field: google.protobuf.Timestamp time = 7;
+   */
+  time?: Timestamp | undefined;
+
+  /**
+   * sequence orders a task's lines; set by the coordinator, ignored when sent.
+   *
+   * @generated from field: int64 sequence = 8;
+   */
+  sequence: bigint;
+};
+
+/**
+ * Describes the message meshwork.v1.LogLine.
+ * Use `create(LogLineSchema)` to create a new message.
+ */
+export const LogLineSchema: GenMessage<LogLine> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 34);
+
+/**
+ * GetTaskLogsRequest names the task whose log lines to read.
+ *
+ * @generated from message meshwork.v1.GetTaskLogsRequest
+ */
+export type GetTaskLogsRequest = Message<"meshwork.v1.GetTaskLogsRequest"> & {
+  /**
+   * task_id is the task.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  taskId: string;
+
+  /**
+   * after_sequence returns only lines after this sequence (0: from the oldest kept).
+   *
+   * @generated from field: int64 after_sequence = 2;
+   */
+  afterSequence: bigint;
+
+  /**
+   * page_size is the most lines to return (1–5000, default 1000).
+   *
+   * @generated from field: int32 page_size = 3;
+   */
+  pageSize: number;
+
+  /**
+   * attempt, when set, keeps only that attempt's lines.
+   *
+   * @generated from field: int32 attempt = 4;
+   */
+  attempt: number;
+};
+
+/**
+ * Describes the message meshwork.v1.GetTaskLogsRequest.
+ * Use `create(GetTaskLogsRequestSchema)` to create a new message.
+ */
+export const GetTaskLogsRequestSchema: GenMessage<GetTaskLogsRequest> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 35);
+
+/**
+ * GetTaskLogsResponse is one page of a task's log lines, oldest first.
+ *
+ * @generated from message meshwork.v1.GetTaskLogsResponse
+ */
+export type GetTaskLogsResponse = Message<"meshwork.v1.GetTaskLogsResponse"> & {
+  /**
+   * lines are this page's lines.
+   *
+   * @generated from field: repeated meshwork.v1.LogLine lines = 1;
+   */
+  lines: LogLine[];
+
+  /**
+   * next_after_sequence continues the reading (the last line's sequence,
+   * or after_sequence when no line came).
+   *
+   * @generated from field: int64 next_after_sequence = 2;
+   */
+  nextAfterSequence: bigint;
+
+  /**
+   * dropped counts the task's lines dropped so far (the cap per task, or a
+   * line refused by the rate limit).
+   *
+   * @generated from field: int64 dropped = 3;
+   */
+  dropped: bigint;
+
+  /**
+   * more says whether more lines are kept after this page.
+   *
+   * @generated from field: bool more = 4;
+   */
+  more: boolean;
+};
+
+/**
+ * Describes the message meshwork.v1.GetTaskLogsResponse.
+ * Use `create(GetTaskLogsResponseSchema)` to create a new message.
+ */
+export const GetTaskLogsResponseSchema: GenMessage<GetTaskLogsResponse> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 36);
+
+/**
+ * WatchTaskLogsRequest names the task whose log lines to follow.
+ *
+ * @generated from message meshwork.v1.WatchTaskLogsRequest
+ */
+export type WatchTaskLogsRequest = Message<"meshwork.v1.WatchTaskLogsRequest"> & {
+  /**
+   * task_id is the task.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  taskId: string;
+
+  /**
+   * after_sequence starts after this sequence (0: every kept line).
+   *
+   * @generated from field: int64 after_sequence = 2;
+   */
+  afterSequence: bigint;
+};
+
+/**
+ * Describes the message meshwork.v1.WatchTaskLogsRequest.
+ * Use `create(WatchTaskLogsRequestSchema)` to create a new message.
+ */
+export const WatchTaskLogsRequestSchema: GenMessage<WatchTaskLogsRequest> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 37);
+
+/**
+ * WatchTaskLogsResponse is a batch of new lines.
+ *
+ * @generated from message meshwork.v1.WatchTaskLogsResponse
+ */
+export type WatchTaskLogsResponse = Message<"meshwork.v1.WatchTaskLogsResponse"> & {
+  /**
+   * lines are the new lines, oldest first.
+   *
+   * @generated from field: repeated meshwork.v1.LogLine lines = 1;
+   */
+  lines: LogLine[];
+};
+
+/**
+ * Describes the message meshwork.v1.WatchTaskLogsResponse.
+ * Use `create(WatchTaskLogsResponseSchema)` to create a new message.
+ */
+export const WatchTaskLogsResponseSchema: GenMessage<WatchTaskLogsResponse> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 38);
+
+/**
  * TaskState is where a task is in its life.
  *
  * @generated from enum meshwork.v1.TaskState
@@ -1568,6 +1913,43 @@ export enum TaskState {
  */
 export const TaskStateSchema: GenEnum<TaskState> = /*@__PURE__*/
   enumDesc(file_meshwork_v1_task, 0);
+
+/**
+ * DependencyPolicy says when a task with dependencies may run.
+ *
+ * @generated from enum meshwork.v1.DependencyPolicy
+ */
+export enum DependencyPolicy {
+  /**
+   * DEPENDENCY_POLICY_UNSPECIFIED means DEPENDENCY_POLICY_ALL_SUCCEEDED.
+   *
+   * @generated from enum value: DEPENDENCY_POLICY_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * DEPENDENCY_POLICY_ALL_SUCCEEDED: the task becomes claimable when every
+   * dependency SUCCEEDED; a dependency that FAILED or was CANCELED fails it
+   * at once (error code DEPENDENCY_FAILED), and so on down the graph.
+   *
+   * @generated from enum value: DEPENDENCY_POLICY_ALL_SUCCEEDED = 1;
+   */
+  ALL_SUCCEEDED = 1,
+
+  /**
+   * DEPENDENCY_POLICY_ALL_DONE: the task becomes claimable when every
+   * dependency finished, whichever way (a clean-up or a report step).
+   *
+   * @generated from enum value: DEPENDENCY_POLICY_ALL_DONE = 2;
+   */
+  ALL_DONE = 2,
+}
+
+/**
+ * Describes the enum meshwork.v1.DependencyPolicy.
+ */
+export const DependencyPolicySchema: GenEnum<DependencyPolicy> = /*@__PURE__*/
+  enumDesc(file_meshwork_v1_task, 1);
 
 /**
  * Operator compares a worker label with a requirement's values, as
@@ -1633,7 +2015,7 @@ export enum Operator {
  * Describes the enum meshwork.v1.Operator.
  */
 export const OperatorSchema: GenEnum<Operator> = /*@__PURE__*/
-  enumDesc(file_meshwork_v1_task, 1);
+  enumDesc(file_meshwork_v1_task, 2);
 
 /**
  * WaitKind is one reason a PENDING task has not been taken yet.
@@ -1694,15 +2076,16 @@ export enum WaitKind {
   RATE_LIMIT = 5,
 
   /**
-   * WAIT_KIND_NOT_BEFORE: held back until a time (a retry's backoff);
-   * `detail` has `seconds` left.
+   * WAIT_KIND_NOT_BEFORE: held back until a time (its run_at or delay, or
+   * a retry's backoff); `detail` has `seconds` left.
    *
    * @generated from enum value: WAIT_KIND_NOT_BEFORE = 6;
    */
   NOT_BEFORE = 6,
 
   /**
-   * WAIT_KIND_DEPENDENCIES: waits for other tasks to finish.
+   * WAIT_KIND_DEPENDENCIES: waits for other tasks to finish; `detail` has
+   * `pending` (the dependencies not finished yet) and `total`.
    *
    * @generated from enum value: WAIT_KIND_DEPENDENCIES = 7;
    */
@@ -1722,7 +2105,7 @@ export enum WaitKind {
  * Describes the enum meshwork.v1.WaitKind.
  */
 export const WaitKindSchema: GenEnum<WaitKind> = /*@__PURE__*/
-  enumDesc(file_meshwork_v1_task, 2);
+  enumDesc(file_meshwork_v1_task, 3);
 
 /**
  * TaskService creates, reads, watches, cancels and places tasks.
@@ -1799,6 +2182,30 @@ export const TaskService: GenService<{
     methodKind: "server_streaming";
     input: typeof WatchTaskRequestSchema;
     output: typeof WatchTaskResponseSchema;
+  },
+  /**
+   * GetTaskLogs pages through the log lines the coordinator keeps for a
+   * task (a bounded tail per task: the oldest lines are dropped past the
+   * cap), oldest first. An unknown task is not_found.
+   *
+   * @generated from rpc meshwork.v1.TaskService.GetTaskLogs
+   */
+  getTaskLogs: {
+    methodKind: "unary";
+    input: typeof GetTaskLogsRequestSchema;
+    output: typeof GetTaskLogsResponseSchema;
+  },
+  /**
+   * WatchTaskLogs streams a task's kept log lines after `after_sequence`,
+   * then each new batch as workers send them, and ends once the task is
+   * finished and every line it had was sent.
+   *
+   * @generated from rpc meshwork.v1.TaskService.WatchTaskLogs
+   */
+  watchTaskLogs: {
+    methodKind: "server_streaming";
+    input: typeof WatchTaskLogsRequestSchema;
+    output: typeof WatchTaskLogsResponseSchema;
   },
   /**
    * CancelTask moves a PENDING, ASSIGNED or RUNNING task to CANCELED and
