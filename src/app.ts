@@ -14,7 +14,10 @@ import type { Completion } from "./leases/store.js";
 import { createSweeper } from "./leases/sweeper.js";
 import { createClaimWakeups, readyCounts } from "./leases/wakeup.js";
 import type { Logger } from "./log.js";
+import { createLogStore } from "./logs/store.js";
+import { createLogTail } from "./logs/tail.js";
 import { createMetrics } from "./metrics/metrics.js";
+import { createScheduleTicker } from "./schedules/ticker.js";
 import { createShareBook } from "./scheduling/book.js";
 import { demandByWorkload, type Pool, readDemand } from "./scheduling/demand.js";
 import { createSchedulingStore } from "./scheduling/store.js";
@@ -113,6 +116,11 @@ export function createApp(
     { leases: housekeeping.leases, heartbeats, events, wakeups, log, metrics },
     config.sweepIntervalMs,
   );
+  // Every replica ticks the due schedules; a tick's row lock keeps it to one (schedules/store.ts).
+  const scheduleTicker = createScheduleTicker(
+    { schedules: stores.schedules, config, log, metrics },
+    config.sweepIntervalMs,
+  );
   // Old finished tasks, on the housekeeping handle too: one replica at a
   // time, in small batches (tasks/retention.ts).
   const retention = createRetention(
@@ -164,12 +172,19 @@ export function createApp(
     workerCache,
     /** Authentication, roles, worker ownership and rate limits (src/auth/). */
     guard,
+    /** Task log tails: appends under the lease check, capped per task, pages and watches (src/logs/). */
+    logTail: createLogTail({
+      store: createLogStore(database.db, config.logLinesPerTask),
+      config,
+    }),
     /** The Prometheus metrics served at /metrics (src/metrics/, docs/metrics.md). */
     metrics,
     /** Span export (OpenTelemetry), with `--otel-endpoint` only. */
     tracing,
     completeOne,
     sweeper,
+    /** Runs the due schedules' ticks (schedules/ticker.ts); started with the sweeper. */
+    scheduleTicker,
     retention,
     /** The share tree as this replica last read it (scheduling/book.ts). */
     shareBook,
@@ -189,6 +204,7 @@ export function createApp(
       shareBook.start();
       if (options.sweeper !== false) {
         sweeper.start();
+        scheduleTicker.start();
         retention.start();
         if (config.workerRetentionMs > 0) {
           workerSweep = setInterval(pruneLostWorkers, 60_000);
@@ -208,6 +224,7 @@ export function createApp(
       clearInterval(blobSweep);
       clearInterval(workerSweep);
       await sweeper.stop();
+      await scheduleTicker.stop();
       await retention.stop();
       await shareBook.stop();
       await unlisten?.();

@@ -73,6 +73,10 @@ export interface Config {
   authFailureBurst: number;
   /** Bytes that requests waiting for their token to be looked up may buffer, server-wide; 0 = no cap. */
   maxPendingAuthBytes: number;
+  /** Log lines kept per task (the oldest are dropped past it; src/logs/). */
+  logLinesPerTask: number;
+  /** Log lines a task may send per second (token bucket, burst 10 s of it); 0 = no limit. */
+  logLinesPerSecond: number;
   /** The share of a task that names none: a path, or "" for the creating token's name. */
   defaultShare: string;
   /** Half-life of a share's usage, in ms (docs/scheduling.md). */
@@ -152,6 +156,8 @@ const flags = {
   "auth-failure-rate": { type: "string", env: "MESHWORK_AUTH_FAILURE_RATE" },
   "auth-failure-burst": { type: "string", env: "MESHWORK_AUTH_FAILURE_BURST" },
   "max-pending-auth-bytes": { type: "string", env: "MESHWORK_MAX_PENDING_AUTH_BYTES" },
+  "log-lines-per-task": { type: "string", env: "MESHWORK_LOG_LINES_PER_TASK" },
+  "log-lines-per-second": { type: "string", env: "MESHWORK_LOG_LINES_PER_SECOND" },
   "default-share": { type: "string", env: "MESHWORK_DEFAULT_SHARE" },
   "share-half-life": { type: "string", env: "MESHWORK_SHARE_HALF_LIFE" },
   "reserve-after": { type: "string", env: "MESHWORK_RESERVE_AFTER" },
@@ -338,6 +344,8 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
       0,
       Number.MAX_SAFE_INTEGER,
     ),
+    logLinesPerTask: intFlag("--log-lines-per-task", get("log-lines-per-task"), 1e4, 1, 1e7),
+    logLinesPerSecond: intFlag("--log-lines-per-second", get("log-lines-per-second"), 1e3, 0, 1e6),
   };
 }
 

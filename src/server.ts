@@ -16,6 +16,7 @@ import { file_meshwork_v1_errors } from "../gen/meshwork/v1/errors_pb.js";
 import { FleetService, file_meshwork_v1_fleet } from "../gen/meshwork/v1/fleet_pb.js";
 import { file_meshwork_v1_knowledge, KnowledgeService } from "../gen/meshwork/v1/knowledge_pb.js";
 import { file_meshwork_v1_lease, LeaseService } from "../gen/meshwork/v1/lease_pb.js";
+import { file_meshwork_v1_schedule, ScheduleService } from "../gen/meshwork/v1/schedule_pb.js";
 import { file_meshwork_v1_share, ShareService } from "../gen/meshwork/v1/share_pb.js";
 import { file_meshwork_v1_task, TaskService } from "../gen/meshwork/v1/task_pb.js";
 import { file_meshwork_v1_token, TokenService } from "../gen/meshwork/v1/token_pb.js";
@@ -53,6 +54,7 @@ import { createErrorMapper, fixForWire, type ToClientError } from "./rpc/errors.
 import { createHealthService } from "./rpc/health.js";
 import { createNulInterceptor, createRpcInterceptor } from "./rpc/interceptors.js";
 import { registerReflection, registryOf } from "./rpc/reflection.js";
+import { createScheduleService } from "./schedules/service.js";
 import { createKedaScaler } from "./scheduling/keda.js";
 import { createConcurrencyService, createShareService } from "./scheduling/service.js";
 import { toTask } from "./tasks/convert.js";
@@ -73,6 +75,7 @@ const meshworkServices = [
   TokenService,
   ShareService,
   ConcurrencyService,
+  ScheduleService,
 ];
 
 /** The request's correlation id and trace context, set by the listener before any handler runs. */
@@ -158,6 +161,7 @@ export function createRoutes(app: App): (router: ConnectRouter) => void {
     file_meshwork_v1_token,
     file_meshwork_v1_share,
     file_meshwork_v1_concurrency,
+    file_meshwork_v1_schedule,
     file_meshwork_v1_errors,
     file_grpc_health_v1_health,
   ]);
@@ -170,6 +174,7 @@ export function createRoutes(app: App): (router: ConnectRouter) => void {
     router.service(TokenService, createTokenService(app));
     router.service(ShareService, createShareService(app));
     router.service(ConcurrencyService, createConcurrencyService(app));
+    router.service(ScheduleService, createScheduleService(app));
     // Open to anyone: its request is one short name, so it may read little.
     router.service(
       Health,

@@ -6,6 +6,7 @@ import { createFleetStore } from "./fleet/store.js";
 import { createKnowledgeStore } from "./knowledge/store.js";
 import type { ClaimScheduling } from "./leases/claim.js";
 import { createLeaseStore } from "./leases/store.js";
+import { createScheduleStore } from "./schedules/store.js";
 import { createSchedulingStore } from "./scheduling/store.js";
 import { createPlacementStore } from "./tasks/placement.js";
 import { createTaskStore } from "./tasks/store.js";
@@ -29,6 +30,7 @@ export function createStores(
     placement: createPlacementStore(db, config.heartbeatIntervalSeconds),
     knowledge: createKnowledgeStore(db),
     tokens: createTokenStore(db),
+    schedules: createScheduleStore(db),
   };
 }
 

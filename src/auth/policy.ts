@@ -47,6 +47,8 @@ export const policy: Record<string, MethodRule> = {
   "meshwork.v1.TaskService/ListTasks": { roles: client },
   "meshwork.v1.TaskService/ListTaskEvents": { roles: client },
   "meshwork.v1.TaskService/WatchTask": { roles: client },
+  "meshwork.v1.TaskService/GetTaskLogs": { roles: client },
+  "meshwork.v1.TaskService/WatchTaskLogs": { roles: client },
   "meshwork.v1.TaskService/CancelTask": { roles: client },
   "meshwork.v1.TaskService/ScheduleTask": { roles: client },
   "meshwork.v1.TaskService/RetryTask": { roles: client },
@@ -65,6 +67,8 @@ export const policy: Record<string, MethodRule> = {
   },
   "meshwork.v1.LeaseService/FailTask": { roles: worker, actsFor: own },
   "meshwork.v1.LeaseService/ReleaseTask": { roles: worker, actsFor: own },
+  // Each line names its worker: checked on every message of the stream.
+  "meshwork.v1.LeaseService/AppendLogs": { roles: worker, actsFor: own },
   // Artifacts: clients upload inputs, workers their tasks' artifacts; both download.
   "meshwork.v1.ArtifactService/UploadArtifact": {
     roles: anyRole,
@@ -103,6 +107,14 @@ export const policy: Record<string, MethodRule> = {
   "meshwork.v1.ConcurrencyService/SetRate": { roles: [] },
   "meshwork.v1.ConcurrencyService/DeleteRate": { roles: [] },
   "meshwork.v1.ConcurrencyService/ListRates": { roles: client },
+  // Schedules: clients, who create the tasks the schedules create, and admins.
+  "meshwork.v1.ScheduleService/CreateSchedule": { roles: client },
+  "meshwork.v1.ScheduleService/GetSchedule": { roles: client },
+  "meshwork.v1.ScheduleService/ListSchedules": { roles: client },
+  "meshwork.v1.ScheduleService/PauseSchedule": { roles: client },
+  "meshwork.v1.ScheduleService/ResumeSchedule": { roles: client },
+  "meshwork.v1.ScheduleService/DeleteSchedule": { roles: client },
+  "meshwork.v1.ScheduleService/TriggerSchedule": { roles: client },
   // Tokens: admin only.
   "meshwork.v1.TokenService/CreateToken": { roles: [] },
   "meshwork.v1.TokenService/ListTokens": { roles: [] },

@@ -21,6 +21,7 @@ Commands:
   share       list | set | delete share-tree weights (fair share)
   limit       list | set | delete concurrency limits by key
   rate        list | set | delete rates by key
+  schedule    create | get | list | pause | resume | delete | trigger cron schedules
 
 Each command takes --help; operator commands take --url, --token and --json.
 
@@ -105,6 +106,7 @@ export async function run(argv: string[]): Promise<number> {
       import("./scheduling.js").then((m) => m.schedulingCommand("limit", args)),
     rate: async () => (args) =>
       import("./scheduling.js").then((m) => m.schedulingCommand("rate", args)),
+    schedule: async () => (await import("./schedule.js")).scheduleCommand,
   };
   const load = Object.hasOwn(operator, command) ? operator[command] : undefined;
   if (load) return (await load())(rest);

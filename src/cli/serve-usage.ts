@@ -42,6 +42,8 @@ Limits (each refusal is a clear error and changes nothing):
   --auth-failure-burst N    MESHWORK_AUTH_FAILURE_BURST  burst of the above; default 100
   --max-pending-auth-bytes N MESHWORK_MAX_PENDING_AUTH_BYTES
                             bytes requests awaiting a token lookup may buffer, in all; default 67108864
+  --log-lines-per-task N    MESHWORK_LOG_LINES_PER_TASK   log lines kept per task, oldest dropped; default 10000
+  --log-lines-per-second N  MESHWORK_LOG_LINES_PER_SECOND log lines/s per task, then dropped; default 1000, 0 = off
 
 Scheduling (docs/scheduling.md):
   --default-share token|PATH MESHWORK_DEFAULT_SHARE  share of a task that names none; default token (its token's name)

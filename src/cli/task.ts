@@ -26,6 +26,7 @@ import { workerIdOf } from "./resolve.js";
 import { preferenceFlag, quantities, requirementFlag, waitingText } from "./scheduling-flags.js";
 import { unknownSubcommand } from "./suggest.js";
 import { ago, table } from "./table.js";
+import { taskLogs, taskLogsUsage } from "./task-logs.js";
 import { describe, json, stateName, watch } from "./task-view.js";
 
 const usage = `Usage:
@@ -45,6 +46,7 @@ const usage = `Usage:
   meshwork task rerun [TASK_ID...] FILTER [--dry-run]
   meshwork task retry TASK_ID [--lease-seconds N] [--idempotency-key K]
   meshwork task watch TASK_ID
+  meshwork task logs TASK_ID [-f] [--attempt N]
 
 FILTER (cancel, rerun; every flag given narrows it):
   --state S...             the states (cancel: pending, assigned, running;
@@ -89,7 +91,7 @@ FILTER (cancel, rerun; every flag given narrows it):
 'watch' follows WatchTask, one line per change, until the task ends. Exits 0
   when it SUCCEEDED, 3 when it FAILED or was CANCELED. With --json, one Task
   JSON document per line.
-
+${taskLogsUsage}
 ${endpointHelp}`;
 
 const states: Record<string, TaskState> = {
@@ -124,10 +126,12 @@ export async function taskCommand(argv: string[], io: Io = stdio): Promise<numbe
         return bulk(sub, rest, io);
       case "list":
         return list(rest, io);
+      case "logs":
+        return taskLogs(rest, io);
       default:
         throw unknownSubcommand(
           sub,
-          ["create", "get", "why", "list", "cancel", "rerun", "retry", "watch"],
+          ["create", "get", "why", "list", "cancel", "rerun", "retry", "watch", "logs"],
           "meshwork task",
         );
     }

@@ -36,6 +36,7 @@ Exit 0: every regular file in MESHWORK_OUTPUT is uploaded (OUTPUT kind) and
 Non-zero exit: the task fails with error code CommandFailed, the exit status
   and the last lines of stderr (at most 4 KiB, control characters removed).
 A stdout line 'progress: N message' records N completed steps.
+Every line of stdout and stderr goes to the task's log: meshwork task logs ID [-f].
 When the task's lease is lost or it is cancelled, the command's process group
   gets SIGTERM (SIGKILL 5 s later).
 SIGTERM/SIGINT stop claiming; running commands finish within the grace period.
@@ -221,8 +222,14 @@ async function runTask(argv: string[], task: WorkerTask, ctx: TaskContext): Prom
     child.stderr.on("data", (chunk: string) => {
       stderr = (stderr + chunk).slice(-4 * stderrTailBytes);
     });
+    // Every line of stdout and stderr goes to the task's log (meshwork task logs ID).
+    createInterface({ input: child.stderr, crlfDelay: Number.POSITIVE_INFINITY }).on(
+      "line",
+      (line) => ctx.log(line, "stderr"),
+    );
     const lines = createInterface({ input: child.stdout, crlfDelay: Number.POSITIVE_INFINITY });
     lines.on("line", (line) => {
+      ctx.log(line, "stdout");
       const m = progressLine.exec(line);
       if (m) ctx.progress(Number(m[1]), m[2]);
     });

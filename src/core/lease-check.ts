@@ -98,6 +98,11 @@ export function leaseRefusal(found: Judged | undefined, l: LeaseRef): DomainErro
         "FOREIGN_WORKER",
         `attempt ${l.attempt} of task ${row.id} is leased to another worker`,
       );
+    case "TIMEOUT":
+      return refuse(
+        "TIMEOUT",
+        `attempt ${l.attempt} of task ${row.id} ran past the task's timeout of ${row.timeoutSeconds ?? 0} s and was failed`,
+      );
     case "NOT_LEASED":
     case "COMPLETED":
       return refuse(

@@ -52,6 +52,9 @@ export const refusals = {
   LEASE_EXPIRED: aborted("the lease ran out; the task may be handed to another worker"),
   TOKEN_MISMATCH: aborted("everything matches but the lease token"),
   TASK_CANCELED: aborted("the task was cancelled, which revoked its lease"),
+  TIMEOUT: aborted(
+    "the attempt ran past the task's timeout_seconds: it was failed (retried while attempts remain)",
+  ),
   NOT_LEASED: aborted("the task holds no lease for this attempt (pending again, or finished)"),
   ARTIFACT_MISMATCH: aborted(
     "a result or checkpoint that is not an artifact of this task and attempt",

@@ -25,6 +25,7 @@ export const functionFiles = [
   "leases/sql/grant.sql",
   "leases/sql/claim.sql",
   "leases/sql/claim-batch.sql",
+  "tasks/sql/dependencies.sql",
   "tasks/sql/history.sql",
 ] as const;
 
@@ -36,7 +37,7 @@ export const functionFiles = [
  * hash: nothing to do. test/unit/db-functions.test.ts pins the hash of each
  * version, so that a file changed without a new version fails there.
  */
-export const functionsVersion = 4;
+export const functionsVersion = 5;
 
 const src = fileURLToPath(new URL("../", import.meta.url));
 

@@ -24,7 +24,7 @@ export function asNumber(value: unknown): number {
 }
 
 /** Runs a raw statement and returns its rows, whichever driver ran it. */
-export async function rowsOf<T>(db: Db, query: SQL): Promise<T[]> {
+export async function rowsOf<T>(db: Pick<Db, "execute">, query: SQL): Promise<T[]> {
   const result: unknown = await db.execute(query);
   if (Array.isArray(result)) return result as T[];
   return ((result as { rows?: T[] }).rows ?? []) as T[];

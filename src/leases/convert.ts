@@ -5,7 +5,7 @@ import type { TaskRow } from "../db/schema/index.js";
 import { toArtifactRef, toQuantities } from "../tasks/convert.js";
 
 /** What a worker needs to run a task it just claimed, with the lease token. */
-export function toClaim(row: TaskRow): Claim {
+export function toClaim(row: TaskRow, outputs: Record<string, string> = {}): Claim {
   return create(ClaimSchema, {
     taskId: row.id,
     attempt: row.attempt,
@@ -22,5 +22,7 @@ export function toClaim(row: TaskRow): Claim {
     traceparent: row.traceParent,
     tracestate: row.traceState,
     resources: toQuantities(row.resources),
+    dependencyOutputs: outputs,
+    timeoutSeconds: row.timeoutSeconds ?? 0,
   });
 }

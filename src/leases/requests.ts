@@ -11,7 +11,7 @@ import type { Guard } from "../auth/guard.js";
 import { callerOf } from "../auth/principal.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { type LeaseFields, type LeaseRef, leaseToken, parseLeaseRef } from "../core/lease-ref.js";
-import { intInRange, text, uuidField } from "../core/validate.js";
+import { intInRange, shallowJson, text, uuidField } from "../core/validate.js";
 import type { ArtifactRefJson } from "../db/schema/index.js";
 import type { Completion, LeaseStore, Progress } from "./store.js";
 
@@ -111,7 +111,21 @@ export function completionOf(
     result: resultRef(req.result, publicUrl, field),
     summary: req.resultSummary,
     metrics: req.metrics,
+    value: resultValueOf(req.resultValue, `${field}result_value`),
   };
+}
+
+/** The most a result_value may take, as JSON text. */
+export const maxResultValueBytes = 64 * 1024;
+
+/** A completion's result_value, checked: at most 64 KiB as JSON, nested as parameters may be. */
+function resultValueOf(value: CompleteTaskRequest["resultValue"], field: string) {
+  if (value === undefined) return null;
+  const bytes = Buffer.byteLength(JSON.stringify(value));
+  if (bytes > maxResultValueBytes) {
+    throw invalid(`${field} is ${bytes} bytes as JSON, over the ${maxResultValueBytes} allowed`);
+  }
+  return shallowJson(field, value as Record<string, unknown>);
 }
 
 /** A refused completion of a batch, as CompleteTasks answers it. */

@@ -18,8 +18,11 @@ import { attemptField, intInRange, isUuid, stringList, text, uuidField } from ".
 import { isTransientDatabaseError } from "../db/faults.js";
 import type { WorkerCache } from "../fleet/cache.js";
 import type { HeartbeatBuffer } from "../fleet/heartbeats.js";
+import { parseLogLine } from "../logs/lines.js";
+import type { LogTail } from "../logs/tail.js";
 import type { Metrics } from "../metrics/metrics.js";
 import { toTask } from "../tasks/convert.js";
+import type { TaskStore } from "../tasks/store.js";
 import { toClaim } from "./convert.js";
 import { completionOf, createLeaseNamer, errorResult, progressOf } from "./requests.js";
 import { sanitizeMessage } from "./sanitize.js";
@@ -29,6 +32,8 @@ import type { Baton, ClaimWakeups } from "./wakeup.js";
 /** What LeaseService uses. */
 export interface LeaseServiceDeps {
   config: Pick<Config, "publicUrl">;
+  /** The dependency outputs a claim hands over. */
+  tasks: Pick<TaskStore, "dependencyOutputs">;
   leases: LeaseStore;
   /**
    * The lease store on the database's urgent lane (db/pool-gate.ts): the
@@ -47,6 +52,8 @@ export interface LeaseServiceDeps {
   guard: Pick<Guard, "actsFor">;
   shutdownSignal: AbortSignal;
   metrics: Pick<Metrics, "claims" | "completions" | "completionRepeats" | "failures">;
+  /** Task log tails (src/logs/): AppendLogs, and the lines of StreamLeases messages. */
+  logTail: Pick<LogTail, "append" | "appendStream">;
 }
 
 /**
@@ -141,7 +148,10 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
       const answer = async ({ rows, slots }: ClaimAnswer) => {
         app.events.emit(rows.map((r) => r.id));
         for (const r of rows) app.metrics.claims.inc({ workload: r.workload });
-        const claims = rows.map(toClaim);
+        // Granted leases whose outputs cannot be read are not answered: they
+        // run out and are claimed again, never run without their inputs.
+        const outputs = await app.tasks.dependencyOutputs(rows);
+        const claims = rows.map((r) => toClaim(r, outputs.get(r.id)));
         if (unlimited) return { claims, maxConcurrency: 0 };
         try {
           const counted = slots ?? (await app.leases.slots(claiming));
@@ -232,6 +242,8 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
             throw invalid("worker_id must stay the same on one stream");
           }
           if (req.leases.length > 1000) throw invalid("leases must hold at most 1000 entries");
+          if (req.logs.length > 1000) throw invalid("logs must hold at most 1000 entries");
+          const logs = req.logs.map((l, i) => parseLogLine(l, `logs[${i}].`, id));
           const queueDepth =
             req.queueDepth === undefined
               ? undefined
@@ -269,7 +281,8 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
                 expiresAt: timestampFromDate(o.ok),
               });
             }
-            const canceled = o.error.reason === "TASK_CANCELED";
+            // A cancel and a timeout both mean: stop the work now.
+            const canceled = o.error.reason === "TASK_CANCELED" || o.error.reason === "TIMEOUT";
             return create(LeaseUpdateSchema, {
               taskId,
               attempt,
@@ -278,6 +291,8 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
             });
           });
           app.events.emit(items.filter((i) => i.progress).map((i) => i.taskId));
+          // After the renewals: lines of a lease just lost are dropped by the lease check.
+          if (logs.length > 0) await retryTransient(() => app.logTail.append(logs));
           yield { leases, drained };
         }
       } finally {
@@ -351,9 +366,6 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
       return { task: toTask(row) };
     },
 
-    // LOGS-PLACEHOLDER: replaced by the log tail (src/logs/).
-    async appendLogs() {
-      throw new DomainError("failed_precondition", "INVALID_STATE", "task logs: not yet");
-    },
+    appendLogs: (lines) => app.logTail.appendStream(lines),
   };
 }

@@ -42,6 +42,8 @@ export interface Completion extends LeaseRef {
   result: ArtifactRefJson | null;
   summary: string;
   metrics: Record<string, number>;
+  /** The small structured result (result_value), if any. */
+  value?: Record<string, unknown> | null;
 }
 
 /** The outcome of one item of a batch: its value, or why it was refused. */
@@ -50,7 +52,15 @@ export type Outcome<T = TaskRow> = { ok: T; repeat?: boolean } | { error: Domain
 /** The manifest identity of a completion: a repeat with the same hash is the same completion. */
 export function completionHash(c: Completion): string {
   return createHash("sha256")
-    .update(canonicalJson({ result: c.result, summary: c.summary, metrics: c.metrics }))
+    .update(
+      canonicalJson({
+        result: c.result,
+        summary: c.summary,
+        metrics: c.metrics,
+        // Only when sent: a completion without one hashes as it did before result values.
+        ...(c.value != null && { value: c.value }),
+      }),
+    )
     .digest("hex");
 }
 
@@ -201,6 +211,14 @@ export function createLeaseStore(db: Db, scheduling?: ClaimScheduling) {
       return q.expire().execute({ limit });
     },
 
+    /**
+     * Fails the live attempts that ran past their task's timeout_seconds
+     * (TIMEOUT): PENDING after the backoff while attempts remain, else FAILED.
+     */
+    timeoutAttempts(limit: number): Promise<{ id: string; state: string }[]> {
+      return q.timeout().execute({ limit });
+    },
+
     /** Fails PENDING tasks whose deadline has passed (DEADLINE_EXCEEDED). */
     async failPastDeadline(limit: number): Promise<string[]> {
       const rows = await q.failPastDeadline().execute({ limit });
@@ -294,6 +312,7 @@ export function createLeaseStore(db: Db, scheduling?: ClaimScheduling) {
           result: c.result,
           summary: c.summary,
           metrics: c.metrics,
+          value: c.value ?? null,
           hash: hashOf.get(c),
         })),
       );

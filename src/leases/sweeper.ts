@@ -17,7 +17,8 @@ export interface SweeperDeps {
 /**
  * The once-a-second housekeeping every replica runs: writes buffered
  * heartbeats, returns expired leases to PENDING (or FAILED when attempts are
- * used up), fails PENDING tasks past their deadline, and wakes claimers when
+ * used up), fails the attempts past their timeout (TIMEOUT, as a retryable
+ * failure), fails PENDING tasks past their deadline, and wakes claimers when
  * a retry's backoff has passed. Expiry and deadlines are each a
  * conditional UPDATE of rows a `SKIP LOCKED` select picked (leases/sql/),
  * safe beside other replicas and racing completions; the heartbeats are
@@ -33,11 +34,15 @@ export function createSweeper(deps: SweeperDeps, intervalMs: number) {
     for (const r of expired) {
       deps.metrics.leaseExpiries.inc({ outcome: r.state === "PENDING" ? "retry" : "failed" });
     }
+    const timedOut = await deps.leases.timeoutAttempts(1000);
     const overdue = await deps.leases.failPastDeadline(1000);
-    const changed = [...expired.map((r) => r.id), ...overdue];
+    const changed = [...expired.map((r) => r.id), ...timedOut.map((r) => r.id), ...overdue];
     if (changed.length > 0) {
       deps.events.emit(changed);
-      deps.log.info({ expired: expired.length, deadline: overdue.length }, "sweeper moved tasks");
+      deps.log.info(
+        { expired: expired.length, timedOut: timedOut.length, deadline: overdue.length },
+        "sweeper moved tasks",
+      );
     }
     // Tasks put back to PENDING wake parked claims through their update's
     // NOTIFY (migration 0014); a retry whose not_before passes changes no

@@ -9,6 +9,7 @@ import { releaseStatement } from "./sql/release.js";
 import { renewManyStatement, renewStatement } from "./sql/renew.js";
 import { retriesDueByWorkloadStatement, retryDueStatement } from "./sql/retries.js";
 import { startStatement } from "./sql/start.js";
+import { timeoutStatement } from "./sql/timeout.js";
 
 export { released, releaseWorker } from "./sql/release.js";
 
@@ -33,6 +34,7 @@ export function createTransitions(db: Db) {
     release: lazy(() => releaseStatement(db)),
     expire: lazy(() => expireStatement(db)),
     failPastDeadline: lazy(() => failPastDeadlineStatement(db)),
+    timeout: lazy(() => timeoutStatement(db)),
     retryDue: lazy(() => retryDueStatement(db)),
     retriesDueByWorkload: lazy(() => retriesDueByWorkloadStatement(db)),
   };

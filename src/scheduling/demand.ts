@@ -110,6 +110,8 @@ export async function readDemand(db: Db, pool: Pool): Promise<Demand> {
     sql`with pending as (
         select t.resources, t.created_at from tasks t
         where t.workload = ${pool.workload} and t.state = 'PENDING'
+          -- Not what waits for a time or for its dependencies: no worker runs it yet.
+          and (t.not_before is null or t.not_before <= now())
           and exists (select 1 from jsonb_array_elements(${maps}::jsonb) as l
             where t.affinity <@ l.value
               and (t.requirements = '[]'::jsonb or meshwork_requirements_hold(t.requirements, l.value)))

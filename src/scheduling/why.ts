@@ -96,7 +96,9 @@ export function createWaitingReasons(deps: {
   }
 
   async function limits(task: TaskRow) {
-    const at = (d: Date | null) => d?.toISOString() ?? null;
+    const at = (d: Date | null) => (d && Number.isFinite(d.getTime()) ? d.toISOString() : null);
+    // While its dependencies wait, not_before is 'infinity'; its own start time is run_at.
+    const notBefore = task.dependenciesPending > 0 ? task.runAt : task.notBefore;
     const [row] = await rowsOf<Record<string, unknown>>(
       db,
       sql`select
@@ -104,7 +106,7 @@ export function createWaitingReasons(deps: {
           meshwork_key_running(${task.concurrencyKey}) as running,
           (select meshwork_rate_tokens(r) from rate_limits r where r.key = ${task.rateKey}) as tokens,
           (select per_second from rate_limits r where r.key = ${task.rateKey}) as per_second,
-          greatest(0, extract(epoch from ${at(task.notBefore)}::timestamptz - now())) as not_before_seconds,
+          greatest(0, extract(epoch from ${at(notBefore)}::timestamptz - now())) as not_before_seconds,
           (select count(*) from tasks o where o.state = 'PENDING' and o.share = ${task.share}
             and (o.priority > ${task.priority}
               or (o.priority = ${task.priority} and (
@@ -235,11 +237,22 @@ export function createWaitingReasons(deps: {
       if (task.state !== "PENDING") return { waiting: [], queuePosition: 0 };
       const [all, l] = await Promise.all([workers(task), limits(task)]);
       const waiting: WaitReason[] = [];
+      if (task.dependenciesPending > 0) {
+        const total = task.dependsOn.length;
+        waiting.push(
+          reason(
+            WaitKind.DEPENDENCIES,
+            `waits for ${task.dependenciesPending} of its ${total} dependencies to finish`,
+            { pending: task.dependenciesPending, total },
+          ),
+        );
+      }
       if (l.notBeforeSeconds > 0) {
+        const start = task.dependenciesPending > 0 ? task.runAt : task.notBefore;
         waiting.push(
           reason(
             WaitKind.NOT_BEFORE,
-            `held back until ${task.notBefore?.toISOString()} (${Math.ceil(l.notBeforeSeconds)} s)`,
+            `held back until ${start?.toISOString()} (${Math.ceil(l.notBeforeSeconds)} s)`,
             { seconds: Math.ceil(l.notBeforeSeconds) },
           ),
         );

@@ -44,6 +44,19 @@ function contextFor(s: Session, entry: Running, task: WorkerTask): TaskContext {
     checkpoint(handle) {
       entry.checkpoint = handle;
     },
+    log(text, stream = "log") {
+      if (entry.ended) return;
+      s.logs.write(
+        {
+          taskId: task.id,
+          attempt: task.attempt,
+          workerId: s.workerId,
+          leaseToken: entry.claim.leaseToken,
+        },
+        stream,
+        text,
+      );
+    },
   };
 }
 
@@ -85,10 +98,13 @@ export function runTask(s: Session, completions: Completions, claim: Claim): voi
     try {
       const result = await s.options.handler(task, contextFor(s, entry, task));
       entry.settled = true;
+      // Lines are taken only under a live lease: sent before the completion.
+      if (!entry.ended) await s.logs.flush();
       if (!entry.ended) await flushProgress(s, entry);
       if (!entry.ended) await completions.complete(entry, result ?? undefined);
     } catch (error) {
       entry.settled = true;
+      if (!entry.ended) await s.logs.flush();
       if (!entry.ended) await fail(s, entry, error);
     } finally {
       s.keeper?.remove(claim.taskId);

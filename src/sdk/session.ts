@@ -4,6 +4,7 @@ import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { type Claim, LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
 import { LeaseEndedError } from "./errors.js";
 import type { HeldLease, LeaseKeeper } from "./lease-keeper.js";
+import { createLogShipper, type LogShipper } from "./logs.js";
 import { isLeaseRefusal, reasonOf, workerTransport } from "./rpc.js";
 import type { WorkerOptions } from "./types.js";
 
@@ -45,6 +46,8 @@ export interface Session {
   /** Called when a task ends, to wake a claim loop waiting for a free slot. */
   slotFreed: (() => void) | undefined;
   keeper: LeaseKeeper | undefined;
+  /** The handlers' log lines, sent with AppendLogs (logs.ts). */
+  logs: LogShipper;
   /** "" until registered. */
   workerId: string;
   /** The coordinator no longer knows this worker: nothing to drain or deregister. */
@@ -55,23 +58,27 @@ export interface Session {
 export function createSession(options: WorkerOptions): Session {
   const transport =
     options.transport ?? workerTransport(options.url, options.token, options.interceptors);
+  const log = options.log ?? ((m: string) => process.stderr.write(`meshwork worker: ${m}\n`));
+  const leases = createClient(LeaseService, transport);
+  const timeoutMs = options.callTimeoutMs ?? 30_000;
   return {
     options,
-    log: options.log ?? ((m: string) => process.stderr.write(`meshwork worker: ${m}\n`)),
+    log,
     concurrency: Math.max(1, Math.min(10_000, options.concurrency ?? 1)),
     pollSeconds: Math.max(0, Math.min(30, options.pollSeconds ?? 20)),
     graceMs: options.graceMs ?? 30_000,
     batchMs: options.completionBatchMs ?? 20,
-    timeoutMs: options.callTimeoutMs ?? 30_000,
+    timeoutMs,
     connectWithinMs: options.connectWithinMs ?? 10_000,
     fleet: createClient(FleetService, transport),
-    leases: createClient(LeaseService, transport),
+    leases,
     artifacts: createClient(ArtifactService, transport),
     stopping: new AbortController(),
     hurry: new AbortController(),
     running: new Map(),
     slotFreed: undefined,
     keeper: undefined,
+    logs: createLogShipper({ client: leases, log, timeoutMs }),
     workerId: "",
     gone: false,
   };

@@ -86,6 +86,13 @@ export interface TaskContext {
    * next attempt gets it as `task.checkpoint`.
    */
   checkpoint(handle: string): void;
+  /**
+   * Sends `text` to the task's log (one line per line; each ≤ 8 KiB, cut
+   * past it), which `meshwork task logs ID` and the dashboard show.
+   * Batched, best effort, sent before the task completes. `stream` is
+   * `log` (the default), `stdout` or `stderr`.
+   */
+  log(text: string, stream?: "stdout" | "stderr" | "log"): void;
 }
 
 /** What a handler returns to complete its task (all optional). */

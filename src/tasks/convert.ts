@@ -9,6 +9,7 @@ import {
 import { type ArtifactRef, ArtifactRefSchema } from "../../gen/meshwork/v1/artifact_pb.js";
 import {
   type CreateTaskRequest,
+  DependencyPolicy,
   type LabelRequirement,
   LabelRequirementSchema,
   Operator,
@@ -44,6 +45,7 @@ import type {
   TaskRow,
   TaskStateName,
 } from "../db/schema/index.js";
+import { workflowOf } from "./dependencies.js";
 import type { NewTask } from "./store.js";
 
 export const defaults = {
@@ -92,7 +94,15 @@ export function leaseEndedAt(
  * The public form of a task. The lease token is included only when
  * `withToken` (the response that grants the lease); reads never show it.
  */
-export function toTask(row: TaskRow, withToken = false): Task {
+/**
+ * A task as the wire has it. `outputs` are its dependency_outputs
+ * (tasks/outputs.ts), for the reads that look them up.
+ */
+export function toTask(
+  row: TaskRow,
+  withToken = false,
+  outputs: Record<string, string> = {},
+): Task {
   return create(TaskSchema, {
     taskId: row.id,
     name: row.name,
@@ -135,7 +145,6 @@ export function toTask(row: TaskRow, withToken = false): Task {
     metrics: row.metrics,
     error: row.errorCode ? { code: row.errorCode, message: row.errorMessage } : undefined,
     cancelRequested: row.cancelRequested,
-    notBefore: ts(row.notBefore),
     createdAt: ts(row.createdAt),
     updatedAt: ts(row.updatedAt),
     startedAt: ts(row.startedAt),
@@ -146,6 +155,21 @@ export function toTask(row: TaskRow, withToken = false): Task {
     share: row.share,
     concurrencyKey: row.concurrencyKey,
     rateKey: row.rateKey,
+    scheduleId: row.scheduleId ?? "",
+    ref: row.ref,
+    dependsOn: row.dependsOn,
+    dependencyPolicy:
+      row.dependencyPolicy === "ALL_DONE"
+        ? DependencyPolicy.ALL_DONE
+        : DependencyPolicy.ALL_SUCCEEDED,
+    dependencyOutputs: outputs,
+    dependenciesPending: row.dependenciesPending,
+    timeoutSeconds: row.timeoutSeconds ?? 0,
+    resultValue: (row.resultValue ?? undefined) as Task["resultValue"],
+    // While dependencies wait, not_before is 'infinity': no time to show.
+    notBefore:
+      row.notBefore && Number.isFinite(row.notBefore.getTime()) ? ts(row.notBefore) : undefined,
+    runAt: ts(row.runAt),
   });
 }
 
@@ -231,6 +255,7 @@ export function fromCreateRequest(
     traceParent: origin.traceparent,
     traceState: origin.tracestate,
     ...schedulingOf(req, origin, field),
+    ...workflowOf(req, field),
   };
 }
 

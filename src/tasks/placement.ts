@@ -103,6 +103,28 @@ export function rejections(w: Candidate, task: TaskRow): string[] {
  * (meshwork_limits_take), and the lease is granted by the claim's own
  * grant (meshwork_grant).
  */
+/**
+ * A task is placed no earlier than a claim could take it: not while it
+ * waits for its dependencies, nor before its run_at (database clock).
+ */
+async function assertDue(tx: Pick<Db, "execute">, task: TaskRow): Promise<void> {
+  const refuse = (why: string) =>
+    new DomainError("failed_precondition", "INVALID_STATE", `task ${task.id} ${why}`, {
+      taskId: task.id,
+      currentAttempt: task.attempt,
+      task,
+    });
+  if (task.dependenciesPending > 0) {
+    throw refuse(`waits for ${task.dependenciesPending} of its dependencies to finish`);
+  }
+  if (task.runAt === null || task.attempt > 0) return;
+  const [row] = await rowsOf<{ due: unknown }>(
+    tx,
+    sql`select ${task.runAt.toISOString()}::timestamptz <= now() as due`,
+  );
+  if (!asBoolean(row?.due)) throw refuse(`is not due before ${task.runAt.toISOString()} (run_at)`);
+}
+
 export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
   async function place(p: PlacementRequest, retry: boolean): Promise<TaskRow> {
     return db.transaction(async (tx) => {
@@ -129,6 +151,7 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           details,
         );
       }
+      if (task.state === "PENDING") await assertDue(tx, task);
       // What a worker has free for this task: its own lease (a re-placement)
       // does not count against it.
       const free = sql`meshwork_free(${workers}, ${task.id}::uuid)`;

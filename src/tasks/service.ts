@@ -22,6 +22,7 @@ import { linkedSignal } from "../core/signals.js";
 import { terminalStates } from "../core/task-sql.js";
 import { intInRange, text, timeField, uuidField } from "../core/validate.js";
 import type { ArtifactRefJson, TaskRow, TaskStateName } from "../db/schema/index.js";
+import type { LogTail } from "../logs/tail.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { WaitingReasons } from "../scheduling/why.js";
 import { traceparentOf } from "../tracing/context.js";
@@ -45,6 +46,8 @@ export interface TaskServiceDeps extends UploadDeps {
   events: TaskEvents;
   /** Why a PENDING task waits (scheduling/why.ts), for GetTask. */
   waitingReasons: Pick<WaitingReasons, "of">;
+  /** Task log tails (src/logs/): GetTaskLogs, WatchTaskLogs. */
+  logTail: Pick<LogTail, "page" | "watch">;
   /** Ends watchers at shutdown. */
   shutdownSignal: AbortSignal;
   metrics: Pick<Metrics, "tasksCreated" | "artifactBytesIn">;
@@ -261,7 +264,11 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
 
     async getTask(req) {
       const row = await app.tasks.get(uuidField("task_id", req.taskId));
-      return { task: toTask(row), ...(await app.waitingReasons.of(row)) };
+      const [outputs, waiting] = await Promise.all([
+        app.tasks.dependencyOutputs([row]),
+        app.waitingReasons.of(row),
+      ]);
+      return { task: toTask(row, false, outputs.get(row.id)), ...waiting };
     },
 
     async listTasks(req) {
@@ -306,7 +313,8 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
           const seen = canonicalJson(row);
           if (seen !== last) {
             last = seen;
-            yield { task: toTask(row) };
+            const outputs = await app.tasks.dependencyOutputs([row]);
+            yield { task: toTask(row, false, outputs.get(row.id)) };
           }
           if (terminalStates.includes(row.state)) return;
           if (changed) continue;
@@ -360,6 +368,20 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
         );
       }
       app.events.emit([id]);
+      if (req.rerunDependents) {
+        // The tasks it failed come back waiting for it, in one transaction
+        // (one page): a dependent must not be recounted while its own
+        // dependency, also coming back, is still FAILED.
+        const down = await app.tasks.failedDependents(id);
+        if (down.length > 0) {
+          const rows = await app.tasks.rerun(
+            { states: ["FAILED"], taskIds: down },
+            down.length,
+            down.length,
+          );
+          app.events.emit(rows.map((r) => r.id));
+        }
+      }
       return { task: toTask(row) };
     },
 
@@ -379,13 +401,16 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
       return { count: ids.length };
     },
 
-    // LOGS-PLACEHOLDER: replaced by the log tail (src/logs/).
-    async getTaskLogs() {
-      throw new DomainError("failed_precondition", "INVALID_STATE", "task logs: not yet");
-    },
-    // biome-ignore lint/correctness/useYield: LOGS-PLACEHOLDER
-    async *watchTaskLogs() {
-      throw new DomainError("failed_precondition", "INVALID_STATE", "task logs: not yet");
+    getTaskLogs: (req) => app.logTail.page(req),
+
+    async *watchTaskLogs(req, ctx) {
+      const linked = linkedSignal(ctx.signal, app.shutdownSignal);
+      try {
+        // Woken by new lines and by the task's changes (its end) on this replica.
+        yield* app.logTail.watch(req, linked.signal, [app.events.subscribe]);
+      } finally {
+        linked.dispose();
+      }
     },
   };
 }

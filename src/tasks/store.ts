@@ -1,75 +1,23 @@
-import { createHash, randomUUID } from "node:crypto";
 import { and, asc, count, desc, eq, gte, inArray, lt, or, type SQL, sql } from "drizzle-orm";
-import { canonicalJson } from "../core/canonical-json.js";
 import { DomainError, notFound } from "../core/errors.js";
 import { byTimeAndId, keysetAfter, type Position, pageOf } from "../core/paging.js";
 import { stateIs } from "../core/task-sql.js";
 import type { Db } from "../db/database.js";
 import { lazy } from "../db/lazy.js";
 import {
-  type ArtifactRefJson,
-  artifacts,
-  type PreferenceJson,
-  type RequirementJson,
-  type Resources,
   type TaskEventRow,
   type TaskRow,
   type TaskStateName,
   taskEvents,
   tasks,
 } from "../db/schema/index.js";
+import { rowsOf } from "../db/values.js";
 import { createTaskCounts } from "./counts.js";
+import { createTasks, type NewTask } from "./create.js";
 
-/** A validated, defaulted task to create. */
-export interface NewTask {
-  /** The id to give the task (default: a new UUID); a caller that sets it can tell a new task from an idempotent repeat. */
-  id?: string;
-  name: string;
-  workload: string;
-  requiredCapabilities: string[];
-  affinity: Record<string, string>;
-  priority: number;
-  deadline: Date | null;
-  parameters: Record<string, unknown> | null;
-  steps: number | null;
-  maxAttempts: number;
-  leaseSeconds: number;
-  backoff: { initialMs: number; maxMs: number; multiplier: number };
-  idempotencyKey: string | null;
-  correlationId: string;
-  /** The create request's W3C trace context (tracing/context.ts): `traceparent`, `tracestate`. */
-  traceParent: string;
-  traceState: string;
-  /** The input artifact, resolved and checked by the caller. */
-  input: ArtifactRefJson | null;
-  /** What one attempt holds on its worker (always has `slots`). */
-  resources: Resources;
-  requirements: RequirementJson[];
-  preferences: PreferenceJson[];
-  share: string;
-  /** Whether the request named the share (else it is the default, not part of the request). */
-  shareGiven: boolean;
-  concurrencyKey: string;
-  rateKey: string;
-}
+export type { NewTask } from "./create.js";
 
-/**
- * The scheduling fields that count in a request's hash: only those set to
- * something other than their default, so that a request that sets none
- * hashes as it did before they existed (an idempotent retry across an
- * upgrade is still a repeat).
- */
-function schedulingOfRequest(t: NewTask): Record<string, unknown> {
-  const out: Record<string, unknown> = {};
-  const resources = Object.entries(t.resources);
-  if (resources.length !== 1 || t.resources.slots !== 1) out.resources = t.resources;
-  if (t.requirements.length > 0) out.requirements = t.requirements;
-  if (t.preferences.length > 0) out.preferences = t.preferences;
-  if (t.shareGiven) out.share = t.share;
-  if (t.concurrencyKey !== "") out.concurrencyKey = t.concurrencyKey;
-  if (t.rateKey !== "") out.rateKey = t.rateKey;
-  return out;
-}
+import { dependencyOutputs } from "./outputs.js";
 
 export interface TaskFilter {
   state?: TaskStateName | undefined;
@@ -149,43 +97,6 @@ const canceledSet = (reason: string) => ({
   updatedAt: sql`now()`,
 });
 
-/**
- * What identifies a create request for idempotency: everything but the
- * correlation id and trace context (tracing metadata that differs between
- * retries).
- */
-export function requestHash(t: NewTask): string {
-  // The input counts by its bytes: inline input_data stored twice is two
-  // artifacts with the same content, and the same request.
-  // The id is the caller's choice for a new task, not part of the request.
-  const {
-    correlationId: _,
-    traceParent: _p,
-    traceState: _s,
-    id: _id,
-    input,
-    resources: _r,
-    requirements: _q,
-    preferences: _f,
-    share: _h,
-    shareGiven: _g,
-    concurrencyKey: _c,
-    rateKey: _k,
-    ...rest
-  } = t;
-  const bytes = input ? { sha256: input.sha256, sizeBytes: input.sizeBytes } : null;
-  const scheduling = schedulingOfRequest(t);
-  return createHash("sha256")
-    .update(
-      canonicalJson({
-        ...rest,
-        input: bytes,
-        ...(Object.keys(scheduling).length > 0 && { scheduling }),
-      }),
-    )
-    .digest("hex");
-}
-
 /** Task reads and client-side writes. Lease transitions live in src/leases/. */
 export function createTaskStore(db: Db) {
   const byId = lazy(() =>
@@ -199,95 +110,12 @@ export function createTaskStore(db: Db) {
     ...createTaskCounts(db),
     /**
      * Creates tasks in one transaction, all or none, returned in input
-     * order. A task whose idempotency key exists returns the existing task
-     * when the request is the same, else the whole call is `already_exists`.
+     * order (tasks/create.ts).
      */
-    async create(input: NewTask[]): Promise<TaskRow[]> {
-      const values = input.map((t) => ({
-        id: t.id ?? randomUUID(),
-        name: t.name,
-        workload: t.workload,
-        requiredCapabilities: t.requiredCapabilities,
-        affinity: t.affinity,
-        priority: t.priority,
-        deadline: t.deadline,
-        parameters: t.parameters,
-        steps: t.steps,
-        state: "PENDING" as const,
-        maxAttempts: t.maxAttempts,
-        leaseSeconds: t.leaseSeconds,
-        backoffInitialMs: t.backoff.initialMs,
-        backoffMaxMs: t.backoff.maxMs,
-        backoffMultiplier: t.backoff.multiplier,
-        idempotencyKey: t.idempotencyKey,
-        requestHash: t.idempotencyKey === null ? null : requestHash(t),
-        correlationId: t.correlationId,
-        traceParent: t.traceParent,
-        traceState: t.traceState,
-        input: t.input,
-        resources: t.resources,
-        requirements: t.requirements,
-        preferences: t.preferences,
-        share: t.share,
-        concurrencyKey: t.concurrencyKey,
-        rateKey: t.rateKey,
-      }));
-      const unkeyed = values.every((v) => v.idempotencyKey === null);
-      const inputIds = [...new Set(values.flatMap((v) => (v.input ? [v.input.artifactId] : [])))];
-      if (unkeyed && inputIds.length === 0) {
-        const rows = await db.insert(tasks).values(values).returning();
-        return inOrder(values, rows);
-      }
-      return db.transaction(async (tx) => {
-        // The inputs named are locked until the tasks naming them commit:
-        // retention never deletes an input a create is naming (retention.ts).
-        if (inputIds.length > 0) {
-          const held = await tx
-            .select({ id: artifacts.id })
-            .from(artifacts)
-            .where(inArray(artifacts.id, inputIds))
-            .for("key share");
-          const missing = inputIds.find((id) => !held.some((h) => h.id === id));
-          if (missing) throw notFound(`input artifact ${missing}`);
-        }
-        if (unkeyed) {
-          const rows = await tx.insert(tasks).values(values).returning();
-          return inOrder(values, rows);
-        }
-        const inserted = await tx
-          .insert(tasks)
-          .values(values)
-          .onConflictDoNothing({
-            target: tasks.idempotencyKey,
-            where: sql`${tasks.idempotencyKey} is not null`,
-          })
-          .returning();
-        const byId = new Map(inserted.map((r) => [r.id, r]));
-        const missingKeys = values
-          .filter((v) => !byId.has(v.id) && v.idempotencyKey !== null)
-          .map((v) => v.idempotencyKey as string);
-        const existing =
-          missingKeys.length === 0
-            ? []
-            : await tx.select().from(tasks).where(inArray(tasks.idempotencyKey, missingKeys));
-        const byKey = new Map(existing.map((r) => [r.idempotencyKey, r]));
-        for (const r of inserted) if (r.idempotencyKey) byKey.set(r.idempotencyKey, r);
-        return values.map((v) => {
-          const row =
-            byId.get(v.id) ?? (v.idempotencyKey ? byKey.get(v.idempotencyKey) : undefined);
-          if (!row) throw new Error("task neither inserted nor found");
-          if (row.id !== v.id && row.requestHash !== v.requestHash) {
-            throw new DomainError(
-              "already_exists",
-              "IDEMPOTENCY_KEY_REUSED",
-              `idempotency_key ${JSON.stringify(v.idempotencyKey)} was used for a different request (task ${row.id})`,
-              { taskId: row.id },
-            );
-          }
-          return row;
-        });
-      });
-    },
+    create: (input: NewTask[]): Promise<TaskRow[]> => createTasks(db, input),
+
+    /** The dependency_outputs of tasks, by task id (tasks/outputs.ts). */
+    dependencyOutputs: (rows: readonly TaskRow[]) => dependencyOutputs(db, rows),
 
     async get(id: string): Promise<TaskRow> {
       const [row] = await byId().execute({ id });
@@ -346,8 +174,8 @@ export function createTaskStore(db: Db) {
      * Reruns FAILED/CANCELED tasks (rerunSet), oldest first, at most `limit`,
      * a page per transaction. Returns the tasks rerun.
      */
-    async rerun(filter: BulkFilter, limit = bulkLimit): Promise<TaskRow[]> {
-      return inPages(limit, (size) =>
+    async rerun(filter: BulkFilter, limit = bulkLimit, page = bulkPage): Promise<TaskRow[]> {
+      return inPages(limit, page, (size) =>
         db.transaction(async (tx) => {
           const rows = await tx
             .update(tasks)
@@ -360,14 +188,45 @@ export function createTaskStore(db: Db) {
             .update(tasks)
             .set({ errorCode: "", errorMessage: "" })
             .where(inArray(tasks.id, ids));
-          return rows.map((r) => ({ ...r, errorCode: "", errorMessage: "" }));
+          if (!rows.some((r) => r.dependsOn.length > 0)) {
+            return rows.map((r) => ({ ...r, errorCode: "", errorMessage: "" }));
+          }
+          // Tasks with dependencies wait for them again (tasks/sql/dependencies.sql).
+          await tx.execute(
+            sql`select meshwork_dependencies_reset(${`{${ids.join(",")}}`}::uuid[])`,
+          );
+          return tx
+            .select()
+            .from(tasks)
+            .where(inArray(tasks.id, ids))
+            .orderBy(tasks.createdAt, tasks.id);
         }),
       );
     },
 
+    /**
+     * The tasks that FAILED because `id` did (DEPENDENCY_FAILED), down the
+     * graph: what RerunTask's rerun_dependents puts back with it, at most
+     * `limit` (bulkLimit).
+     */
+    async failedDependents(id: string, limit = bulkLimit): Promise<string[]> {
+      const rows = await rowsOf<{ id: string }>(
+        db,
+        sql`with recursive down(id) as (
+            select d.task_id from task_dependencies d join tasks t on t.id = d.task_id
+            where d.depends_on = ${id}::uuid and t.state = 'FAILED' and t.error_code = 'DEPENDENCY_FAILED'
+            union
+            select d.task_id from down join task_dependencies d on d.depends_on = down.id
+              join tasks t on t.id = d.task_id
+            where t.state = 'FAILED' and t.error_code = 'DEPENDENCY_FAILED'
+          ) select id from down limit ${limit}`,
+      );
+      return rows.map((r) => String(r.id));
+    },
+
     /** Cancels live tasks as `cancel` does, oldest first, at most `limit`; returns their ids. */
     async cancelMatching(filter: BulkFilter, reason: string, limit = bulkLimit): Promise<string[]> {
-      const rows = await inPages(limit, (size) =>
+      const rows = await inPages(limit, bulkPage, (size) =>
         db.transaction((tx) =>
           tx
             .update(tasks)
@@ -427,22 +286,17 @@ function oldestFirst(tx: Pick<Db, "select">, filter: BulkFilter, size: number) {
 }
 
 /** Runs `page` for pages of at most bulkPage rows until it returns fewer or `limit` is reached. */
-async function inPages<T>(limit: number, page: (size: number) => Promise<T[]>): Promise<T[]> {
+async function inPages<T>(
+  limit: number,
+  pageSize: number,
+  page: (size: number) => Promise<T[]>,
+): Promise<T[]> {
   const all: T[] = [];
   while (all.length < limit) {
-    const size = Math.min(bulkPage, limit - all.length);
+    const size = Math.min(pageSize, limit - all.length);
     const rows = await page(size);
     all.push(...rows);
     if (rows.length < size) break;
   }
   return all;
-}
-
-function inOrder(values: { id: string }[], rows: TaskRow[]): TaskRow[] {
-  const byId = new Map(rows.map((r) => [r.id, r]));
-  return values.map((v) => {
-    const row = byId.get(v.id);
-    if (!row) throw new Error("inserted task missing from RETURNING");
-    return row;
-  });
 }

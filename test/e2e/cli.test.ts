@@ -9,6 +9,7 @@ import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
 import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { transportFor } from "../../src/cli/connect.js";
+import { workerTransport } from "../../src/sdk/rpc.js";
 import { within } from "../support/bounded.js";
 import { useListeningServer } from "../support/server.js";
 
@@ -506,6 +507,38 @@ describe("meshwork operator CLI against a live coordinator with auth on", {
     const bad = await cli(["task", "create", "--workload", "x", "--require", "model ~ a100"]);
     expect(bad.code).toBe(2);
     expect(bad.stderr).toContain("--require takes");
+  });
+
+  it("prints a task's log lines (task logs) and follows them until the task ends (-f)", async () => {
+    const workload = `logs-${Date.now()}`;
+    const { workerId } = await fleet().registerWorker({ name: "logger", capabilities: [workload] });
+    const { task } = await tasks().createTask({ workload });
+    const {
+      claims: [claim],
+    } = await leases().claimTasks({ workerId, maxTasks: 1 });
+    const lease = {
+      taskId: task?.taskId ?? "",
+      workerId,
+      attempt: 1,
+      leaseToken: claim?.leaseToken ?? "",
+    };
+    // AppendLogs is a client stream: gRPC (HTTP/2), as workers send it.
+    const grpcLeases = createClient(LeaseService, workerTransport(server.url, server.adminToken));
+    const send = (...texts: string[]) =>
+      grpcLeases.appendLogs(
+        (async function* () {
+          for (const text of texts) yield { ...lease, text, stream: "stdout" };
+        })(),
+      );
+    expect(await send("hello", "world")).toMatchObject({ accepted: 2 });
+    const printed = await cli(["task", "logs", lease.taskId]);
+    expect(printed).toMatchObject({ code: 0, stdout: "hello\nworld\n" });
+    const following = cli(["task", "logs", lease.taskId, "-f"]);
+    await send("more");
+    await leases().completeTask(lease);
+    const followed = await following;
+    expect(followed.code, followed.stderr).toBe(0);
+    expect(followed.stdout).toBe("hello\nworld\nmore\n");
   });
 
   it("refuses a bad token with one clear line and exit 1, without printing the token", async () => {

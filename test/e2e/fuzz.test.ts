@@ -61,6 +61,7 @@ import { ConcurrencyService } from "../../gen/meshwork/v1/concurrency_pb.js";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
 import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
+import { ScheduleService } from "../../gen/meshwork/v1/schedule_pb.js";
 import { ShareService } from "../../gen/meshwork/v1/share_pb.js";
 import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
 import { TokenService } from "../../gen/meshwork/v1/token_pb.js";
@@ -93,6 +94,7 @@ const services = [
   TokenService,
   ShareService,
   ConcurrencyService,
+  ScheduleService,
 ];
 
 /** RPCs that may legitimately keep a request open (long poll, watch, bidi stream). */

@@ -138,6 +138,27 @@ describe("meshwork work", () => {
     expect(stdout).toContain(`failed ${taskId}`);
   });
 
+  it("forwards the command's stdout and stderr lines to the task's log", async () => {
+    const { tasks: created } = await tasks().createTasks({
+      tasks: [
+        { workload, parameters: { mode: "fail" }, maxAttempts: 1 },
+        { workload, parameters: { mode: "last" } },
+      ],
+    });
+    const [failed, last] = created.map((t) => t.taskId);
+    for (const id of [failed, last]) await finished(id ?? "");
+    const logOf = async (taskId = "") =>
+      (await tasks().getTaskLogs({ taskId })).lines.map((l) => [l.stream, l.text]);
+    expect(await logOf(failed)).toEqual([
+      ["stderr", "first line"],
+      ["stderr", "boom \x1b[31mred\x1b[0m"],
+    ]);
+    expect(await logOf(last)).toEqual([
+      ["stdout", "progress: 1 rendering"],
+      ["stdout", "progress: 2 all done"],
+    ]);
+  });
+
   it("stops the command's whole process group when its task is cancelled, and goes on with the next task", async () => {
     // A child of the command's shell, found by its unique argument.
     const seconds = String(1000 + Math.floor(Math.random() * 9000));

@@ -8,6 +8,7 @@ import { ConcurrencyService } from "../../gen/meshwork/v1/concurrency_pb.js";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
 import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
+import { ScheduleService } from "../../gen/meshwork/v1/schedule_pb.js";
 import { ShareService } from "../../gen/meshwork/v1/share_pb.js";
 import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { TokenRole, TokenService } from "../../gen/meshwork/v1/token_pb.js";
@@ -25,6 +26,7 @@ const services: DescService[] = [
   TokenService,
   ShareService,
   ConcurrencyService,
+  ScheduleService,
 ];
 
 let h: Harness;
@@ -177,6 +179,12 @@ describe("roles", () => {
       ["client", ShareService, "SetShare", false],
       ["client", ConcurrencyService, "SetLimit", false],
       ["worker", ConcurrencyService, "ListRates", false],
+      ["client", ScheduleService, "CreateSchedule", true],
+      ["client", ScheduleService, "TriggerSchedule", true],
+      ["client", ScheduleService, "ListSchedules", true],
+      ["worker", ScheduleService, "CreateSchedule", false],
+      ["worker", ScheduleService, "GetSchedule", false],
+      ["worker", ScheduleService, "DeleteSchedule", false],
     ];
     for (const [role, service, name, allowed] of expectations) {
       const method = service.methods.find((m) => m.name === name);

@@ -28,6 +28,12 @@ export function newTask(overrides: Partial<NewTask> = {}): NewTask {
     share: "default",
     shareGiven: false,
     concurrencyKey: "",
+    runAt: null,
+    delayMs: null,
+    ref: "",
+    dependsOn: [],
+    dependencyPolicy: "ALL_SUCCEEDED",
+    timeoutSeconds: null,
     rateKey: "",
     ...overrides,
   };

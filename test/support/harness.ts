@@ -78,6 +78,8 @@ export function testConfig(overrides: Partial<Config> = {}): Config {
     reserveAfterMs: 0,
     kedaListen: "",
     kedaClientCa: "",
+    logLinesPerTask: 10_000,
+    logLinesPerSecond: 1000,
     ...overrides,
   };
 }

@@ -17,6 +17,7 @@ import { sourceFiles, src } from "../support/source-files.js";
  *
  *  0  db/            the database: connection, schema, migrations, driver quirks
  *     sdk/           the worker SDK: a client of the RPCs, importing only gen/
+ *     client/        the client SDK (meshwork/client): the same, for programs that submit work
  *  1  config  log  data-dir-lock  metrics/  tracing/
  *                    settings and instruments: know nothing of the domain;
  *                    every layer above may log, count and trace
@@ -26,8 +27,10 @@ import { sourceFiles, src } from "../support/source-files.js";
  *                    features that use only core/ and db/ (auth: tokens,
  *                    guard, policy, the caller as kPrincipal; scheduling:
  *                    shares, limits, waiting reasons, the autoscaler's demand)
+ *     logs/          task log tails: lines appended under the lease check, capped per task
  *  4  tasks/         uses artifacts/ (inputs)
  *  5  fleet/         uses tasks/ (the LOST worker's tasks), auth/ (its token)
+ *     schedules/     cron schedules: their ticks create tasks through tasks/
  *  6  leases/        uses fleet/ (worker cache, heartbeats) and tasks/
  *  7  rpc/           Connect plumbing: interceptors (logging, auth, NUL),
  *                    the mapping of what handlers throw to what clients see
@@ -42,6 +45,7 @@ import { sourceFiles, src } from "../support/source-files.js";
 const ranks: Record<string, number> = {
   db: 0,
   sdk: 0,
+  client: 0,
   config: 1,
   log: 1,
   "data-dir-lock": 1,
@@ -52,8 +56,10 @@ const ranks: Record<string, number> = {
   knowledge: 3,
   auth: 3,
   scheduling: 3,
+  logs: 3,
   tasks: 4,
   fleet: 5,
+  schedules: 5,
   leases: 6,
   rpc: 7,
   http: 8,

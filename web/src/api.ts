@@ -4,6 +4,7 @@ import { createConnectTransport } from "@connectrpc/connect-web";
 import { ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
+import { ScheduleService } from "../../gen/meshwork/v1/schedule_pb.js";
 import { ShareService } from "../../gen/meshwork/v1/share_pb.js";
 import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
 import { TokenRole, TokenService } from "../../gen/meshwork/v1/token_pb.js";
@@ -59,6 +60,7 @@ export const tasks = createClient(TaskService, transport);
 export const artifacts = createClient(ArtifactService, transport);
 export const knowledge = createClient(KnowledgeService, transport);
 export const shares = createClient(ShareService, transport);
+export const schedules = createClient(ScheduleService, transport);
 const tokens = createClient(TokenService, transport);
 
 /** What the signed-in token may do, as the dashboard offers it (the coordinator decides). */

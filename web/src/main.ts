@@ -4,6 +4,7 @@ import { fill, h } from "./dom.js";
 import { createPage, notFound } from "./page.js";
 import { fleetPage } from "./pages/fleet.js";
 import { knowledgePage } from "./pages/knowledge.js";
+import { schedulesPage } from "./pages/schedules.js";
 import { taskPage } from "./pages/task.js";
 import { tasksPage } from "./pages/tasks.js";
 
@@ -80,10 +81,11 @@ whenUnauthenticated((message) => {
 const nav = [
   { href: "#/fleet", label: "Fleet", match: /^#\/fleet/ },
   { href: "#/tasks", label: "Tasks", match: /^#\/tasks/ },
+  { href: "#/schedules", label: "Schedules", match: /^#\/schedules/ },
   { href: "#/knowledge", label: "Knowledge", match: /^#\/knowledge/ },
 ];
 
-/** Shows the page the hash names: #/fleet, #/tasks?state=…, #/tasks/<id>, #/knowledge. */
+/** Shows the page the hash names: #/fleet, #/tasks?state=…, #/tasks/<id>, #/knowledge, #/schedules. */
 function route(): void {
   if (!session.token) {
     signIn();
@@ -127,6 +129,7 @@ function route(): void {
   if (task?.[1]) taskPage(page, decodeURIComponent(task[1]));
   else if (path === "/tasks") tasksPage(page);
   else if (path === "/knowledge") knowledgePage(page);
+  else if (path === "/schedules") schedulesPage(page);
   else if (path === "/fleet" || path === "" || path === "/") fleetPage(page);
   else notFound(page, `There is no page ${JSON.stringify(path.slice(0, 100))}.`);
 }

@@ -572,7 +572,8 @@ export type LeaseUpdate = Message<"meshwork.v1.LeaseUpdate"> & {
 
   /**
    * reason says why a lease was LOST: STALE_ATTEMPT, FOREIGN_WORKER,
-   * LEASE_EXPIRED, TOKEN_MISMATCH, NOT_LEASED or NOT_FOUND.
+   * LEASE_EXPIRED, TOKEN_MISMATCH, NOT_LEASED or NOT_FOUND; or why it was
+   * CANCELED: TASK_CANCELED or TIMEOUT.
    *
    * @generated from field: string reason = 5;
    */
@@ -1007,7 +1008,9 @@ export enum LeaseStatus {
   LOST = 2,
 
   /**
-   * LEASE_STATUS_CANCELED: the task was cancelled. Stop the work.
+   * LEASE_STATUS_CANCELED: the task was cancelled (reason TASK_CANCELED),
+   * or the attempt ran past the task's timeout_seconds (reason TIMEOUT).
+   * Stop the work.
    *
    * @generated from enum value: LEASE_STATUS_CANCELED = 3;
    */

@@ -54,14 +54,15 @@ export type Schedule = Message<"meshwork.v1.Schedule"> & {
 
   /**
    * template is the task each tick creates (its idempotency_key is set by
-   * the schedule; refs and depends_on are not allowed).
+   * the schedule; ref, depends_on, run_at and input_data are not allowed:
+   * upload an input once and name it with input_artifact_id).
    *
    * @generated from field: meshwork.v1.CreateTaskRequest template = 5;
    */
   template?: CreateTaskRequest | undefined;
 
   /**
-   * overlap_policy says what a tick does while the last task is live.
+   * overlap_policy says what a tick does while a task of the schedule is live.
    *
    * @generated from field: meshwork.v1.OverlapPolicy overlap_policy = 6;
    */
@@ -476,7 +477,7 @@ export const TriggerScheduleResponseSchema: GenMessage<TriggerScheduleResponse> 
   messageDesc(file_meshwork_v1_schedule, 14);
 
 /**
- * OverlapPolicy says what a tick does while the schedule's last task is
+ * OverlapPolicy says what a tick does while a task of the schedule is
  * still live (PENDING, ASSIGNED or RUNNING).
  *
  * @generated from enum meshwork.v1.OverlapPolicy
@@ -512,7 +513,8 @@ export const OverlapPolicySchema: GenEnum<OverlapPolicy> = /*@__PURE__*/
 
 /**
  * CatchUpPolicy says what happens to the ticks missed while no replica was
- * running (or the schedule could not run).
+ * running (or the schedule could not run): a tick is missed when the ticker
+ * reaches it more than a minute late. On-time ticks always run.
  *
  * @generated from enum meshwork.v1.CatchUpPolicy
  */

@@ -486,11 +486,12 @@ export type Task = Message<"meshwork.v1.Task"> & {
 
   /**
    * dependency_outputs are the OUTPUT artifacts of the dependencies that
-   * SUCCEEDED, by `<ref or task id>/<name>` → artifact id: `<ref or task
-   * id>` is the dependency's ref when it had one in the same create call,
-   * else its task id; `<name>` is the artifact's filename, and `result`
-   * names the dependency's result artifact. Filled once the task is
-   * claimable (the dependencies finished).
+   * SUCCEEDED (their final attempt's), by `<ref or task id>/<name>` →
+   * artifact id: `<ref or task id>` is the dependency's ref when it has one
+   * that no other dependency of this task shares, else its task id;
+   * `<name>` is the artifact's filename, and `result` names the
+   * dependency's result artifact. Filled in GetTask, WatchTask and claims
+   * (not in ListTasks).
    *
    * @generated from field: map<string, string> dependency_outputs = 44;
    */

@@ -1,1 +1,2 @@
 export * from "./tables.js";
+export * from "./workflows.js";

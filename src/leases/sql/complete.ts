@@ -22,6 +22,7 @@ export function completeStatement(db: Db) {
       from artifacts a where a.id = (v.result->>'artifactId')::uuid) end`,
       resultSummary: sql`v.summary`,
       metrics: sql`v.metrics`,
+      resultValue: sql`v.value`,
       completionHash: sql`v.hash`,
       errorCode: "",
       errorMessage: "",
@@ -29,7 +30,7 @@ export function completeStatement(db: Db) {
       updatedAt: sql`now()`,
     })
     .from(
-      sql`jsonb_to_recordset(${p("items")}::jsonb) as v(id uuid, attempt int, worker_id uuid, token text, result jsonb, summary text, metrics jsonb, hash text)`,
+      sql`jsonb_to_recordset(${p("items")}::jsonb) as v(id uuid, attempt int, worker_id uuid, token text, result jsonb, summary text, metrics jsonb, value jsonb, hash text)`,
     )
     .where(
       and(

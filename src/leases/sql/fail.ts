@@ -7,7 +7,7 @@ const p = sql.placeholder;
 const columns = getTableColumns(tasks);
 
 /** Backoff before retry n (n = failures so far): initial × multiplier^(n−1), capped at max. */
-const backoffMs = sql`least(${tasks.backoffMaxMs},
+export const backoffMs = sql`least(${tasks.backoffMaxMs},
   ${tasks.backoffInitialMs} * power(${tasks.backoffMultiplier}, greatest(${tasks.failures} - 1, 0)))`;
 
 /** PENDING after a backoff while retryable with attempts left, else FAILED. */

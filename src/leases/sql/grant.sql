@@ -49,6 +49,7 @@ BEGIN
         correlation_id = CASE WHEN push AND coalesce(correlation, '') <> ''
           THEN correlation ELSE t.correlation_id END,
         not_before = NULL,
+        attempt_deadline = now() + make_interval(secs => t.timeout_seconds),
         cancel_requested = false,
         started_at = CASE WHEN push THEN t.started_at ELSE coalesce(t.started_at, now()) END,
         finished_at = NULL,

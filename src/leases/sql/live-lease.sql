@@ -56,7 +56,8 @@ $$;
 -- NULL when it does: the reason a client is told (core/lease-check.ts
 -- words it), judged in this order: TASK_CANCELED, STALE_ATTEMPT,
 -- FOREIGN_WORKER, LEASE_EXPIRED (a PENDING task the sweeper took back from
--- this attempt) or NOT_LEASED (any other state without a lease),
+-- this attempt), TIMEOUT (the sweeper failed this attempt for running past
+-- the task's timeout_seconds) or NOT_LEASED (any other state without a lease),
 -- TOKEN_MISMATCH, LEASE_EXPIRED (leased, not live). COMPLETED when this
 -- attempt of this worker already succeeded: a completion sent again is
 -- judged by its manifest (leases/store.ts); to any other request it holds
@@ -71,7 +72,9 @@ AS $$
     WHEN t.attempt IS DISTINCT FROM attempt THEN 'STALE_ATTEMPT'
     WHEN t.lease_worker_id IS DISTINCT FROM worker THEN 'FOREIGN_WORKER'
     WHEN t.state NOT IN ('ASSIGNED', 'RUNNING') THEN
-      CASE WHEN t.state = 'PENDING' AND t.error_code = 'LEASE_EXPIRED' THEN 'LEASE_EXPIRED' ELSE 'NOT_LEASED' END
+      CASE WHEN t.state = 'PENDING' AND t.error_code = 'LEASE_EXPIRED' THEN 'LEASE_EXPIRED'
+        WHEN t.state IN ('PENDING', 'FAILED') AND t.error_code = 'TIMEOUT' THEN 'TIMEOUT'
+        ELSE 'NOT_LEASED' END
     WHEN token IS DISTINCT FROM '' AND t.lease_token IS DISTINCT FROM token THEN 'TOKEN_MISMATCH'
     ELSE 'LEASE_EXPIRED'
   END

@@ -50,15 +50,22 @@ END;
 $$;
 
 -- Changed tasks: one pass over the changed rows, their history, then the
--- ready counts of those that came back to PENDING and are claimable now.
+-- ready counts of those that came back to PENDING and are claimable now (or
+-- were released: their dependencies finished, dependencies.sql), and the
+-- dependents of those that finished or were reopened (dependencies.sql).
 CREATE OR REPLACE FUNCTION meshwork_task_events_updated() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
   ready text;
+  finished uuid[];
+  reopened uuid[];
 BEGIN
   WITH changed AS (
     SELECT n.id, n.state, n.attempt, n.workload, n.not_before, o.state AS old_state,
-      n.concurrency_key,
+      o.not_before AS old_not_before, n.concurrency_key,
+      o.state IS DISTINCT FROM n.state
+        OR o.attempt IS DISTINCT FROM n.attempt
+        OR o.lease_worker_id IS DISTINCT FROM n.lease_worker_id AS is_event,
       coalesce(n.lease_worker_id, n.assigned_worker_id) AS worker_id,
       CASE WHEN n.state IN ('PENDING', 'FAILED', 'CANCELED') THEN n.error_code ELSE '' END AS error_code,
       CASE WHEN n.state IN ('PENDING', 'FAILED', 'CANCELED') THEN n.error_message ELSE '' END AS error_message
@@ -66,20 +73,30 @@ BEGIN
     WHERE o.state IS DISTINCT FROM n.state
       OR o.attempt IS DISTINCT FROM n.attempt
       OR o.lease_worker_id IS DISTINCT FROM n.lease_worker_id
+      OR (n.state = 'PENDING' AND o.not_before IS DISTINCT FROM n.not_before)
   ), recorded AS (
     INSERT INTO task_events (task_id, state, attempt, worker_id, error_code, error_message)
-    SELECT id, state, attempt, worker_id, error_code, error_message FROM changed
+    SELECT id, state, attempt, worker_id, error_code, error_message FROM changed WHERE is_event
   )
-  SELECT json_object_agg(c.workload, c.n)::text INTO ready
-  FROM (
-    SELECT workload, count(*) AS n FROM changed
-    WHERE (state = 'PENDING' AND old_state IS DISTINCT FROM 'PENDING'
-        AND (not_before IS NULL OR not_before <= now()))
-      OR (concurrency_key <> '' AND old_state IN ('ASSIGNED', 'RUNNING')
-        AND state NOT IN ('ASSIGNED', 'RUNNING'))
-    GROUP BY workload
-  ) c;
+  SELECT
+    (SELECT json_object_agg(c.workload, c.n)::text FROM (
+      SELECT workload, count(*) AS n FROM changed
+      WHERE (state = 'PENDING' AND (not_before IS NULL OR not_before <= now())
+          AND (old_state IS DISTINCT FROM 'PENDING' OR old_not_before > now()))
+        OR (concurrency_key <> '' AND old_state IN ('ASSIGNED', 'RUNNING')
+          AND state NOT IN ('ASSIGNED', 'RUNNING'))
+      GROUP BY workload) c),
+    ARRAY(SELECT id FROM changed
+      WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELED')
+        AND old_state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELED')),
+    ARRAY(SELECT id FROM changed
+      WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELED')
+        AND old_state IN ('SUCCEEDED', 'FAILED', 'CANCELED'))
+  INTO ready, finished, reopened;
   PERFORM meshwork_notify_ready(ready);
+  IF cardinality(finished) > 0 OR cardinality(reopened) > 0 THEN
+    PERFORM meshwork_dependencies_settle(finished, reopened);
+  END IF;
   RETURN NULL;
 END;
 $$;

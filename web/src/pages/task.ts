@@ -17,6 +17,7 @@ import {
 } from "../format.js";
 import { act, empty, notFound, type Page } from "../page.js";
 import { schedulingRows, waitingList } from "./scheduling.js";
+import { logPanel } from "./task-logs.js";
 
 /** Errors after which WatchTask is called again (others, like not_found, are final). */
 const retryable = new Set([
@@ -135,6 +136,7 @@ export function taskPage(page: Page, taskId: string): void {
       ),
     ),
     h("section", { class: "panel" }, h("h2", null, "Artifacts"), files),
+    logPanel(page, taskId),
   );
 
   let last: Task | undefined;
