@@ -210,6 +210,7 @@ describe.skipIf(!enabled)("the npm package", () => {
       `import { create } from "@bufbuild/protobuf";
 import { CreateTaskRequestSchema, TaskService, TaskState } from "meshwork/gen/meshwork/v1/task_pb";
 import { createWorker, TaskError } from "meshwork/worker";
+import { createClient, TaskFailedError } from "meshwork/client";
 
 
 const request = create(CreateTaskRequestSchema, { name: "demo", workload: "render" });
@@ -232,6 +233,12 @@ export function startWorker() {
 }
 // @ts-expect-error: the declarations know createWorker's options.
 export const wrong = () => createWorker({ url: 8080 });
+// The client SDK, typed (made, not called).
+const client = createClient({ baseUrl: "http://127.0.0.1:8080", token: "t" });
+export const render = () => client.tasks.create<{ frame: number }>("render", { frame: 1 });
+// @ts-expect-error: the declarations know the parameters' type.
+export const wrongFrame = () => client.tasks.create<{ frame: number }>("render", { frame: "1" });
+console.log(typeof client.tasks.result, TaskFailedError.name);
 `,
     );
     // tsc prints its errors on stdout: keep them in the failure.
@@ -245,6 +252,6 @@ export const wrong = () => createWorker({ url: 8080 });
       cwd: app,
       timeout: 30_000,
     });
-    expect(stdout).toBe("meshwork.v1.TaskService CreateTask render 1\n");
+    expect(stdout).toBe("meshwork.v1.TaskService CreateTask render 1\nfunction TaskFailedError\n");
   }, 150_000);
 });
