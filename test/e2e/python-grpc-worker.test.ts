@@ -1,13 +1,13 @@
-import { execFileSync, spawn } from "node:child_process";
+import { spawn } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { DescService } from "@bufbuild/protobuf";
 import { type Client, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { TokenRole, TokenService } from "../../gen/meshwork/v1/token_pb.js";
 import { uniqueWorkload } from "../support/harness.js";
@@ -15,8 +15,9 @@ import { missingForPythonGrpc, python } from "../support/python.js";
 import { useListeningServer } from "../support/server.js";
 
 // The gRPC example worker in examples/python-grpc-worker, run as a user would
-// run it (stubs from its generate.sh, Debian's /usr/bin/python3 with
-// python3-grpcio), against a real coordinator with auth on, over h2c.
+// run it (from the checkout, on the meshwork package in clients/python with
+// its committed stubs, Debian's /usr/bin/python3 with python3-grpcio),
+// against a real coordinator with auth on, over h2c.
 
 const dir = fileURLToPath(new URL("../../examples/python-grpc-worker/", import.meta.url));
 const missing = missingForPythonGrpc("python-grpc-worker");
@@ -41,14 +42,6 @@ describe.skipIf(missing.length > 0)(
   "examples/python-grpc-worker against a coordinator with auth on",
   () => {
     const server = useListeningServer({ auth: "on" });
-    let stubs = "";
-    beforeAll(() => {
-      stubs = mkdtempSync(join(tmpdir(), "meshwork-pystubs-"));
-      execFileSync(join(dir, "generate.sh"), [stubs], { stdio: "pipe" });
-    });
-    afterAll(() => {
-      if (stubs) rmSync(stubs, { recursive: true, force: true });
-    });
 
     function as<S extends DescService>(service: S, token: string): Client<S> {
       return createClient(
@@ -87,7 +80,7 @@ describe.skipIf(missing.length > 0)(
       else env.MESHWORK_TOKEN = token;
       const url = new URL(server.url).host; // HOST:PORT, plaintext h2c
       const args = [join(dir, "worker.py"), "--url", url, "--capability", workload];
-      args.push("--stubs", stubs, "--max-tasks", "1", "--wait", "2", "--idle-exit", "15");
+      args.push("--max-tasks", "1", "--wait", "2", "--idle-exit", "15");
       args.push("--content-type", "text/plain");
       return new Promise((resolve, reject) => {
         const child = spawn(python, [...args, "--", ...command], {
