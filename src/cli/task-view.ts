@@ -3,6 +3,7 @@ import { type Task, TaskSchema, TaskState } from "../../gen/meshwork/v1/task_pb.
 import type { Io } from "./args.js";
 import { schedulingLines } from "./scheduling-flags.js";
 import { record, when } from "./table.js";
+import { workflowLines } from "./workflow-flags.js";
 
 // How `meshwork task` shows a task: its state, one JSON line, the lines of
 // `task get`, the changes `task watch` prints.
@@ -67,7 +68,7 @@ export function describe(t: Task): string {
     lines.push(["capabilities", t.requiredCapabilities.join(", ")]);
   const aff = Object.entries(t.affinity);
   if (aff.length > 0) lines.push(["affinity", aff.map(([k, v]) => `${k}=${v}`).join(", ")]);
-  lines.push(...schedulingLines(t));
+  lines.push(...schedulingLines(t), ...workflowLines(t, when));
   if (t.parameters) lines.push(["parameters", JSON.stringify(t.parameters)]);
   if (t.input)
     lines.push([

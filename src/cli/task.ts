@@ -9,7 +9,6 @@ import {
   TaskState,
 } from "../../gen/meshwork/v1/task_pb.js";
 import {
-  endpointHelp,
   endpointOf,
   endpointOptions,
   type Io,
@@ -26,73 +25,10 @@ import { workerIdOf } from "./resolve.js";
 import { preferenceFlag, quantities, requirementFlag, waitingText } from "./scheduling-flags.js";
 import { unknownSubcommand } from "./suggest.js";
 import { ago, table } from "./table.js";
-import { taskLogs, taskLogsUsage } from "./task-logs.js";
+import { taskLogs } from "./task-logs.js";
+import { usage } from "./task-usage.js";
 import { describe, json, stateName, watch } from "./task-view.js";
-
-const usage = `Usage:
-  meshwork task create --workload W [--name N] [--param K=V]... [--params JSON]
-                       [--input FILE | --input-artifact ID] [--capability C]...
-                       [--affinity K=V]... [--priority N] [--max-attempts N]
-                       [--lease-seconds N] [--steps N] [--deadline ISO]
-                       [--idempotency-key K] [--resources NAME=N,...]
-                       [--require REQ]... [--prefer WEIGHT:REQ]... [--share PATH]
-                       [--concurrency-key K] [--rate-key K]
-  meshwork task get TASK_ID
-  meshwork task why TASK_ID
-  meshwork task list [--state S] [--workload W] [--worker WORKER] [--limit N]
-  meshwork task cancel TASK_ID... [--reason TEXT]
-  meshwork task cancel [TASK_ID...] FILTER [--reason TEXT] [--dry-run]
-  meshwork task rerun TASK_ID...
-  meshwork task rerun [TASK_ID...] FILTER [--dry-run]
-  meshwork task retry TASK_ID [--lease-seconds N] [--idempotency-key K]
-  meshwork task watch TASK_ID
-  meshwork task logs TASK_ID [-f] [--attempt N]
-
-FILTER (cancel, rerun; every flag given narrows it):
-  --state S...             the states (cancel: pending, assigned, running;
-                           rerun: failed, canceled; default all of them)
-  --workload W
-  --created-after ISO      created at or after
-  --created-before ISO     created before
-
-'create' prints the new task id alone on stdout (a summary on stderr).
-  --input FILE uploads FILE as an INPUT artifact first and names it as the
-  task's input; --input-artifact takes one uploaded by 'meshwork artifact put'.
-  --param K=V sets one parameter (V is parsed as JSON when it parses, else
-  kept as a string); --params takes a JSON object.
-  --resources is what an attempt holds on its worker: cpu (millicores),
-  memory (MiB), gpu, slots (default 1) or names of your own, e.g.
-  --resources cpu=2000,memory=4096,gpu=1. --require (all must hold) and
-  --prefer (weights rank the workers) take label selectors:
-  KEY in (A,B), KEY notin (A), KEY=V, KEY!=V, KEY, !KEY, KEY>N, KEY<N.
-  --share charges the task to a share-tree path (default: your token's
-  name); --concurrency-key and --rate-key name limits set with
-  'meshwork limit' and 'meshwork rate' (docs/scheduling.md).
-'why' says why a PENDING task waits: every reason a claim or placement
-  would pass it over now, and its place in its share's queue.
-'list' pages newest first, up to --limit tasks (default 100, at most 10000).
-  --worker takes a worker id, peer id or name.
-  States: pending, assigned, running, succeeded, failed, canceled.
-'cancel' moves a PENDING, ASSIGNED or RUNNING task to CANCELED; with a
-  filter or several ids (CancelTasks), every live task it matches, at most
-  10,000 a call (oldest first: run it again for the rest).
-'rerun' puts a FAILED or CANCELED task back to PENDING to run again
-  (RerunTask): same id, parameters and input, a fresh attempt budget, the
-  next attempt number (a worker of an earlier attempt stays fenced), a RERUN
-  event in its history. With a filter or several ids (RerunTasks), every
-  FAILED or CANCELED task it matches, at most 10,000 a call.
-  --dry-run counts what a filter matches and changes nothing.
-'retry' is RetryTask, a push placement: it puts an ASSIGNED, RUNNING or
-  FAILED task on another worker that has an API base URL and a free slot
-  (the same worker if it is the only fit), ASSIGNED under a new attempt that
-  fences the old lease. The coordinator does not contact that worker: a
-  director must dispatch it the task id, attempt and lease token ('--json'
-  prints them). For pull workers, 'rerun' runs a failed task again.
-'watch' follows WatchTask, one line per change, until the task ends. Exits 0
-  when it SUCCEEDED, 3 when it FAILED or was CANCELED. With --json, one Task
-  JSON document per line.
-${taskLogsUsage}
-${endpointHelp}`;
+import { workflowOptions, workflowRequest } from "./workflow-flags.js";
 
 const states: Record<string, TaskState> = {
   pending: TaskState.PENDING,
@@ -161,6 +97,7 @@ async function create(args: string[], io: Io): Promise<number> {
     share: { type: "string" },
     "concurrency-key": { type: "string" },
     "rate-key": { type: "string" },
+    ...workflowOptions,
   });
   if (values.help) return help(io);
   positionalsOf(positionals, []);
@@ -189,6 +126,7 @@ async function create(args: string[], io: Io): Promise<number> {
     share: values.share ?? "",
     concurrencyKey: values["concurrency-key"] ?? "",
     rateKey: values["rate-key"] ?? "",
+    ...workflowRequest(values),
   };
   const endpoint = endpointOf(values);
   let inputArtifactId = values["input-artifact"];
@@ -238,9 +176,15 @@ async function bulk(sub: "cancel" | "rerun", args: string[], io: Io): Promise<nu
     "created-after": { type: "string" },
     "created-before": { type: "string" },
     "dry-run": { type: "boolean" },
+    dependents: { type: "boolean" },
   });
   if (values.help) return help(io);
   if (sub === "rerun" && values.reason !== undefined) throw new UsageError("unknown flag --reason");
+  if (values.dependents && (sub !== "rerun" || positionals.length !== 1)) {
+    throw new UsageError(
+      "--dependents takes one task to rerun: meshwork task rerun TASK_ID --dependents",
+    );
+  }
   const actsOn =
     sub === "cancel"
       ? [TaskState.PENDING, TaskState.ASSIGNED, TaskState.RUNNING]
@@ -268,7 +212,7 @@ async function bulk(sub: "cancel" | "rerun", args: string[], io: Io): Promise<nu
     const res =
       sub === "cancel"
         ? await tasks.cancelTask({ taskId: only, reason: values.reason ?? "" })
-        : await tasks.rerunTask({ taskId: only });
+        : await tasks.rerunTask({ taskId: only, rerunDependents: values.dependents === true });
     const task = res.task;
     if (!task) throw new Error("the coordinator answered without the task");
     if (values.json) io.out.write(`${json(task)}\n`);

@@ -541,6 +541,58 @@ describe("meshwork operator CLI against a live coordinator with auth on", {
     expect(followed.stdout).toBe("hello\nworld\nmore\n");
   });
 
+  it("creates delayed, dependent and time-bound tasks, shows them, and reruns a failed task with its dependents", async () => {
+    const workload = `cli-flow-${Date.now()}`;
+    const later = await cli([
+      "task",
+      "create",
+      "--workload",
+      workload,
+      "--in",
+      "1h",
+      "--timeout",
+      "5m",
+    ]);
+    expect(later.code, later.stderr).toBe(0);
+    const laterId = later.stdout.trim();
+    const shown = await cli(["task", "get", laterId]);
+    expect(shown.stdout).toMatch(/run at:\s+\S+/);
+    expect(shown.stdout).toMatch(/timeout:\s+300 s per attempt/);
+    const first = (
+      await cli(["task", "create", "--workload", workload, "--max-attempts", "1"])
+    ).stdout.trim();
+    const dependent = await cli(["task", "create", "--workload", workload, "--depends-on", first]);
+    expect(dependent.code, dependent.stderr).toBe(0);
+    const dependentId = dependent.stdout.trim();
+    expect((await cli(["task", "get", dependentId])).stdout).toMatch(
+      new RegExp(`depends on:\\s+${first} \\(all succeeded; 1 pending\\)`),
+    );
+    expect((await cli(["task", "why", dependentId])).stdout).toContain("dependencies");
+    const both = await cli(["task", "create", "--workload", workload, "--at", "not a time"]);
+    expect(both.code).toBe(2);
+
+    // The first fails; its dependent fails with it; --dependents brings both back.
+    const workerId = (await fleet().registerWorker({ capabilities: [workload], maxConcurrency: 5 }))
+      .workerId;
+    const { claims } = await leases().claimTasks({ workerId, maxTasks: 5 });
+    expect(claims.map((c) => c.taskId)).toEqual([first]);
+    const [c] = claims;
+    await leases().failTask({
+      taskId: first,
+      workerId,
+      attempt: c?.attempt ?? 0,
+      leaseToken: c?.leaseToken ?? "",
+      errorCode: "Boom",
+      retryable: false,
+    });
+    expect((await tasks().getTask({ taskId: dependentId })).task?.error?.code).toBe(
+      "DEPENDENCY_FAILED",
+    );
+    const rerun = await cli(["task", "rerun", first, "--dependents"]);
+    expect(rerun.code, rerun.stderr).toBe(0);
+    expect((await tasks().getTask({ taskId: dependentId })).task?.state).toBe(TaskState.PENDING);
+  });
+
   it("refuses a bad token with one clear line and exit 1, without printing the token", async () => {
     const secret = "mw_not-a-real-token-0123456789";
     const r = await cli(["task", "list"], ["--url", server.url, "--token", secret]);

@@ -75,6 +75,18 @@ describe("README", () => {
     );
   });
 
+  it("runs the workflows walk-through as written: a dependent waits, then runs; a result value; a schedule", async () => {
+    const { stdout } = await run("bash", ["-euo", "pipefail", "-c", block("workflows")], {
+      env: env(),
+    });
+    const [kind, claimed, hits, next] = stdout.trim().split("\n");
+    expect(kind).toBe("WAIT_KIND_DEPENDENCIES");
+    expect(claimed).toBe("true 600");
+    expect(hits).toBe("3");
+    // 02:00 in Paris is 01:00 or 00:00 UTC.
+    expect(next).toMatch(/^\d{4}-\d{2}-\d{2}T0[01]:00:00(\.000)?Z$/);
+  });
+
   it("runs the worker REST walk-through as written: registered, claimed, renewed, verified, completed, then 204", async () => {
     const dir = mkdtempSync(join(tmpdir(), "meshwork-readme-"));
     const { stdout } = await run("bash", ["-euo", "pipefail", "-c", block("worker-rest")], {
