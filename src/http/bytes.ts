@@ -22,7 +22,7 @@ export type ByteRouteDeps = UploadDeps &
   VerifyDeps & {
     config: Pick<Config, "publicUrl">;
     artifacts: Pick<ArtifactStore, "get">;
-    tasks: Pick<TaskStore, "get">;
+    tasks: Pick<TaskStore, "get" | "dependencyOutputs">;
     metrics: Pick<Metrics, "artifactBytesIn" | "artifactBytesOut" | "corruptBlobs">;
   };
 
@@ -110,8 +110,8 @@ async function sendArtifact(
 
 /**
  * The plain HTTP byte routes (docs/protocol.md#byte-routes): a worker's
- * upload of a task artifact, and downloads of artifacts, a task's input and
- * its result.
+ * upload of a task artifact, and downloads of artifacts, a task's input, its
+ * dependencies' outputs and its result.
  */
 export function byteRoutes(app: ByteRouteDeps): PlainRoute[] {
   /** A task's input or result bytes (match: task id, "input" or "result"). */
@@ -193,6 +193,37 @@ export function byteRoutes(app: ByteRouteDeps): PlainRoute[] {
       },
     },
     taskBytes(/^\/tasks\/([^/]+)\/(input|result)$/),
+    {
+      // One of the task's dependency_outputs by its name, `<ref or task
+      // id>/<filename>` (tasks/outputs.ts): the worker contract's input
+      // route, for the inputs a task takes from its dependencies.
+      methods: ["GET", "HEAD"],
+      pattern: /^\/tasks\/([^/]+)\/input\/([^/]+(?:\/[^/]+)?)$/,
+      roles: reader,
+      what: "download a task's dependency output",
+      async handle({ req, res, match }) {
+        const [, id = "", raw = ""] = match;
+        if (!isUuid(id)) throw invalid("task id must be a UUID");
+        let name: string;
+        try {
+          // `split/scene.txt`, or the name as one encoded segment (`split%2Fscene.txt`).
+          name = decodeURIComponent(raw);
+        } catch {
+          throw invalid("the output name is not valid percent-encoding");
+        }
+        const task = await app.tasks.get(id);
+        const outputs = (await app.tasks.dependencyOutputs([task])).get(task.id) ?? {};
+        const artifactId = Object.hasOwn(outputs, name) ? outputs[name] : undefined;
+        if (!artifactId) {
+          throw new DomainError(
+            "not_found",
+            "NOT_FOUND",
+            `task ${id} has no dependency output ${JSON.stringify(name.slice(0, 300))}`,
+          );
+        }
+        await sendArtifact(app, req, res, await app.artifacts.get(artifactId));
+      },
+    },
     // The director contract's route (under /api/mesh) for the same result bytes.
     taskBytes(/^\/api\/mesh\/tasks\/([^/]+)\/(result)$/),
   ];

@@ -1,3 +1,4 @@
+import type { JsonObject } from "@bufbuild/protobuf";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { type Claim, LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
@@ -120,6 +121,7 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
           "result",
           "result_summary",
           "metrics",
+          "result_value",
         ]);
         const result = field.object(body, "result");
         if (result) {
@@ -140,6 +142,8 @@ export function workerRestRoutes(call: InProcessCaller, maxBodyBytes: number): P
           },
           resultSummary: field.string(body, "result_summary") ?? "",
           metrics: field.numberMap(body, "metrics") ?? {},
+          // A JSON object; the RPC checks its size (≤ 64 KiB as JSON).
+          resultValue: field.object(body, "result_value") as JsonObject | undefined,
         });
         sendJson(res, 200, taskOutcome(task));
       },
@@ -195,6 +199,9 @@ function claimJson(c: Claim) {
     traceparent: c.traceparent,
     tracestate: c.tracestate,
     resources: Object.fromEntries(Object.entries(c.resources).map(([k, v]) => [k, Number(v)])),
+    // `<ref or task id>/<filename>` → artifact id; GET /tasks/{task_id}/input/<name> serves each.
+    dependency_outputs: c.dependencyOutputs,
+    timeout_seconds: c.timeoutSeconds,
   };
 }
 

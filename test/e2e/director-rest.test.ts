@@ -2219,3 +2219,156 @@ describe("director REST contract: bad input", () => {
     }
   });
 });
+
+describe("director REST contract: workflows", () => {
+  it("POST /tasks takes delaySeconds, runAtUtc, dependsOn, dependencyPolicy and timeoutSeconds; GET reads them back with the dependency's outputs and resultValue", async () => {
+    const { brick, node } = await nodeWithBrick();
+    const first = await createTask({ requiredBrickIds: [brick] });
+    expect(first).toMatchObject({
+      ref: null,
+      runAtUtc: null,
+      dependsOn: [],
+      dependencyPolicy: "AllSucceeded",
+      dependenciesPending: 0,
+      dependencyOutputs: {},
+      timeoutSeconds: null,
+      resultValue: null,
+    });
+    const after = await createTask({
+      requiredBrickIds: [brick],
+      dependsOn: [first.taskId],
+      dependencyPolicy: "AllDone",
+      timeoutSeconds: 300,
+    } as TaskRequest);
+    expect(after).toMatchObject({
+      dependsOn: [first.taskId],
+      dependencyPolicy: "AllDone",
+      dependenciesPending: 1,
+      timeoutSeconds: 300,
+    });
+    const waiting = await mesh<Body>("GET", `/tasks/${after.taskId}`, { token: clientToken });
+    expect(expectOk(waiting).waiting).toMatchObject([{ kind: "DEPENDENCIES" }]);
+    const early = await mesh("POST", `/tasks/${after.taskId}/schedule`, { token: clientToken });
+    expectRefusal(early, 400, "failed_precondition", "INVALID_STATE");
+
+    const before = Date.now();
+    const delayed = await createTask({
+      requiredBrickIds: [brick],
+      delaySeconds: 3600,
+    } as TaskRequest);
+    const runAt = String((delayed as unknown as Body).runAtUtc);
+    expect(runAt).toMatch(MILLIS_UTC);
+    expect(Date.parse(runAt) - before).toBeGreaterThanOrEqual(3_599_000);
+    expect(Date.parse(runAt) - Date.now()).toBeLessThanOrEqual(3_600_000);
+    const at = new Date(Date.now() + 7_200_000).toISOString();
+    const timed = await createTask({ requiredBrickIds: [brick], runAtUtc: at } as TaskRequest);
+    expect((await getTask(timed.taskId)) as unknown as Body).toMatchObject({
+      runAtUtc: at,
+      waiting: [{ kind: "NOT_BEFORE" }],
+    });
+    const notYet = await mesh("POST", `/tasks/${timed.taskId}/schedule`, { token: clientToken });
+    expectRefusal(notYet, 400, "failed_precondition", "INVALID_STATE");
+
+    // The first task runs and succeeds with a result artifact and a resultValue.
+    const placed = await schedule(first.taskId);
+    const token = placed.leaseToken as string;
+    expectOk(await patchStatus(first.taskId, { status: "Running", leaseToken: token }));
+    const up = expectOk(
+      await upload(first.taskId, node.workerId, 1, "frames", undefined, "a.bin"),
+      201,
+    );
+    const done = expectOk(
+      await patchStatus(first.taskId, {
+        status: "Succeeded",
+        leaseToken: token,
+        resultHandle: up.artifact_id,
+        resultValue: { frames: 24, ok: true },
+      }),
+    );
+    expect((done as unknown as Body).resultValue).toEqual({ frames: 24, ok: true });
+    expect(((await getTask(first.taskId)) as unknown as Body).resultValue).toEqual({
+      frames: 24,
+      ok: true,
+    });
+    expect((await getTask(after.taskId)) as unknown as Body).toMatchObject({
+      dependenciesPending: 0,
+      dependencyOutputs: {
+        [`${first.taskId}/a.bin`]: up.artifact_id,
+        [`${first.taskId}/result`]: up.artifact_id,
+      },
+    });
+  });
+
+  it("refuses a bad runAtUtc, both start fields, an unknown dependency, a bad policy or timeout: 400, nothing created", async () => {
+    const { brick } = await nodeWithBrick();
+    const bad: Body[] = [
+      { runAtUtc: "tomorrow" },
+      { runAtUtc: "2026-07-23 12:05" },
+      { runAtUtc: new Date(Date.now() + 400 * 86_400_000).toISOString() },
+      { runAtUtc: new Date().toISOString(), delaySeconds: 10 },
+      { delaySeconds: -5 },
+      { delaySeconds: "60" },
+      { dependsOn: [randomUUID()] },
+      { dependsOn: ["not a task"] },
+      { dependsOn: ["ref:other"] },
+      { dependencyPolicy: "Sometimes" },
+      { timeoutSeconds: 0 },
+      { timeoutSeconds: 604_801 },
+    ];
+    for (const extra of bad) {
+      const a = await mesh("POST", "/tasks", {
+        token: clientToken,
+        json: taskBody({ requiredBrickIds: [brick], ...extra } as TaskRequest),
+      });
+      expectRefusal(a, 400, "invalid_argument");
+    }
+    const list = await mesh<{ tasks: MeshTask[] }>("GET", `/tasks?workload=${brick}`, {
+      token: clientToken,
+    });
+    expect(expectOk(list).tasks).toEqual([]);
+  });
+
+  it("PATCH status refuses a resultValue over 64 KiB or with another status than Succeeded (400), the task still Running", async () => {
+    const { task, token } = await assignedTask();
+    expectOk(await patchStatus(task.taskId, { status: "Running", leaseToken: token }));
+    const big = { status: "Succeeded", leaseToken: token, resultValue: { s: "x".repeat(70_000) } };
+    expectRefusal(await patchStatus(task.taskId, big), 400, "invalid_argument");
+    const failed = { status: "Failed", leaseToken: token, resultValue: { a: 1 } };
+    expectRefusal(await patchStatus(task.taskId, failed), 400, "invalid_argument");
+    const notObject = { status: "Succeeded", leaseToken: token, resultValue: [1] };
+    expectRefusal(await patchStatus(task.taskId, notObject), 400, "invalid_argument");
+    const now = (await getTask(task.taskId)) as unknown as Body;
+    expect(now).toMatchObject({ status: "Running", resultValue: null });
+  });
+
+  it("after an attempt ran past timeoutSeconds, the lease routes are 409 aborted TIMEOUT", async () => {
+    const { brick } = await nodeWithBrick();
+    const created = await createTask({
+      requiredBrickIds: [brick],
+      timeoutSeconds: 1,
+      maxAttempts: 1,
+    } as TaskRequest);
+    const placed = await schedule(created.taskId);
+    expect((placed as unknown as Body).timeoutSeconds).toBe(1);
+    const leaseToken = placed.leaseToken as string;
+    expectOk(await patchStatus(created.taskId, { status: "Running", leaseToken }));
+    // The sweeper (every second here) fails the attempt once it has run past its bound.
+    let task = await getTask(created.taskId);
+    for (let i = 0; i < 200 && task.status !== "Failed"; i++) {
+      await new Promise((r) => setTimeout(r, 50));
+      task = await getTask(created.taskId);
+    }
+    expect(task).toMatchObject({ status: "Failed", errorCode: "TIMEOUT" });
+    const extend = { leaseToken, extendSeconds: 600 };
+    const path = `/tasks/${created.taskId}`;
+    expectRefusal(
+      await mesh("POST", `${path}/lease/extend`, { json: extend }),
+      409,
+      "aborted",
+      "TIMEOUT",
+    );
+    const done = { status: "Succeeded", leaseToken, resultValue: { late: true } };
+    expectRefusal(await patchStatus(created.taskId, done), 409, "aborted", "TIMEOUT");
+    expect(await getTask(created.taskId)).toEqual(task);
+  });
+});

@@ -577,7 +577,9 @@ function isPlainRoute(method: string, path: string): boolean {
     /^\/(index\.html)?$/.test(p) ||
     /^\/assets\/[^/]*$/.test(p) ||
     /^\/artifacts\/[^/]+\/download$/.test(p) ||
-    /^\/tasks\/[^/]+\/(input|result)$/.test(p)
+    /^\/tasks\/[^/]+\/(input|result)$/.test(p) ||
+    // A dependency output by its name (`<ref or task id>/<filename>`, or one encoded segment).
+    /^\/tasks\/[^/]+\/input\/[^/]+(\/[^/]+)?$/.test(p)
   );
 }
 

@@ -999,3 +999,101 @@ describe("the coordinator/worker REST contract", () => {
     expect((await claimOk(w)).task_id).toBe(task.taskId);
   });
 });
+
+describe("the coordinator/worker REST contract: workflows", () => {
+  async function until(check: () => Promise<boolean>, what: string): Promise<void> {
+    for (let i = 0; i < 200; i++) {
+      if (await check()) return;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    throw new Error(`gave up waiting for ${what}`);
+  }
+
+  it("hands a claim its dependency_outputs and timeout_seconds, serves each output on the input route, and takes a result_value", async () => {
+    const w = await registerWorker();
+    const { tasks } = await as(TaskService).createTasks({
+      tasks: [
+        { workload: w.workload, ref: "split" },
+        { workload: w.workload, ref: "join", dependsOn: ["ref:split"], timeoutSeconds: 600 },
+      ],
+    });
+    const [split, join] = tasks.map((t) => t.taskId);
+    const first = await claimOk(w);
+    expect(first).toMatchObject({ task_id: split, dependency_outputs: {}, timeout_seconds: 0 });
+    const scene = new TextEncoder().encode("scene,1\n");
+    const m = await uploadOk(w, split ?? "", 1, "scene.csv", scene);
+    const done = await complete(w, split ?? "", 1, m, { result_value: { rows: 1 } });
+    expect(expectJson(done, 200)).toEqual({ task_id: split, attempt: 1, state: "succeeded" });
+
+    const second = await claimOk(w);
+    expect(second.task_id).toBe(join);
+    expect(second.timeout_seconds).toBe(600);
+    expect(second.dependency_outputs).toEqual({
+      "split/scene.csv": m.artifact_id,
+      "split/result": m.artifact_id,
+    });
+    // The input route serves each by its name; the name as one encoded segment too.
+    for (const name of ["split/scene.csv", "split/result", "split%2Fscene.csv"]) {
+      const got = await download(`${server.url}/tasks/${join}/input/${name}`, w.token);
+      expect(got.status, name).toBe(200);
+      expect(got.data).toEqual(scene);
+      expect(got.headers.get("etag")).toBe(`"${sha(scene)}"`);
+    }
+    const missing = await call("GET", `/tasks/${join}/input/split/other.csv`, w.token);
+    expectError(missing, 404, "not_found");
+    expectError(await call("GET", `/tasks/${join}/input/nowhere`, w.token), 404, "not_found");
+    expectError(
+      await call("GET", `/tasks/not-a-task/input/split/result`, w.token),
+      400,
+      "invalid_argument",
+    );
+    expect((await call("GET", `/tasks/${join}/input/split/result`, undefined)).status).toBe(401);
+
+    const value = { hits: 3, best: { id: "P12345", score: 0.97 }, tags: ["a", "b"], none: null };
+    const joined = await complete(w, join ?? "", 1, null, { result_value: value });
+    expect(expectJson(joined, 200).state).toBe("succeeded");
+    expect((await getTask(join ?? "")).resultValue).toEqual(value);
+    expect((await getTask(split ?? "")).resultValue).toEqual({ rows: 1 });
+    // The identical completion again is 200; another value for the attempt is 409.
+    expect((await complete(w, join ?? "", 1, null, { result_value: value })).status).toBe(200);
+    const other = await complete(w, join ?? "", 1, null, { result_value: { hits: 4 } });
+    expectError(other, 409, "already_exists", "COMPLETION_CONFLICT");
+  });
+
+  it("refuses a result_value over 64 KiB or not a JSON object: 400, the task still RUNNING", async () => {
+    const { w, taskId, attempt } = await leased();
+    const before = snapshot(await getTask(taskId));
+    for (const bad of [{ s: "x".repeat(70_000) }, "text", [1, 2], 3]) {
+      const a = await complete(w, taskId, attempt, null, { result_value: bad });
+      expectError(a, 400, "invalid_argument");
+    }
+    const after = await getTask(taskId);
+    expect(snapshot(after)).toEqual(before);
+    expect(after.resultValue).toBeUndefined();
+    const ok = await complete(w, taskId, attempt, null, {
+      result_value: { s: "x".repeat(60_000) },
+    });
+    expect(expectJson(ok, 200).state).toBe("succeeded");
+  });
+
+  it("answers a heartbeat or completion after the attempt's timeout with 409 aborted TIMEOUT", async () => {
+    const { w, taskId, attempt, claimed } = await leased({ timeoutSeconds: 1, maxAttempts: 1 });
+    expect(claimed.timeout_seconds).toBe(1);
+    const beat = { worker_id: w.workerId, attempt };
+    expect((await post(`/tasks/${taskId}/heartbeat`, w.token, beat)).status).toBe(200);
+    // The sweeper (every second here) fails the attempt once it has run past its bound.
+    await until(async () => (await getTask(taskId)).state === TaskState.FAILED, "the timeout");
+    const timedOut = await getTask(taskId);
+    expect(timedOut.error?.code).toBe("TIMEOUT");
+    expectError(await post(`/tasks/${taskId}/heartbeat`, w.token, beat), 409, "aborted", "TIMEOUT");
+    const late = await complete(w, taskId, attempt, null, { result_value: { late: true } });
+    expectError(late, 409, "aborted", "TIMEOUT");
+    const failure = await post(`/tasks/${taskId}/failure`, w.token, {
+      ...beat,
+      error_code: "Late",
+      error_message: "too late",
+    });
+    expectError(failure, 409, "aborted", "TIMEOUT");
+    expect(snapshot(await getTask(taskId))).toEqual(snapshot(timedOut));
+  });
+});

@@ -1,3 +1,4 @@
+import type { JsonObject } from "@bufbuild/protobuf";
 import { type Task, TaskState } from "../../../gen/meshwork/v1/task_pb.js";
 import { DomainError, invalid } from "../../core/errors.js";
 import { isUuid } from "../../core/validate.js";
@@ -95,6 +96,7 @@ export function leaseRoutes(route: DirectorRoute): PlainRoute[] {
           "leaseToken",
           "resultSummary",
           "resultHandle",
+          "resultValue",
           "errorCode",
           "checkpointHandle",
         ]);
@@ -107,6 +109,10 @@ export function leaseRoutes(route: DirectorRoute): PlainRoute[] {
         if (handle !== undefined && to !== TaskState.SUCCEEDED) {
           throw invalid("resultHandle is taken only with status Succeeded");
         }
+        const value = field.object(body, "resultValue") as JsonObject | undefined;
+        if (value !== undefined && to !== TaskState.SUCCEEDED) {
+          throw invalid("resultValue is taken only with status Succeeded");
+        }
         const result = handle === undefined ? undefined : await resultOf(s, handle);
         const lease = leaseRef(m[1] ?? "", field.string(body, "leaseToken"));
         const summary = field.string(body, "resultSummary") ?? "";
@@ -114,7 +120,12 @@ export function leaseRoutes(route: DirectorRoute): PlainRoute[] {
         if (to === TaskState.RUNNING) {
           ({ task } = await s.leases.startTask(lease));
         } else if (to === TaskState.SUCCEEDED) {
-          ({ task } = await s.leases.completeTask({ ...lease, result, resultSummary: summary }));
+          ({ task } = await s.leases.completeTask({
+            ...lease,
+            result,
+            resultSummary: summary,
+            resultValue: value,
+          }));
         } else if (to === TaskState.FAILED) {
           // A director retries a failed task itself (POST .../retry).
           ({ task } = await s.leases.failTask({

@@ -5,6 +5,7 @@ import { FleetService, type Worker } from "../../../gen/meshwork/v1/fleet_pb.js"
 import { KnowledgeService } from "../../../gen/meshwork/v1/knowledge_pb.js";
 import { LeaseService } from "../../../gen/meshwork/v1/lease_pb.js";
 import {
+  DependencyPolicy,
   type LabelRequirement,
   type Task,
   TaskSchema,
@@ -32,6 +33,13 @@ export const statusName: Record<TaskState, string | null> = {
   [TaskState.SUCCEEDED]: "Succeeded",
   [TaskState.FAILED]: "Failed",
   [TaskState.CANCELED]: "Canceled",
+};
+
+/** A dependency policy as the director contract spells it. */
+export const policyName: Record<DependencyPolicy, string> = {
+  [DependencyPolicy.UNSPECIFIED]: "AllSucceeded",
+  [DependencyPolicy.ALL_SUCCEEDED]: "AllSucceeded",
+  [DependencyPolicy.ALL_DONE]: "AllDone",
 };
 
 /** A map<string, int64> as JSON numbers. */
@@ -132,6 +140,15 @@ function session(deps: DirectorDeps, caller: CallerOf, body: AsyncIterable<Uint8
       share: t.share,
       concurrencyKey: orNull(t.concurrencyKey),
       rateKey: orNull(t.rateKey),
+      // Workflows (docs/workflows.md): when it may start, what it waits for, its bound, its value.
+      ref: orNull(t.ref),
+      runAtUtc: iso(t.runAt),
+      dependsOn: t.dependsOn,
+      dependencyPolicy: policyName[t.dependencyPolicy],
+      dependenciesPending: t.dependenciesPending,
+      dependencyOutputs: t.dependencyOutputs,
+      timeoutSeconds: t.timeoutSeconds === 0 ? null : t.timeoutSeconds,
+      resultValue: t.resultValue ?? null,
       createdUtc: iso(t.createdAt),
       updatedUtc: iso(t.updatedAt),
       startedUtc: iso(t.startedAt),

@@ -1,6 +1,6 @@
 import type { JsonObject } from "@bufbuild/protobuf";
-import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import { TaskState, WaitKind } from "../../../gen/meshwork/v1/task_pb.js";
+import { durationFromMs, timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { DependencyPolicy, TaskState, WaitKind } from "../../../gen/meshwork/v1/task_pb.js";
 import { invalid } from "../../core/errors.js";
 import type { PlainRoute } from "../../http/routes.js";
 import { field } from "../body.js";
@@ -26,6 +26,11 @@ const taskFields = [
   "share",
   "concurrencyKey",
   "rateKey",
+  "runAtUtc",
+  "delaySeconds",
+  "dependsOn",
+  "dependencyPolicy",
+  "timeoutSeconds",
 ];
 const placementFields = ["scheduleIdempotencyKey", "correlationId", "leaseSeconds"];
 
@@ -83,6 +88,10 @@ export function taskRoutes(route: DirectorRoute): PlainRoute[] {
         share: field.string(body, "share") ?? "",
         concurrencyKey: field.string(body, "concurrencyKey") ?? "",
         rateKey: field.string(body, "rateKey") ?? "",
+        start: startOf(field.time(body, "runAtUtc"), field.int(body, "delaySeconds")),
+        dependsOn: field.strings(body, "dependsOn") ?? [],
+        dependencyPolicy: policyOf(field.string(body, "dependencyPolicy")),
+        timeoutSeconds: field.int(body, "timeoutSeconds"),
       });
       return [200, await s.taskJson(required0(task))];
     }),
@@ -135,6 +144,28 @@ function stateOfStatus(status: string): TaskState {
     if (name && name.toLowerCase() === status.toLowerCase()) return Number(state) as TaskState;
   }
   throw invalid(`status must be one of Pending, Assigned, Running, Succeeded, Failed, Canceled`);
+}
+
+/** When a task may start: `runAtUtc` or `delaySeconds` (the RPC checks the range), not both. */
+function startOf(runAt: Date | undefined, delaySeconds: number | undefined) {
+  if (runAt && delaySeconds !== undefined) throw invalid("give runAtUtc or delaySeconds, not both");
+  if (runAt) return { case: "runAt" as const, value: timestampFromDate(runAt) };
+  if (delaySeconds !== undefined) {
+    return { case: "delay" as const, value: durationFromMs(delaySeconds * 1000) };
+  }
+  return { case: undefined };
+}
+
+/** A `dependencyPolicy` as the director spells it (AllSucceeded, AllDone; or the enum's name). */
+function policyOf(text: string | undefined): DependencyPolicy {
+  if (text === undefined) return DependencyPolicy.UNSPECIFIED;
+  const key = text
+    .replace(/^DEPENDENCY_POLICY_/i, "")
+    .replace(/[_-]/g, "")
+    .toLowerCase();
+  if (key === "allsucceeded") return DependencyPolicy.ALL_SUCCEEDED;
+  if (key === "alldone") return DependencyPolicy.ALL_DONE;
+  throw invalid("dependencyPolicy must be AllSucceeded or AllDone");
 }
 
 function queryInt(name: string, text: string, min: number): number {
