@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
 import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
-import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
+import { DependencyPolicy, TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { TokenRole, TokenService } from "../../gen/meshwork/v1/token_pb.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
 import { spawnServe, untilReady } from "../support/serve.js";
@@ -505,7 +505,12 @@ describe.skipIf(!hasChromium)(
 
       // A 600 px screen: nothing wider than it, the navigation in view.
       await page.setViewportSize({ width: 600, height: 900 });
-      for (const route of ["#/fleet", `#/tasks?workload=${workload}`, `#/tasks/${three}`]) {
+      for (const route of [
+        "#/fleet",
+        `#/tasks?workload=${workload}`,
+        `#/tasks/${three}`,
+        `#/tasks/${three}/workflow`,
+      ]) {
         await page.goto(`${url}/${route}`);
         await page.locator("main h1").first().waitFor(seen);
         await page.waitForTimeout(300);
@@ -566,6 +571,134 @@ describe.skipIf(!hasChromium)(
         await rpc.tasks.cancelTask({ taskId: pushed });
       }
     });
+
+    it("draws a task's workflow graph with its states, live, and shows the workflow fields", async () => {
+      const rpc = clients();
+      await page.goto(`${url}/`);
+      await page.locator("#token").fill(adminToken);
+      await page.getByRole("button", { name: "Sign in" }).click();
+      await page.locator("#sign-out").waitFor(seen);
+      const workload = `wf-${Date.now()}`;
+      const { workerId } = await rpc.fleet.registerWorker({
+        name: "wf-1",
+        capabilities: [workload],
+        maxConcurrency: 4,
+      });
+      // extract → resize, caption → publish (ALL_DONE) → archive
+      const { tasks: made } = await rpc.tasks.createTasks({
+        tasks: [
+          { ref: "extract", name: "extract frames", workload },
+          { ref: "resize", name: "resize", workload, dependsOn: ["ref:extract"] },
+          { ref: "caption", name: "caption", workload, maxAttempts: 1, dependsOn: ["ref:extract"] },
+          {
+            ref: "publish",
+            name: "publish",
+            workload,
+            dependsOn: ["ref:resize", "ref:caption"],
+            dependencyPolicy: DependencyPolicy.ALL_DONE,
+            timeoutSeconds: 600,
+          },
+          { ref: "archive", name: "archive", workload, dependsOn: ["ref:publish"] },
+        ],
+      });
+      const id = Object.fromEntries(made.map((t) => [t.ref, t.taskId]));
+      const claim = async (n: number) => {
+        const got = (await rpc.leases.claimTasks({ workerId, maxTasks: n })).claims;
+        const leases = got.map((c) => ({
+          taskId: c.taskId,
+          workerId,
+          attempt: c.attempt,
+          leaseToken: c.leaseToken,
+        }));
+        for (const l of leases) await rpc.leases.startTask(l);
+        return leases;
+      };
+      // extract succeeds with an output artifact and a result value.
+      const [extract] = await claim(1);
+      expect(extract?.taskId).toBe(id.extract);
+      if (!extract) return;
+      const put = await fetch(`${url}/tasks/${id.extract}/artifacts/frames.tar`, {
+        method: "PUT",
+        headers: {
+          authorization: `Bearer ${adminToken}`,
+          "x-worker-id": workerId,
+          "x-task-attempt": String(extract.attempt),
+          "x-lease-token": extract.leaseToken,
+        },
+        body: "frames",
+      });
+      expect(put.status).toBe(201);
+      await rpc.leases.completeTask({ ...extract, resultValue: { frames: 3, format: "tar" } });
+      // resize runs; caption fails for good.
+      const second = await claim(2);
+      const resize = second.find((l) => l.taskId === id.resize);
+      const caption = second.find((l) => l.taskId === id.caption);
+      expect(resize && caption).toBeTruthy();
+      if (!resize || !caption) return;
+      await rpc.leases.failTask({
+        ...caption,
+        errorCode: "NO_FONT",
+        errorMessage: "font missing",
+        retryable: false,
+      });
+
+      // From publish's task page to its workflow.
+      await page.goto(`${url}/#/tasks/${id.publish}`);
+      await page.locator("#task-state").getByText("PENDING").waitFor(seen);
+      await page.locator("#dependencies-pending").getByText("1 of 2").waitFor(seen);
+      expect(await page.locator("#depends-on a").count()).toBe(2);
+      await page.getByText("ALL_DONE").waitFor(seen);
+      await page.getByText("10 min per attempt").waitFor(seen);
+      await page.screenshot({ path: join(shots, "task-workflow-fields.png"), fullPage: true });
+      await page.locator("#workflow-link").click();
+      const node = (ref: string) => page.locator(`[data-node="${id[ref]}"]`);
+      await node("archive").waitFor(seen);
+      expect(await page.locator("#workflow-graph [data-node]").count()).toBe(5);
+      expect(await page.locator("#workflow-graph [data-edge]").count()).toBe(5);
+      for (const [from, to] of [
+        ["extract", "resize"],
+        ["extract", "caption"],
+        ["resize", "publish"],
+        ["caption", "publish"],
+        ["publish", "archive"],
+      ] as const) {
+        await page
+          .locator(`[data-edge="${id[from]}>${id[to]}"]`)
+          .waitFor({ ...seen, state: "attached" });
+      }
+      const states = {
+        extract: "SUCCEEDED",
+        resize: "RUNNING",
+        caption: "FAILED",
+        publish: "PENDING",
+      };
+      for (const [ref, state] of Object.entries(states)) {
+        expect(await node(ref).getAttribute("data-state"), ref).toBe(state);
+      }
+      expect(await node("publish").getAttribute("class")).toContain("current");
+      await node("publish").getByText("PENDING · waits for 1").waitFor(seen);
+      await page.locator('[data-count-state="PENDING"] strong').getByText("2").waitFor(seen);
+      await page.locator('[data-count-state="FAILED"] strong').getByText("1").waitFor(seen);
+      expect(await page.locator("#workflow-cut").isHidden()).toBe(true);
+      await page.screenshot({ path: join(shots, "workflow.png") });
+
+      // Live: resize finishes, the graph follows without a reload.
+      await rpc.leases.completeTask({ ...resize, resultSummary: "ok" });
+      await page.locator(`[data-node="${id.resize}"][data-state="SUCCEEDED"]`).waitFor(seen);
+      await node("publish")
+        .getByText(/^PENDING$/)
+        .waitFor(seen);
+
+      // A node opens its task: extract's result value; resize's dependency outputs.
+      await node("extract").click();
+      await page.locator("#task-state").getByText("SUCCEEDED").waitFor(seen);
+      expect(page.url()).toContain(`#/tasks/${id.extract}`);
+      await page.locator("#result-value").getByText('"frames": 3').waitFor(seen);
+      await page.goto(`${url}/#/tasks/${id.resize}`);
+      await page.locator('[data-output="extract/frames.tar"]').waitFor(seen);
+      await page.locator("#sign-out").click();
+      await page.locator("#token").waitFor(seen);
+    }, 120_000);
 
     it("raised no error in the page", () => {
       expect(pageErrors).toEqual([]);

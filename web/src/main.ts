@@ -7,6 +7,7 @@ import { knowledgePage } from "./pages/knowledge.js";
 import { schedulesPage } from "./pages/schedules.js";
 import { taskPage } from "./pages/task.js";
 import { tasksPage } from "./pages/tasks.js";
+import { workflowPage } from "./pages/workflow.js";
 
 const app = document.getElementById("app") as HTMLElement;
 let leave: AbortController | undefined;
@@ -85,7 +86,7 @@ const nav = [
   { href: "#/knowledge", label: "Knowledge", match: /^#\/knowledge/ },
 ];
 
-/** Shows the page the hash names: #/fleet, #/tasks?state=…, #/tasks/<id>, #/knowledge, #/schedules. */
+/** Shows the page the hash names: #/fleet, #/tasks?state=…, #/tasks/<id>, #/tasks/<id>/workflow, #/knowledge, #/schedules. */
 function route(): void {
   if (!session.token) {
     signIn();
@@ -125,8 +126,9 @@ function route(): void {
     main,
   );
   const page = createPage(main, params, leave.signal, banner);
-  const task = /^\/tasks\/([^/]+)$/.exec(path);
-  if (task?.[1]) taskPage(page, decodeURIComponent(task[1]));
+  const task = /^\/tasks\/([^/]+)(\/workflow)?$/.exec(path);
+  if (task?.[1] && task[2]) workflowPage(page, decodeURIComponent(task[1]));
+  else if (task?.[1]) taskPage(page, decodeURIComponent(task[1]));
   else if (path === "/tasks") tasksPage(page);
   else if (path === "/knowledge") knowledgePage(page);
   else if (path === "/schedules") schedulesPage(page);

@@ -7,10 +7,13 @@ import { createPager, empty, type Page, refreshMs } from "../page.js";
 const pageSize = 100;
 
 /** A schedule's row: name, cron and zone, paused, next and last run, a link to its last task. */
-function row(s: Schedule) {
+function row(s: Schedule, highlight: string) {
   return h(
     "tr",
-    { "data-schedule": s.scheduleId },
+    {
+      "data-schedule": s.scheduleId,
+      class: s.scheduleId === highlight ? "highlight" : undefined,
+    },
     h("td", null, h("code", { title: s.scheduleId }, s.name)),
     h("td", null, h("code", null, s.cron), " ", h("span", { class: "muted" }, s.timeZone)),
     h("td", null, s.template?.workload ?? ""),
@@ -27,9 +30,13 @@ function row(s: Schedule) {
   );
 }
 
-/** Schedules by name (ScheduleService), pages of 100, refreshed every 3 s. */
+/**
+ * Schedules by name (ScheduleService), pages of 100, refreshed every 3 s;
+ * `?schedule=<id>` (a task page's link) highlights that schedule's row.
+ */
 export function schedulesPage(page: Page): void {
   page.title("Schedules");
+  const highlight = page.params.get("schedule") ?? "";
   const body = h("div", { class: "panel" });
   const pager = createPager(page, { previous: "← Previous", next: "Next →" }, () => load());
   fill(page.el, h("h1", null, "Schedules"), body, pager.el);
@@ -60,7 +67,7 @@ export function schedulesPage(page: Page): void {
                 ),
               ),
             ),
-            h("tbody", null, ...r.schedules.map(row)),
+            h("tbody", null, ...r.schedules.map((s) => row(s, highlight))),
           )
         : empty(
             "No schedules yet.",

@@ -1,22 +1,11 @@
 import { Code, ConnectError } from "@connectrpc/connect";
-import { type Artifact, ArtifactKind } from "../../../gen/meshwork/v1/artifact_pb.js";
 import { type Task, type TaskEvent, TaskState } from "../../../gen/meshwork/v1/task_pb.js";
-import { type Abilities, artifacts, download, isAbort, tasks, whatMayI } from "../api.js";
-import { type Child, fill, h } from "../dom.js";
-import {
-  ago,
-  bytes,
-  durationMs,
-  exact,
-  meter,
-  ms,
-  span,
-  statePill,
-  terminal,
-  when,
-} from "../format.js";
+import { type Abilities, artifacts, isAbort, tasks, whatMayI } from "../api.js";
+import { fill, h } from "../dom.js";
+import { ago, bytes, durationMs, exact, meter, ms, span, statePill, terminal } from "../format.js";
 import { act, empty, notFound, type Page } from "../page.js";
 import { schedulingRows, waitingList } from "./scheduling.js";
+import { artifactTable, or, resultValueRow, row, workflowRows } from "./task-fields.js";
 import { logPanel } from "./task-logs.js";
 
 /** Errors after which WatchTask is called again (others, like not_found, are final). */
@@ -29,19 +18,6 @@ const retryable = new Set([
   Code.Aborted,
 ]);
 
-/** A field: its label and value, "—" when the value is empty (undefined, false, ""). */
-function row(label: string, ...value: Child[]) {
-  const shown = value.filter((v) => v !== undefined && v !== null && v !== false && v !== "");
-  return [
-    h("dt", null, label),
-    h("dd", null, ...(shown.length ? shown : [h("span", { class: "muted" }, "—")])),
-  ];
-}
-
-function or(value: string | number | undefined) {
-  return value === undefined || value === "" ? undefined : String(value);
-}
-
 /** One event of the stored history (ListTaskEvents), in words. */
 function eventText(e: TaskEvent): string {
   const parts: string[] = [];
@@ -49,58 +25,6 @@ function eventText(e: TaskEvent): string {
   if (e.workerId) parts.push(`worker ${e.workerId.slice(0, 8)}`);
   if (e.errorCode) parts.push(`${e.errorCode}${e.errorMessage ? `: ${e.errorMessage}` : ""}`);
   return parts.length ? parts.join(" · ") : "created";
-}
-
-function artifactTable(list: Artifact[], page: Page) {
-  if (!list.length) {
-    return empty(
-      "No artifacts.",
-      "A worker uploads them with ArtifactService.UploadArtifact or PUT /tasks/<id>/artifacts/<name> while it holds the lease.",
-    );
-  }
-  return h(
-    "table",
-    { class: "grid-table", id: "artifacts" },
-    h(
-      "thead",
-      null,
-      h(
-        "tr",
-        null,
-        h("th", null, "File"),
-        h("th", null, "Kind"),
-        h("th", { class: "num" }, "Size"),
-        h("th", null, "Type"),
-        h("th", null, "SHA-256"),
-        h("th", null, "Attempt"),
-        h("th", null, "Created"),
-        h("th", null, ""),
-      ),
-    ),
-    h(
-      "tbody",
-      null,
-      ...list.map((a) => {
-        const button = h("button", { class: "btn", type: "button" }, "Download");
-        button.addEventListener(
-          "click",
-          () => void act(button, page, () => download(a.artifactId, a.filename)),
-        );
-        return h(
-          "tr",
-          null,
-          h("td", null, a.filename || h("code", null, a.artifactId)),
-          h("td", null, (ArtifactKind[a.kind] ?? "").toString()),
-          h("td", { class: "num" }, bytes(a.sizeBytes)),
-          h("td", null, a.contentType || "—"),
-          h("td", null, h("code", { title: a.sha256 }, `${a.sha256.slice(0, 12)}…`)),
-          h("td", { class: "num" }, a.attempt),
-          h("td", null, when(a.createdAt)),
-          h("td", { class: "actions" }, button),
-        );
-      }),
-    ),
-  );
 }
 
 /** One task, live through WatchTask: every field, lease, progress, error, artifacts, history; cancel and retry. */
@@ -121,6 +45,12 @@ export function taskPage(page: Page, taskId: string): void {
       h("a", { href: "#/tasks" }, "Tasks"),
       " / ",
       h("code", null, taskId),
+      " · ",
+      h(
+        "a",
+        { href: `#/tasks/${encodeURIComponent(taskId)}/workflow`, id: "workflow-link" },
+        "Workflow graph",
+      ),
     ),
     head,
     h(
@@ -292,6 +222,7 @@ export function taskPage(page: Page, taskId: string): void {
       ),
       row("Attempt", `${t.attempt} of ${t.maxAttempts}`),
       row("Priority", String(t.priority)),
+      ...workflowRows(t, page),
       ...schedulingRows(t).map(([label, text]) => row(label, text)),
       row("Required capabilities", or(t.requiredCapabilities.join(", "))),
       row(
@@ -327,6 +258,7 @@ export function taskPage(page: Page, taskId: string): void {
         t.result && `${t.result.artifactId.slice(0, 8)} · ${bytes(t.result.sizeBytes)}`,
       ),
       row("Result summary", or(t.resultSummary)),
+      resultValueRow(t),
       row(
         "Metrics",
         or(
