@@ -13,6 +13,7 @@ import {
 } from "../sdk/worker.js";
 import { endpointOf, type Io, intFlag, parse, runCommand, stdio, UsageError } from "./args.js";
 import { quantities } from "./scheduling-flags.js";
+import { resultValueAt, saveNamedInputs } from "./work-inputs.js";
 
 const usage = `Usage:
   meshwork work --url U --token T --workload W [--workload W2]... [--concurrency N]
@@ -23,7 +24,13 @@ Runs a worker that runs COMMAND once per task it claims, in a fresh temp dir:
   stdin                 the task's parameters as JSON
   MESHWORK_PARAMETERS   the same JSON
   MESHWORK_INPUT        the path of the downloaded input file ("" when the task has none)
+  MESHWORK_INPUTS_DIR   a folder holding the OUTPUT artifacts of the task's dependencies,
+                        downloaded and checked: <ref or task id>/<filename>, and
+                        <ref or task id>/result for a dependency's result artifact
+                        (<ref> when the dependency had one in its CreateTasks call)
   MESHWORK_OUTPUT       an empty folder for the command's output files
+  MESHWORK_RESULT_VALUE a path (no file there yet) where the command may write a JSON
+                        object: the task's result_value (at most 64 KiB)
   MESHWORK_TASK_ID      the task id
   MESHWORK_RESOURCES    what the task's lease holds here, as JSON ({"gpu":1,"slots":1})
   TRACEPARENT           the task's W3C trace context (continue its trace: docs/tracing.md)
@@ -33,6 +40,9 @@ The worker's token is not passed on (MESHWORK_TOKEN is removed from the environm
 Exit 0: every regular file in MESHWORK_OUTPUT is uploaded (OUTPUT kind) and
   the task completes with the first one by name as its result (no result when
   the folder is empty). Name the file you want as the result so it sorts first.
+  A JSON object written to MESHWORK_RESULT_VALUE becomes the task's result
+  value; anything else there fails the task, not retried, with error code
+  ResultValueInvalid (not JSON, or not an object) or ResultValueTooLarge (over 64 KiB).
 Non-zero exit: the task fails with error code CommandFailed, the exit status
   and the last lines of stderr (at most 4 KiB, control characters removed).
 A stdout line 'progress: N message' records N completed steps.
@@ -181,6 +191,9 @@ async function runTask(argv: string[], task: WorkerTask, ctx: TaskContext): Prom
       inputPath = join(dir, "input");
       await ctx.saveInput(inputPath); // streamed: never held in memory whole
     }
+    const inputsDir = join(dir, "inputs");
+    await saveNamedInputs(ctx, inputsDir);
+    const resultValuePath = join(dir, "result-value.json");
     const parameters = JSON.stringify(task.parameters);
     const [command, ...args] = argv as [string, ...string[]];
     const child = spawn(command, args, {
@@ -191,7 +204,9 @@ async function runTask(argv: string[], task: WorkerTask, ctx: TaskContext): Prom
         {
           MESHWORK_PARAMETERS: parameters,
           MESHWORK_INPUT: inputPath,
+          MESHWORK_INPUTS_DIR: inputsDir,
           MESHWORK_OUTPUT: output,
+          MESHWORK_RESULT_VALUE: resultValuePath,
           MESHWORK_TASK_ID: task.id,
           MESHWORK_RESOURCES: JSON.stringify(task.resources),
         },
@@ -250,6 +265,7 @@ async function runTask(argv: string[], task: WorkerTask, ctx: TaskContext): Prom
         `command failed with ${status}${tail ? `: ${tail}` : ""}`,
       );
     }
+    const value = await resultValueAt(resultValuePath);
     const entries = await readdir(output, { withFileTypes: true });
     const files = entries
       .filter((e) => e.isFile())
@@ -260,7 +276,11 @@ async function runTask(argv: string[], task: WorkerTask, ctx: TaskContext): Prom
       const artifact = await ctx.upload(name, createReadStream(join(output, name)));
       result ??= artifact;
     }
-    return { result, summary: `${files.length} output file${files.length === 1 ? "" : "s"}` };
+    return {
+      result,
+      summary: `${files.length} output file${files.length === 1 ? "" : "s"}`,
+      value,
+    };
   } finally {
     await rm(dir, { recursive: true, force: true });
   }

@@ -1,3 +1,4 @@
+import type { JsonObject } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { codeFromString } from "@connectrpc/connect/protocol-connect";
 import type { ArtifactRef } from "../../gen/meshwork/v1/artifact_pb.js";
@@ -9,6 +10,40 @@ import { isLeaseRefusal, isTransient, reasonOf, retrying } from "./rpc.js";
 import { endLease, type Running, refusedLease, type Session, underLease } from "./session.js";
 import { traceHeaders } from "./trace.js";
 import type { TaskResult } from "./types.js";
+
+/** The most a result value may take, as JSON text (CompleteTaskRequest.result_value). */
+export const maxResultValueBytes = 64 * 1024;
+
+/**
+ * A handler's result value as it will be sent: a plain object made JSON
+ * (as JSON.stringify makes it), at most 64 KiB; else a TaskError, not
+ * retried (ResultValueInvalid, ResultValueTooLarge).
+ */
+export function checkedValue(value: unknown): JsonObject | undefined {
+  if (value === undefined || value === null) return undefined;
+  const invalid = (why: string) =>
+    new TaskError("ResultValueInvalid", `the result value ${why}`, { retryable: false });
+  if (typeof value !== "object" || Array.isArray(value)) throw invalid("is not a JSON object");
+  let text: string;
+  try {
+    text = JSON.stringify(value);
+  } catch (error) {
+    throw invalid(`cannot be made JSON: ${(error as Error).message}`);
+  }
+  const json: unknown = JSON.parse(text);
+  if (json === null || typeof json !== "object" || Array.isArray(json)) {
+    throw invalid("is not a JSON object");
+  }
+  const bytes = Buffer.byteLength(text);
+  if (bytes > maxResultValueBytes) {
+    throw new TaskError(
+      "ResultValueTooLarge",
+      `the result value is ${bytes} bytes as JSON, over the ${maxResultValueBytes} allowed`,
+      { retryable: false },
+    );
+  }
+  return json as JsonObject;
+}
 
 interface PendingCompletion {
   entry: Running;
@@ -150,6 +185,8 @@ export function createCompletions(s: Session): Completions {
             },
             resultSummary: result?.summary ?? "",
             metrics: result?.metrics ?? {},
+            // Made JSON and checked by checkedValue before the handler's completion came here.
+            resultValue: result?.value as JsonObject | undefined,
           },
         });
         flushTimer ??= setTimeout(flush, s.batchMs);

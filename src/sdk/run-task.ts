@@ -1,7 +1,8 @@
 import type { Claim } from "../../gen/meshwork/v1/lease_pb.js";
-import type { Completions } from "./completions.js";
+import { type Completions, checkedValue } from "./completions.js";
 import { LeaseEndedError } from "./errors.js";
 import { inputBytes, saveInput } from "./input.js";
+import { namedInputs } from "./inputs.js";
 import type { LeaseEnd } from "./lease-keeper.js";
 import { fail, flushProgress } from "./report.js";
 import { endLease, type Running, type Session } from "./session.js";
@@ -18,6 +19,8 @@ function taskOf(claim: Claim, leaseSeconds: number): WorkerTask {
     name: claim.name,
     parameters: claim.parameters ?? {},
     input: claim.input?.artifactId ? claim.input : undefined,
+    dependencyOutputs: { ...claim.dependencyOutputs },
+    timeoutSeconds: claim.timeoutSeconds,
     checkpoint: claim.checkpointHandle,
     correlationId: claim.correlationId,
     traceparent: claim.traceparent,
@@ -35,7 +38,9 @@ function contextFor(s: Session, entry: Running, task: WorkerTask): TaskContext {
     traceparent: task.traceparent,
     traceId: task.traceId,
     signal: entry.abort.signal,
+    timeoutSeconds: task.timeoutSeconds,
     input: () => inputBytes(s, entry),
+    inputs: namedInputs(s, entry),
     saveInput: (path) => saveInput(s, entry, path),
     upload: (name, body, uploadOptions) => upload(s, entry, name, body, uploadOptions),
     progress(completedSteps, message = "") {
@@ -98,10 +103,13 @@ export function runTask(s: Session, completions: Completions, claim: Claim): voi
     try {
       const result = await s.options.handler(task, contextFor(s, entry, task));
       entry.settled = true;
+      // A value that cannot be sent fails the task (the catch below).
+      const value = checkedValue(result?.value);
       // Lines are taken only under a live lease: sent before the completion.
       if (!entry.ended) await s.logs.flush();
       if (!entry.ended) await flushProgress(s, entry);
-      if (!entry.ended) await completions.complete(entry, result ?? undefined);
+      if (!entry.ended)
+        await completions.complete(entry, result ? { ...result, value } : undefined);
     } catch (error) {
       entry.settled = true;
       if (!entry.ended) await s.logs.flush();

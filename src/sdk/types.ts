@@ -16,6 +16,17 @@ export interface WorkerTask {
   parameters: JsonObject;
   /** The input artifact, when the task has one; `ctx.input()` downloads it. */
   input: ArtifactRef | undefined;
+  /**
+   * The OUTPUT artifacts of the task's dependencies that succeeded, by name
+   * (`<ref or task id>/<filename>`, `<ref or task id>/result` for a
+   * dependency's result artifact) → artifact id; `ctx.inputs` downloads them.
+   */
+  dependencyOutputs: Record<string, string>;
+  /**
+   * The task's bound on an attempt's running time in seconds (0: none):
+   * past it the lease is not renewed and the attempt fails with TIMEOUT.
+   */
+  timeoutSeconds: number;
   /** What a previous attempt recorded when it was released ("" for none). */
   checkpoint: string;
   correlationId: string;
@@ -53,6 +64,34 @@ export interface UploadOptions {
   kind?: "output" | "checkpoint";
 }
 
+/**
+ * An output of one of the task's dependencies, offered as a named input
+ * (`ctx.inputs[name]`). Nothing is downloaded until a method is called, and
+ * each call downloads it again, under the task's lease, checking its
+ * SHA-256 against its artifact's (a TaskError InputChecksumMismatch when
+ * they differ).
+ */
+export interface NamedInput {
+  /** `<ref or task id>/<filename>`, or `<ref or task id>/result` for the dependency's result artifact. */
+  name: string;
+  /** The artifact's id (ArtifactService.DownloadArtifact, GET /artifacts/{id}/download). */
+  artifactId: string;
+  /** Downloads it whole and checks its SHA-256; retried from scratch after a transient failure. */
+  bytes(): Promise<Uint8Array>;
+  /**
+   * Streams it into the file at `path` (created or truncated) without
+   * holding it in memory, checking its SHA-256 as it goes; on a mismatch
+   * the file is removed and a TaskError thrown. Resolves with its size.
+   */
+  save(path: string): Promise<number>;
+  /**
+   * Its bytes as they arrive, in one try (not retried). The SHA-256 is
+   * checked after the last chunk: a mismatch throws from the iteration
+   * then, so act on what was read only once it ended without error.
+   */
+  stream(): AsyncIterable<Uint8Array>;
+}
+
 /** What a handler gets besides the task: its lease's signal and the calls made under its lease. */
 export interface TaskContext {
   /** Same as `task.parameters`. */
@@ -68,8 +107,21 @@ export interface TaskContext {
    * returns afterwards is dropped: no completion or failure is sent.
    */
   signal: AbortSignal;
+  /**
+   * The task's bound on an attempt's running time in seconds (0: none),
+   * as `task.timeoutSeconds`: past it the lease ends (`signal` aborts).
+   */
+  timeoutSeconds: number;
   /** Downloads the input and checks its SHA-256 (a TaskError when it has none or it differs). */
   input(): Promise<Uint8Array>;
+  /**
+   * The OUTPUT artifacts of the task's dependencies as named inputs, by
+   * `<ref or task id>/<filename>` (`<ref or task id>/result` for a
+   * dependency's result artifact), e.g. `await ctx.inputs["prep/data.csv"]?.bytes()`.
+   * `<ref or task id>` is the dependency's ref in the CreateTasks call that
+   * made them, else its task id. Empty for a task without dependencies.
+   */
+  inputs: Readonly<Record<string, NamedInput>>;
   /**
    * Streams the input into the file at `path` (created or truncated) without
    * holding it in memory, checking its SHA-256 as it goes; on a mismatch the
@@ -103,6 +155,16 @@ export interface TaskResult {
   summary?: string | undefined;
   /** Numbers about the run. */
   metrics?: Record<string, number> | undefined;
+  /**
+   * A small JSON object (≤ 64 KiB as JSON) kept as the task's
+   * `result_value`, which GetTask and the client SDKs return. It is sent
+   * as JSON.stringify makes it (a Date becomes its ISO string, an
+   * undefined field is left out), so any object type is taken; an array,
+   * or an object that cannot be made JSON (a BigInt, a cycle), fails the
+   * task with ResultValueInvalid, and one over 64 KiB as JSON with
+   * ResultValueTooLarge (neither retried).
+   */
+  value?: object | undefined;
 }
 
 /** Runs one task. Return to complete it; throw to fail it (see TaskError). */

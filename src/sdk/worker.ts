@@ -12,14 +12,16 @@ import type { Worker, WorkerOptions } from "./types.js";
 // The worker SDK (meshwork/worker): this file is its public API. Its parts,
 // each with one job: session.ts (options, clients, shared state, lease
 // ends), register.ts, claim-loop.ts, run-task.ts (one task and its
-// context), input.ts and upload.ts (bytes under a lease), completions.ts
-// (batched CompleteTasks), report.ts (progress, failure, release),
-// shutdown.ts, lease-keeper.ts (renewals), rpc.ts (transport, retries),
-// trace.ts. It imports only gen/ and npm packages, never the coordinator.
+// context), input.ts, inputs.ts and upload.ts (bytes under a lease),
+// completions.ts (batched CompleteTasks, result values), report.ts
+// (progress, failure, release), shutdown.ts, lease-keeper.ts (renewals),
+// rpc.ts (transport, retries), trace.ts. It imports only gen/ and npm
+// packages, never the coordinator.
 
 export { isAuthError, LeaseEndedError, TaskError } from "./errors.js";
 export { traceHeaders } from "./trace.js";
 export type {
+  NamedInput,
   TaskContext,
   TaskHandler,
   TaskResult,

@@ -12,7 +12,8 @@ import { adminTasks, bytesAt, finishedTask, useListeningServer } from "../suppor
 // `meshwork work … -- sh -c '…'` as a child process against a coordinator
 // with auth on: parameters on stdin and in the environment, the input as a
 // file, the output folder uploaded, progress lines, failures with the stderr
-// tail, no token in the command's environment, and SIGTERM.
+// tail, no token in the command's environment, dependencies' outputs as
+// files and a result value, and SIGTERM.
 
 /** What the command does, chosen by the task's parameters. */
 const script = `
@@ -21,6 +22,13 @@ case "$MESHWORK_PARAMETERS" in
   *fail*) echo "first line" >&2; printf 'boom \\033[31mred\\033[0m\\n' >&2; exit 3 ;;
   *env*) env > "$MESHWORK_OUTPUT/env.txt"; exit 0 ;;
   *last*) echo "progress: 1 rendering"; echo "progress: 2 all done"; exit 0 ;;
+  *produce*) echo "a,b,c" > "$MESHWORK_OUTPUT/data.csv"
+    printf '{"rows": 1, "by": "%s"}' "$MESHWORK_TASK_ID" > "$MESHWORK_RESULT_VALUE"; exit 0 ;;
+  *consume*) printf '{"data": "%s", "result": "%s", "files": "%s"}' \
+      "$(cat "$MESHWORK_INPUTS_DIR/prep/data.csv")" "$(cat "$MESHWORK_INPUTS_DIR/prep/result")" \
+      "$(cd "$MESHWORK_INPUTS_DIR" && echo */*)" > "$MESHWORK_RESULT_VALUE"; exit 0 ;;
+  *badjson*) echo '{"not": json' > "$MESHWORK_RESULT_VALUE"; exit 0 ;;
+  *bigvalue*) { printf '{"x": "'; head -c 70000 /dev/zero | tr '\\0' x; printf '"}'; } > "$MESHWORK_RESULT_VALUE"; exit 0 ;;
   *hang*) sleep "$(printf '%s' "$MESHWORK_PARAMETERS" | tr -dc '0-9.')" & wait; exit 0 ;;
 esac
 { printf '%s|%s|%s|' "$stdin" "$MESHWORK_PARAMETERS" "$MESHWORK_TASK_ID"; cat "$MESHWORK_INPUT"; } > "$MESHWORK_OUTPUT/a-result.txt"
@@ -183,6 +191,39 @@ describe("meshwork work", () => {
     expect((await finished(next?.taskId ?? ""))?.state, stderr).toBe(TaskState.SUCCEEDED);
   });
 
+  it("gives the command its dependencies' outputs in $MESHWORK_INPUTS_DIR and keeps what it writes to $MESHWORK_RESULT_VALUE", async () => {
+    const { tasks: created } = await tasks().createTasks({
+      tasks: [
+        { workload, ref: "prep", parameters: { mode: "produce" } },
+        { workload, dependsOn: ["ref:prep"], parameters: { mode: "consume" } },
+      ],
+    });
+    const [prepId, useId] = created.map((t) => t.taskId) as [string, string];
+    const prep = await finished(prepId);
+    expect(prep?.state, stderr).toBe(TaskState.SUCCEEDED);
+    expect(prep?.resultValue).toEqual({ rows: 1, by: prepId });
+    const use = await finished(useId);
+    expect(use?.state, `${use?.error?.message}\n${stderr}`).toBe(TaskState.SUCCEEDED);
+    expect(use?.resultValue).toEqual({
+      data: "a,b,c",
+      result: "a,b,c",
+      files: "prep/data.csv prep/result",
+    });
+  });
+
+  it("fails a task whose $MESHWORK_RESULT_VALUE is not JSON or is over 64 KiB, without retrying", async () => {
+    const { tasks: created } = await tasks().createTasks({
+      tasks: ["badjson", "bigvalue"].map((mode) => ({ workload, parameters: { mode } })),
+    });
+    const [bad, big] = await Promise.all(created.map((t) => finished(t.taskId)));
+    expect(bad?.state, stderr).toBe(TaskState.FAILED);
+    expect(bad?.attempt).toBe(1);
+    expect(bad?.error?.code).toBe("ResultValueInvalid");
+    expect(bad?.error?.message).toContain("not valid JSON");
+    expect(big?.state).toBe(TaskState.FAILED);
+    expect(big?.error?.code).toBe("ResultValueTooLarge");
+  });
+
   it("does not pass the worker's token to the command", async () => {
     const { task: created } = await tasks().createTask({ workload, parameters: { mode: "env" } });
     const taskId = created?.taskId ?? "";
@@ -191,6 +232,8 @@ describe("meshwork work", () => {
     const env = await bytesOf(task?.result?.uri ?? "");
     expect(env).toContain(`MESHWORK_TASK_ID=${taskId}`);
     expect(env).toContain("MESHWORK_INPUT=\n");
+    expect(env).toMatch(/MESHWORK_INPUTS_DIR=\/.+\/inputs\n/);
+    expect(env).toMatch(/MESHWORK_RESULT_VALUE=\/.+\n/);
     expect(env).not.toContain(server.workerToken);
     expect(env).not.toContain("MESHWORK_TOKEN");
   });
