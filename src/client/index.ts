@@ -57,6 +57,8 @@ export interface ClientOptions {
    * Retries of a call answered `unavailable` (a restart, the database away
    * for a moment), and of no other code; a create keeps its idempotency key
    * across them. Streams are reopened from where they were on the same terms.
+   * Calls that a second try could do twice (trigger, cancel, rerun, delete,
+   * placements) are sent once: their `unavailable` reaches the caller.
    */
   retry?: RetryOptions;
   /** Connect interceptors, innermost: run on each try of a call. */

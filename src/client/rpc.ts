@@ -113,13 +113,31 @@ function randomHex(bytes: number): string {
   return /^0+$/.test(hex) ? randomHex(bytes) : hex;
 }
 
+/**
+ * The calls a retry could do twice: an `unavailable` may come after the
+ * coordinator acted (a connection dropped before the answer), and these
+ * carry no idempotency key that would make a second one harmless (a trigger
+ * makes a second task; a cancel, rerun or delete sent again is refused as
+ * if it had not happened). They are sent once; the caller decides.
+ */
+const notRepeatable = new Set([
+  "TriggerSchedule",
+  "DeleteSchedule",
+  "CancelTask",
+  "CancelTasks",
+  "RerunTask",
+  "RerunTasks",
+  "ScheduleTask",
+  "RetryTask",
+]);
+
 /** Retries a unary call while it fails with `unavailable`, and on no other code. */
 function retryInterceptor(options: RetryOptions = {}): Interceptor {
   const tries = Math.max(1, options.maxAttempts ?? 6);
   return (next) => async (req) => {
     // A stream cannot be replayed from here: result() and followLogs()
     // reconnect themselves, from where they were.
-    if (req.stream) return next(req);
+    if (req.stream || notRepeatable.has(req.method.name)) return next(req);
     for (let attempt = 1; ; attempt++) {
       try {
         return await next(req);

@@ -71,6 +71,11 @@ function checkTemplate(t: CreateTaskRequest): void {
   if (t.start.case === "runAt") {
     throw invalid("template.run_at is a fixed time: use template.delay in a schedule");
   }
+  if (t.deadline) {
+    throw invalid(
+      "template.deadline is a fixed time: every task after it would fail at once; use template.timeout_seconds",
+    );
+  }
   if (t.input.case === "inputData") {
     throw invalid(
       "template.input_data is not allowed: upload the input once and pass template.input_artifact_id",

@@ -87,7 +87,8 @@ export function createLeaseKeeper(options: {
       lease.expiresAt = sentAt + lease.ttlSeconds * 1000;
       lease.renewAt = sentAt + (lease.ttlSeconds * 1000) / 3;
     } else if (update.status === LeaseStatus.CANCELED) {
-      end(lease, { kind: "canceled", reason: "TASK_CANCELED" });
+      // TASK_CANCELED, or TIMEOUT: the attempt ran past the task's timeout_seconds.
+      end(lease, { kind: "canceled", reason: update.reason || "TASK_CANCELED" });
     } else {
       end(lease, { kind: "lost", reason: update.reason || "LOST" });
     }
@@ -167,7 +168,8 @@ export function createLeaseKeeper(options: {
         } catch (error) {
           if (isLeaseRefusal(error)) {
             const reason = reasonOf(error);
-            end(lease, { kind: reason === "TASK_CANCELED" ? "canceled" : "lost", reason });
+            const stop = reason === "TASK_CANCELED" || reason === "TIMEOUT";
+            end(lease, { kind: stop ? "canceled" : "lost", reason });
           } else if (!isTransient(error)) {
             end(lease, { kind: "lost", reason: String((error as Error).message) });
           } else {

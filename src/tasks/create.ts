@@ -266,9 +266,14 @@ async function link(
   // A reference to a task of the call is to the row it got (a repeat's is older).
   const actual = new Map(values.map((v, i) => [v.id, rows[i]?.id ?? v.id]));
   const fresh = new Set(rows.filter((r, i) => r.id === values[i]?.id).map((r) => r.id));
+  // One edge per pair: `ref:x` and the id of x's task made before (a
+  // repeat) name the same task.
   const edges = rows.flatMap((r, i) =>
     fresh.has(r.id)
-      ? (deps[i] ?? []).map((d) => ({ taskId: r.id, dependsOn: actual.get(d) ?? d }))
+      ? [...new Set((deps[i] ?? []).map((d) => actual.get(d) ?? d))].map((d) => ({
+          taskId: r.id,
+          dependsOn: d,
+        }))
       : [],
   );
   if (edges.length === 0) return rows;

@@ -53,8 +53,11 @@ export function workflowOf(req: CreateTaskRequest, field: string): WorkflowField
   if (req.dependsOn.length > maxDependencies) {
     throw invalid(`${field}depends_on names more than ${maxDependencies} tasks`);
   }
+  // Task ids as the database writes them (lowercase), so that the same task
+  // named twice is seen as one.
+  const dependsOn = req.dependsOn.map((d) => (d.startsWith("ref:") ? d : d.toLowerCase()));
   const seen = new Set<string>();
-  for (const [i, d] of req.dependsOn.entries()) {
+  for (const [i, d] of dependsOn.entries()) {
     const name = d.startsWith("ref:") ? d.slice(4) : undefined;
     if (name === undefined ? !isUuid(d) : !refPattern.test(name)) {
       throw invalid(
@@ -72,7 +75,7 @@ export function workflowOf(req: CreateTaskRequest, field: string): WorkflowField
     runAt,
     delayMs,
     ref: req.ref,
-    dependsOn: req.dependsOn,
+    dependsOn,
     dependencyPolicy: policy === DependencyPolicy.ALL_DONE ? "ALL_DONE" : "ALL_SUCCEEDED",
     timeoutSeconds:
       req.timeoutSeconds === undefined

@@ -105,7 +105,8 @@ export function rejections(w: Candidate, task: TaskRow): string[] {
  */
 /**
  * A task is placed no earlier than a claim could take it: not while it
- * waits for its dependencies, nor before its run_at (database clock).
+ * waits for its dependencies, nor before its run_at (database clock); and
+ * RetryTask does not run a task its dependencies failed.
  */
 async function assertDue(tx: Pick<Db, "execute">, task: TaskRow): Promise<void> {
   const refuse = (why: string) =>
@@ -117,7 +118,12 @@ async function assertDue(tx: Pick<Db, "execute">, task: TaskRow): Promise<void> 
   if (task.dependenciesPending > 0) {
     throw refuse(`waits for ${task.dependenciesPending} of its dependencies to finish`);
   }
-  if (task.runAt === null || task.attempt > 0) return;
+  if (task.errorCode === "DEPENDENCY_FAILED") {
+    throw refuse(
+      "failed because a dependency did: rerun that dependency with rerun_dependents (RerunTask), not a placement",
+    );
+  }
+  if (task.state !== "PENDING" || task.runAt === null || task.attempt > 0) return;
   const [row] = await rowsOf<{ due: unknown }>(
     tx,
     sql`select ${task.runAt.toISOString()}::timestamptz <= now() as due`,
@@ -151,7 +157,7 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           details,
         );
       }
-      if (task.state === "PENDING") await assertDue(tx, task);
+      await assertDue(tx, task);
       // What a worker has free for this task: its own lease (a re-placement)
       // does not count against it.
       const free = sql`meshwork_free(${workers}, ${task.id}::uuid)`;

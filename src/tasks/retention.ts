@@ -125,6 +125,11 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
               select 1 from artifacts a join tasks u
                 on u.input is not null and u.input->>'artifactId' = a.id::text
               where a.task_id = c.id and u.id <> c.id)
+              -- A dependency stays while a task that waits for it or runs
+              -- lives: its outputs are that task's inputs (docs/workflows.md).
+              and not exists (
+                select 1 from task_dependencies d join tasks u on u.id = d.task_id
+                where d.depends_on = c.id and u.state in ('PENDING', 'ASSIGNED', 'RUNNING'))
           ),
           gone_tasks as (
             delete from tasks where id = any(array(select id from doomed)) returning id
@@ -144,6 +149,7 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
                 select 1 from tasks u
                 where u.input is not null and u.input->>'artifactId' = a.id::text
                   and u.id <> all(array(select id from doomed)))
+              and not exists (select 1 from schedules s where s.template->>'inputArtifactId' = a.id::text)
             returning a.sha256
           )
           select (select count(*) from gone_tasks)::int as tasks,
@@ -187,6 +193,8 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
             and not exists (
               select 1 from tasks t
               where t.input is not null and t.input->>'artifactId' = a.id::text)
+            -- A schedule's template names it: its next tick's input.
+            and not exists (select 1 from schedules s where s.template->>'inputArtifactId' = a.id::text)
           order by a.created_at
           limit ${batchSize}::int
           for update of a skip locked`,
@@ -200,6 +208,7 @@ export function createRetention(deps: RetentionDeps, options: RetentionOptions) 
               and not exists (
                 select 1 from tasks t
                 where t.input is not null and t.input->>'artifactId' = a.id::text)
+              and not exists (select 1 from schedules s where s.template->>'inputArtifactId' = a.id::text)
             returning sha256
           )
           select (select count(*) from gone)::int as artifacts,

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
-import type { ContextValues, ServiceImpl } from "@connectrpc/connect";
+import { Code, ConnectError, type ContextValues, type ServiceImpl } from "@connectrpc/connect";
 import type {
   CreateTaskRequest,
   RetryTaskRequest,
@@ -369,9 +369,9 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
       }
       app.events.emit([id]);
       if (req.rerunDependents) {
-        // The tasks it failed come back waiting for it, in one transaction
-        // (one page): a dependent must not be recounted while its own
-        // dependency, also coming back, is still FAILED.
+        // The tasks it failed come back waiting for it, together in one
+        // transaction (after its own): a dependent must not be recounted
+        // while its own dependency, also coming back, is still FAILED.
         const down = await app.tasks.failedDependents(id);
         if (down.length > 0) {
           const rows = await app.tasks.rerun(
@@ -408,6 +408,12 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
       try {
         // Woken by new lines and by the task's changes (its end) on this replica.
         yield* app.logTail.watch(req, linked.signal, [app.events.subscribe]);
+        // A coordinator shutting down ends the stream before the task did:
+        // `unavailable`, so that a follower reconnects (to another replica)
+        // rather than take the end for the task's.
+        if (app.shutdownSignal.aborted && !ctx.signal.aborted) {
+          throw new ConnectError("the coordinator is shutting down", Code.Unavailable);
+        }
       } finally {
         linked.dispose();
       }

@@ -74,10 +74,12 @@ const rerunSet = {
   errorCode: "RERUN",
   errorMessage: "rerun by a client",
   cancelRequested: false,
-  notBefore: null,
+  // Never before its run_at, as at its creation (dependencies: tasks/sql/dependencies.sql).
+  notBefore: sql`${tasks.runAt}`,
   startedAt: null,
   finishedAt: null,
   result: null,
+  resultValue: null,
   resultSummary: "",
   metrics: {},
   completionHash: null,
@@ -172,10 +174,18 @@ export function createTaskStore(db: Db) {
 
     /**
      * Reruns FAILED/CANCELED tasks (rerunSet), oldest first, at most `limit`,
-     * a page per transaction. Returns the tasks rerun.
+     * a page per transaction. Returns the tasks rerun. When the filter
+     * matches tasks with dependencies, all go in one transaction: a task
+     * recounted while a dependency of a later page is still FAILED would
+     * fail again at once (and be selected again by the next page).
      */
     async rerun(filter: BulkFilter, limit = bulkLimit, page = bulkPage): Promise<TaskRow[]> {
-      return inPages(limit, page, (size) =>
+      const [graph] = await db
+        .select({ id: tasks.id })
+        .from(tasks)
+        .where(and(bulkWhere(filter), sql`${tasks.dependsOn} <> '{}'::uuid[]`))
+        .limit(1);
+      return inPages(limit, graph ? limit : page, (size) =>
         db.transaction(async (tx) => {
           const rows = await tx
             .update(tasks)

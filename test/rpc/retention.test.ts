@@ -41,4 +41,26 @@ describe("retention through the app", () => {
     expect(task?.input?.sha256).toBe(recent.sha256);
     expect(await h.app.blobs.has(recent.sha256)).toBe(true);
   });
+
+  it("keeps a finished dependency while a task that depends on it waits, then deletes it", async () => {
+    const workload = uniqueWorkload();
+    const { tasks } = await h.tasks.createTasks({
+      tasks: [
+        { workload, ref: "a" },
+        { workload, ref: "d", dependsOn: ["ref:a"], dependencyPolicy: 2 },
+      ],
+    });
+    const [a, d] = tasks.map((t) => t.taskId);
+    await h.tasks.cancelTask({ taskId: a ?? "" });
+    // d (ALL_DONE) is claimable now; a finished 8 days ago.
+    await h.app.database.db.execute(
+      sql`update tasks set finished_at = now() - interval '8 days' where id = ${a}::uuid`,
+    );
+    await h.app.retention.runOnce();
+    expect((await h.tasks.getTask({ taskId: a ?? "" })).task?.taskId).toBe(a);
+    await h.tasks.cancelTask({ taskId: d ?? "" });
+    await h.app.retention.runOnce();
+    const error = await h.tasks.getTask({ taskId: a ?? "" }).catch((e: unknown) => e);
+    expect(ConnectError.from(error).code).toBe(Code.NotFound);
+  });
 });

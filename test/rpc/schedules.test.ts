@@ -76,6 +76,10 @@ describe("CreateSchedule", () => {
       ["ref", { template: { workload: "w", ref: "a" } }],
       ["idempotency_key", { template: { workload: "w", idempotencyKey: "k" } }],
       [
+        "deadline",
+        { template: { workload: "w", deadline: { seconds: 4_000_000_000n, nanos: 0 } } },
+      ],
+      [
         "input_data",
         { template: { workload: "w", input: { case: "inputData", value: new Uint8Array(3) } } },
       ],

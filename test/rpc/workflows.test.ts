@@ -245,6 +245,47 @@ describe("dependencies", () => {
     expect((await state(c))?.state).toBe(TaskState.SUCCEEDED);
   });
 
+  it("reruns a failed graph of more than a page in one go, and RetryTask refuses a task its dependency failed", async () => {
+    const workload = uniqueWorkload("bulk");
+    const workerId = await registerWorker(h, [workload]);
+    const { tasks } = await h.tasks.createTasks({
+      tasks: [
+        { workload, ref: "root", maxAttempts: 1 },
+        ...Array.from({ length: 600 }, () => ({ workload, dependsOn: ["ref:root"] })),
+      ],
+    });
+    const root = tasks[0]?.taskId ?? "";
+    const claim = await claimOne(h, workerId);
+    await h.leases.failTask({ ...leaseOf(claim, workerId), errorCode: "Boom", retryable: false });
+    const child = tasks[1]?.taskId ?? "";
+    const retried = await outcome(h.tasks.retryTask({ taskId: child }));
+    expect(retried).toMatchObject({ code: "FailedPrecondition", reason: "INVALID_STATE" });
+
+    const { count } = await h.tasks.rerunTasks({ filter: { workload } });
+    expect(count).toBe(601);
+    const { tasks: pending } = await h.tasks.listTasks({
+      workload,
+      state: TaskState.PENDING,
+      pageSize: 1000,
+    });
+    expect(pending).toHaveLength(601);
+    // The root runs first; its dependents wait for it.
+    expect((await claimOne(h, workerId)).taskId).toBe(root);
+    expect((await h.tasks.getTask({ taskId: child })).task?.dependenciesPending).toBe(1);
+  });
+
+  it("takes a dependency's id in capitals, and the same task named twice once", async () => {
+    const workload = uniqueWorkload();
+    const { task: first } = await h.tasks.createTask({ workload, ref: "x" });
+    const id = first?.taskId ?? "";
+    const { task } = await h.tasks.createTask({ workload, dependsOn: [id.toUpperCase()] });
+    expect(task).toMatchObject({ dependsOn: [id], dependenciesPending: 1 });
+    const twice = await outcome(
+      h.tasks.createTask({ workload, dependsOn: [id, id.toUpperCase()] }),
+    );
+    expect(twice).toMatchObject({ code: "InvalidArgument" });
+  });
+
   it("refuses cycles, unknown references and unknown ids, creating nothing", async () => {
     const workload = uniqueWorkload();
     const cases: MessageInitShape<typeof CreateTaskRequestSchema>[][] = [

@@ -12,7 +12,7 @@ const hashes: Record<number, string> = {
   2: "b31e26219186b344bde3a13824d741c40c09e9789318b931e3b79e6c888bf7f8",
   3: "2b0643b16ab2a885871fa988c5976b8ba7e6500e817dff86db6f817a348aff1f",
   4: "8c866a19c29c61c78df2e88bce1aa4d01d191c239f94a6fd12dd6afef1566689",
-  5: "19efd3928e76a44dcab1ea789683d0408cb05e6acf91b943ed87e9830f03047f",
+  5: "ca8ad106f3d5c87a01b94fe19b4a6215f5c583377b82a2d38b5ec6499baa572f",
 };
 
 describe("database functions", () => {

@@ -102,12 +102,14 @@ class Client:
     def cancel_task(self, task_id, reason=""):
         """Cancels a PENDING, ASSIGNED or RUNNING task; returns it, CANCELED."""
         request = task_pb2.CancelTaskRequest(task_id=task_id, reason=reason)
-        return self._conn.call(self._tasks.CancelTask, request).task
+        # Sent once: a cancel repeated after a lost answer is refused as if it had not happened.
+        return self._conn.call(self._tasks.CancelTask, request, retry=()).task
 
     def rerun_task(self, task_id, rerun_dependents=False):
         """Puts a FAILED or CANCELED task back to PENDING; returns it."""
         request = task_pb2.RerunTaskRequest(task_id=task_id, rerun_dependents=rerun_dependents)
-        return self._conn.call(self._tasks.RerunTask, request).task
+        # Sent once, as cancel_task.
+        return self._conn.call(self._tasks.RerunTask, request, retry=()).task
 
     def wait(self, task_id, timeout=None):
         """Waits for the task to end (WatchTask) and returns it when it SUCCEEDED.

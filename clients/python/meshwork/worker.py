@@ -272,7 +272,10 @@ class Worker:
             # connection as aborted too, and only the server sends the detail.
             if e.code == "ABORTED" and e.reason:
                 raise _LeaseLost(str(e)) from None
-            raise Fail(code, f"the coordinator answered {e}") from None
+            # A request the coordinator refuses as malformed (a result value
+            # over 64 KiB, …) would be refused again on every attempt.
+            raise Fail(code, f"the coordinator answered {e}",
+                       retryable=e.code != "INVALID_ARGUMENT") from None
 
     def _fetch_input(self, job):
         """Downloads the input (DownloadArtifact) into the workdir and checks its SHA-256."""

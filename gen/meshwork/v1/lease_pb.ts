@@ -223,8 +223,10 @@ export type Claim = Message<"meshwork.v1.Claim"> & {
   dependencyOutputs: { [key: string]: string };
 
   /**
-   * timeout_seconds is the task's bound on an attempt's running time (0:
-   * none); the attempt's lease cannot be renewed past it.
+   * timeout_seconds is the task's bound on an attempt's running time, from
+   * this grant (0: none). Past it the coordinator's sweeper fails the
+   * attempt with TIMEOUT within about a second, and the next renewal is
+   * refused (over StreamLeases: LEASE_STATUS_CANCELED, reason TIMEOUT).
    *
    * @generated from field: int32 timeout_seconds = 17;
    */

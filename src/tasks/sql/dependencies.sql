@@ -87,13 +87,22 @@ $$;
 -- (`ids`): each waits again for those not finished (not_before 'infinity'),
 -- or is claimable now; one whose ALL_SUCCEEDED dependency FAILED or was
 -- CANCELED fails again at once (DEPENDENCY_FAILED). A dependency deleted
--- by retention counts as finished.
+-- by retention counts as finished. The dependencies are locked FOR SHARE
+-- first, as a create locks them: one that is finishing in another
+-- transaction is waited for, and the count (a statement of its own, with a
+-- snapshot taken after the lock) sees it finished; none can finish unseen
+-- until this transaction commits (its trigger would find these tasks still
+-- FAILED and leave their count as it was). Like a create, a rerun task is
+-- not claimable before its run_at.
 CREATE OR REPLACE FUNCTION meshwork_dependencies_reset(ids uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
+  PERFORM 1 FROM tasks
+    WHERE id IN (SELECT depends_on FROM task_dependencies WHERE task_id = ANY(ids))
+    ORDER BY id FOR SHARE;
   UPDATE tasks t SET
     dependencies_pending = c.n,
-    not_before = CASE WHEN c.n > 0 THEN 'infinity'::timestamptz END,
+    not_before = CASE WHEN c.n > 0 THEN 'infinity'::timestamptz ELSE t.run_at END,
     updated_at = now()
   FROM (
     SELECT d.task_id,
