@@ -14,7 +14,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file meshwork/v1/task.proto.
  */
 export const file_meshwork_v1_task: GenFile = /*@__PURE__*/
-  fileDesc("ChZtZXNod29yay92MS90YXNrLnByb3RvEgttZXNod29yay52MSJ2CgxSZXRyeUJhY2tvZmYSKgoHaW5pdGlhbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgNtYXgYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEgoKbXVsdGlwbGllchgDIAEoASKeAQoFTGVhc2USEQoJd29ya2VyX2lkGAEgASgJEg8KB2F0dGVtcHQYAiABKAUSEwoLbGVhc2VfdG9rZW4YAyABKAkSLgoKZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjQKCFByb2dyZXNzEhcKD2NvbXBsZXRlZF9zdGVwcxgBIAEoBRIPCgdtZXNzYWdlGAIgASgJIioKCVRhc2tFcnJvchIMCgRjb2RlGAEgASgJEg8KB21lc3NhZ2UYAiABKAki5Q4KBFRhc2sSDwoHdGFza19pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhAKCHdvcmtsb2FkGAMgASgJEh0KFXJlcXVpcmVkX2NhcGFiaWxpdGllcxgEIAMoCRIxCghhZmZpbml0eRgFIAMoCzIfLm1lc2h3b3JrLnYxLlRhc2suQWZmaW5pdHlFbnRyeRIQCghwcmlvcml0eRgGIAEoBRIsCghkZWFkbGluZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKcGFyYW1ldGVycxgIIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSJwoFaW5wdXQYCSABKAsyGC5tZXNod29yay52MS5BcnRpZmFjdFJlZhISCgVzdGVwcxgKIAEoBUgAiAEBEiUKBXN0YXRlGAsgASgOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEg8KB2F0dGVtcHQYDCABKAUSFAoMbWF4X2F0dGVtcHRzGA0gASgFEhUKDWxlYXNlX3NlY29uZHMYDiABKAUSMAoNcmV0cnlfYmFja29mZhgPIAEoCzIZLm1lc2h3b3JrLnYxLlJldHJ5QmFja29mZhIXCg9pZGVtcG90ZW5jeV9rZXkYECABKAkSFgoOY29ycmVsYXRpb25faWQYESABKAkSGgoSYXNzaWduZWRfd29ya2VyX2lkGBIgASgJEh0KFWFzc2lnbmVkX2FwaV9iYXNlX3VybBgTIAEoCRIhCgVsZWFzZRgUIAEoCzISLm1lc2h3b3JrLnYxLkxlYXNlEhkKEWNoZWNrcG9pbnRfaGFuZGxlGBUgASgJEicKCHByb2dyZXNzGBYgASgLMhUubWVzaHdvcmsudjEuUHJvZ3Jlc3MSKAoGcmVzdWx0GBcgASgLMhgubWVzaHdvcmsudjEuQXJ0aWZhY3RSZWYSFgoOcmVzdWx0X3N1bW1hcnkYGCABKAkSLwoHbWV0cmljcxgZIAMoCzIeLm1lc2h3b3JrLnYxLlRhc2suTWV0cmljc0VudHJ5EiUKBWVycm9yGBogASgLMhYubWVzaHdvcmsudjEuVGFza0Vycm9yEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYGyABKAgSLgoKbm90X2JlZm9yZRgcIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgdIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgeIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgfIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYICABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3RyYWNlcGFyZW50GCEgASgJEhIKCnRyYWNlc3RhdGUYIiABKAkSMwoJcmVzb3VyY2VzGCMgAygLMiAubWVzaHdvcmsudjEuVGFzay5SZXNvdXJjZXNFbnRyeRIzCgxyZXF1aXJlbWVudHMYJCADKAsyHS5tZXNod29yay52MS5MYWJlbFJlcXVpcmVtZW50EjUKC3ByZWZlcmVuY2VzGCUgAygLMiAubWVzaHdvcmsudjEuV2VpZ2h0ZWRSZXF1aXJlbWVudBINCgVzaGFyZRgmIAEoCRIXCg9jb25jdXJyZW5jeV9rZXkYJyABKAkSEAoIcmF0ZV9rZXkYKCABKAkSCwoDcmVmGCkgASgJEhIKCmRlcGVuZHNfb24YKiADKAkSOAoRZGVwZW5kZW5jeV9wb2xpY3kYKyABKA4yHS5tZXNod29yay52MS5EZXBlbmRlbmN5UG9saWN5EkQKEmRlcGVuZGVuY3lfb3V0cHV0cxgsIAMoCzIoLm1lc2h3b3JrLnYxLlRhc2suRGVwZW5kZW5jeU91dHB1dHNFbnRyeRIcChRkZXBlbmRlbmNpZXNfcGVuZGluZxgtIAEoBRIXCg90aW1lb3V0X3NlY29uZHMYLiABKAUSLQoMcmVzdWx0X3ZhbHVlGC8gASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIqCgZydW5fYXQYMCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3NjaGVkdWxlX2lkGDEgASgJGi8KDUFmZmluaXR5RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ARouCgxNZXRyaWNzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgBOgI4ARowCg5SZXNvdXJjZXNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAM6AjgBGjgKFkRlcGVuZGVuY3lPdXRwdXRzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIICgZfc3RlcHMiWAoQTGFiZWxSZXF1aXJlbWVudBILCgNrZXkYASABKAkSJwoIb3BlcmF0b3IYAiABKA4yFS5tZXNod29yay52MS5PcGVyYXRvchIOCgZ2YWx1ZXMYAyADKAkiWQoTV2VpZ2h0ZWRSZXF1aXJlbWVudBIOCgZ3ZWlnaHQYASABKAUSMgoLcmVxdWlyZW1lbnQYAiABKAsyHS5tZXNod29yay52MS5MYWJlbFJlcXVpcmVtZW50IqYBCgpXYWl0UmVhc29uEiMKBGtpbmQYASABKA4yFS5tZXNod29yay52MS5XYWl0S2luZBIPCgdtZXNzYWdlGAIgASgJEjMKBmRldGFpbBgDIAMoCzIjLm1lc2h3b3JrLnYxLldhaXRSZWFzb24uRGV0YWlsRW50cnkaLQoLRGV0YWlsRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgDOgI4ASLRCAoRQ3JlYXRlVGFza1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCgh3b3JrbG9hZBgCIAEoCRIdChVyZXF1aXJlZF9jYXBhYmlsaXRpZXMYAyADKAkSPgoIYWZmaW5pdHkYBCADKAsyLC5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdC5BZmZpbml0eUVudHJ5EhAKCHByaW9yaXR5GAUgASgFEiwKCGRlYWRsaW5lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIrCgpwYXJhbWV0ZXJzGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIbChFpbnB1dF9hcnRpZmFjdF9pZBgIIAEoCUgAEhQKCmlucHV0X2RhdGEYCSABKAxIABISCgVzdGVwcxgKIAEoBUgCiAEBEhkKDG1heF9hdHRlbXB0cxgLIAEoBUgDiAEBEhoKDWxlYXNlX3NlY29uZHMYDCABKAVIBIgBARIwCg1yZXRyeV9iYWNrb2ZmGA0gASgLMhkubWVzaHdvcmsudjEuUmV0cnlCYWNrb2ZmEhcKD2lkZW1wb3RlbmN5X2tleRgOIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgPIAEoCRJACglyZXNvdXJjZXMYECADKAsyLS5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdC5SZXNvdXJjZXNFbnRyeRIzCgxyZXF1aXJlbWVudHMYESADKAsyHS5tZXNod29yay52MS5MYWJlbFJlcXVpcmVtZW50EjUKC3ByZWZlcmVuY2VzGBIgAygLMiAubWVzaHdvcmsudjEuV2VpZ2h0ZWRSZXF1aXJlbWVudBINCgVzaGFyZRgTIAEoCRIXCg9jb25jdXJyZW5jeV9rZXkYFCABKAkSEAoIcmF0ZV9rZXkYFSABKAkSLAoGcnVuX2F0GBYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgBEioKBWRlbGF5GBcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uSAESCwoDcmVmGBggASgJEhIKCmRlcGVuZHNfb24YGSADKAkSOAoRZGVwZW5kZW5jeV9wb2xpY3kYGiABKA4yHS5tZXNod29yay52MS5EZXBlbmRlbmN5UG9saWN5EhwKD3RpbWVvdXRfc2Vjb25kcxgbIAEoBUgFiAEBGi8KDUFmZmluaXR5RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ARowCg5SZXNvdXJjZXNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAM6AjgBQgcKBWlucHV0QgcKBXN0YXJ0QggKBl9zdGVwc0IPCg1fbWF4X2F0dGVtcHRzQhAKDl9sZWFzZV9zZWNvbmRzQhIKEF90aW1lb3V0X3NlY29uZHMiNQoSQ3JlYXRlVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIkMKEkNyZWF0ZVRhc2tzUmVxdWVzdBItCgV0YXNrcxgBIAMoCzIeLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tSZXF1ZXN0IjcKE0NyZWF0ZVRhc2tzUmVzcG9uc2USIAoFdGFza3MYASADKAsyES5tZXNod29yay52MS5UYXNrIiEKDkdldFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkidAoPR2V0VGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrEigKB3dhaXRpbmcYAiADKAsyFy5tZXNod29yay52MS5XYWl0UmVhc29uEhYKDnF1ZXVlX3Bvc2l0aW9uGAMgASgFIp0BChBMaXN0VGFza3NSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEiUKBXN0YXRlGAMgASgOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEhAKCHdvcmtsb2FkGAQgASgJEhYKDmNvcnJlbGF0aW9uX2lkGAUgASgJEhEKCXdvcmtlcl9pZBgGIAEoCSJOChFMaXN0VGFza3NSZXNwb25zZRIgCgV0YXNrcxgBIAMoCzIRLm1lc2h3b3JrLnYxLlRhc2sSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIk8KFUxpc3RUYXNrRXZlbnRzUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIlkKFkxpc3RUYXNrRXZlbnRzUmVzcG9uc2USJgoGZXZlbnRzGAEgAygLMhYubWVzaHdvcmsudjEuVGFza0V2ZW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSK9AQoJVGFza0V2ZW50EhAKCHNlcXVlbmNlGAEgASgDEigKBHRpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiUKBXN0YXRlGAMgASgOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEg8KB2F0dGVtcHQYBCABKAUSEQoJd29ya2VyX2lkGAUgASgJEhIKCmVycm9yX2NvZGUYBiABKAkSFQoNZXJyb3JfbWVzc2FnZRgHIAEoCSIjChBXYXRjaFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkiNAoRV2F0Y2hUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2siNAoRQ2FuY2VsVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiNQoSQ2FuY2VsVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIj0KEFJlcnVuVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIYChByZXJ1bl9kZXBlbmRlbnRzGAIgASgIIjQKEVJlcnVuVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIr8BCgpUYXNrRmlsdGVyEiYKBnN0YXRlcxgBIAMoDjIWLm1lc2h3b3JrLnYxLlRhc2tTdGF0ZRIQCgh3b3JrbG9hZBgCIAEoCRIQCgh0YXNrX2lkcxgDIAMoCRIxCg1jcmVhdGVkX2FmdGVyGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5jcmVhdGVkX2JlZm9yZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiTQoRUmVydW5UYXNrc1JlcXVlc3QSJwoGZmlsdGVyGAEgASgLMhcubWVzaHdvcmsudjEuVGFza0ZpbHRlchIPCgdkcnlfcnVuGAIgASgIIiMKElJlcnVuVGFza3NSZXNwb25zZRINCgVjb3VudBgBIAEoBSJeChJDYW5jZWxUYXNrc1JlcXVlc3QSJwoGZmlsdGVyGAEgASgLMhcubWVzaHdvcmsudjEuVGFza0ZpbHRlchIPCgdkcnlfcnVuGAIgASgIEg4KBnJlYXNvbhgDIAEoCSIkChNDYW5jZWxUYXNrc1Jlc3BvbnNlEg0KBWNvdW50GAEgASgFIo4BChNTY2hlZHVsZVRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSIAoYc2NoZWR1bGVfaWRlbXBvdGVuY3lfa2V5GAIgASgJEhYKDmNvcnJlbGF0aW9uX2lkGAMgASgJEhoKDWxlYXNlX3NlY29uZHMYBCABKAVIAIgBAUIQCg5fbGVhc2Vfc2Vjb25kcyI3ChRTY2hlZHVsZVRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayKLAQoQUmV0cnlUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEiAKGHNjaGVkdWxlX2lkZW1wb3RlbmN5X2tleRgCIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgDIAEoCRIaCg1sZWFzZV9zZWNvbmRzGAQgASgFSACIAQFCEAoOX2xlYXNlX3NlY29uZHMiNAoRUmV0cnlUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2sirQEKB0xvZ0xpbmUSDwoHdGFza19pZBgBIAEoCRIPCgdhdHRlbXB0GAIgASgFEhEKCXdvcmtlcl9pZBgDIAEoCRITCgtsZWFzZV90b2tlbhgEIAEoCRIOCgZzdHJlYW0YBSABKAkSDAoEdGV4dBgGIAEoCRIoCgR0aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghzZXF1ZW5jZRgIIAEoAyJhChJHZXRUYXNrTG9nc1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIWCg5hZnRlcl9zZXF1ZW5jZRgCIAEoAxIRCglwYWdlX3NpemUYAyABKAUSDwoHYXR0ZW1wdBgEIAEoBSJ2ChNHZXRUYXNrTG9nc1Jlc3BvbnNlEiMKBWxpbmVzGAEgAygLMhQubWVzaHdvcmsudjEuTG9nTGluZRIbChNuZXh0X2FmdGVyX3NlcXVlbmNlGAIgASgDEg8KB2Ryb3BwZWQYAyABKAMSDAoEbW9yZRgEIAEoCCI/ChRXYXRjaFRhc2tMb2dzUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEhYKDmFmdGVyX3NlcXVlbmNlGAIgASgDIjwKFVdhdGNoVGFza0xvZ3NSZXNwb25zZRIjCgVsaW5lcxgBIAMoCzIULm1lc2h3b3JrLnYxLkxvZ0xpbmUqugEKCVRhc2tTdGF0ZRIaChZUQVNLX1NUQVRFX1VOU1BFQ0lGSUVEEAASFgoSVEFTS19TVEFURV9QRU5ESU5HEAESFwoTVEFTS19TVEFURV9BU1NJR05FRBACEhYKElRBU0tfU1RBVEVfUlVOTklORxADEhgKFFRBU0tfU1RBVEVfU1VDQ0VFREVEEAQSFQoRVEFTS19TVEFURV9GQUlMRUQQBRIXChNUQVNLX1NUQVRFX0NBTkNFTEVEEAYqegoQRGVwZW5kZW5jeVBvbGljeRIhCh1ERVBFTkRFTkNZX1BPTElDWV9VTlNQRUNJRklFRBAAEiMKH0RFUEVOREVOQ1lfUE9MSUNZX0FMTF9TVUNDRUVERUQQARIeChpERVBFTkRFTkNZX1BPTElDWV9BTExfRE9ORRACKp4BCghPcGVyYXRvchIYChRPUEVSQVRPUl9VTlNQRUNJRklFRBAAEg8KC09QRVJBVE9SX0lOEAESEwoPT1BFUkFUT1JfTk9UX0lOEAISEwoPT1BFUkFUT1JfRVhJU1RTEAMSGwoXT1BFUkFUT1JfRE9FU19OT1RfRVhJU1QQBBIPCgtPUEVSQVRPUl9HVBAFEg8KC09QRVJBVE9SX0xUEAYqkQIKCFdhaXRLaW5kEhkKFVdBSVRfS0lORF9VTlNQRUNJRklFRBAAEiAKHFdBSVRfS0lORF9OT19NQVRDSElOR19XT1JLRVIQARIZChVXQUlUX0tJTkRfTk9fQ0FQQUNJVFkQAhIkCiBXQUlUX0tJTkRfU0hBUkVfT1ZFUl9FTlRJVExFTUVOVBADEh8KG1dBSVRfS0lORF9DT05DVVJSRU5DWV9MSU1JVBAEEhgKFFdBSVRfS0lORF9SQVRFX0xJTUlUEAUSGAoUV0FJVF9LSU5EX05PVF9CRUZPUkUQBhIaChZXQUlUX0tJTkRfREVQRU5ERU5DSUVTEAcSFgoSV0FJVF9LSU5EX1JFU0VSVkVEEAgykAkKC1Rhc2tTZXJ2aWNlEk0KCkNyZWF0ZVRhc2sSHi5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdBofLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tSZXNwb25zZRJQCgtDcmVhdGVUYXNrcxIfLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tzUmVxdWVzdBogLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tzUmVzcG9uc2USSQoHR2V0VGFzaxIbLm1lc2h3b3JrLnYxLkdldFRhc2tSZXF1ZXN0GhwubWVzaHdvcmsudjEuR2V0VGFza1Jlc3BvbnNlIgOQAgESTwoJTGlzdFRhc2tzEh0ubWVzaHdvcmsudjEuTGlzdFRhc2tzUmVxdWVzdBoeLm1lc2h3b3JrLnYxLkxpc3RUYXNrc1Jlc3BvbnNlIgOQAgESXgoOTGlzdFRhc2tFdmVudHMSIi5tZXNod29yay52MS5MaXN0VGFza0V2ZW50c1JlcXVlc3QaIy5tZXNod29yay52MS5MaXN0VGFza0V2ZW50c1Jlc3BvbnNlIgOQAgESUQoJV2F0Y2hUYXNrEh0ubWVzaHdvcmsudjEuV2F0Y2hUYXNrUmVxdWVzdBoeLm1lc2h3b3JrLnYxLldhdGNoVGFza1Jlc3BvbnNlIgOQAgEwARJVCgtHZXRUYXNrTG9ncxIfLm1lc2h3b3JrLnYxLkdldFRhc2tMb2dzUmVxdWVzdBogLm1lc2h3b3JrLnYxLkdldFRhc2tMb2dzUmVzcG9uc2UiA5ACARJdCg1XYXRjaFRhc2tMb2dzEiEubWVzaHdvcmsudjEuV2F0Y2hUYXNrTG9nc1JlcXVlc3QaIi5tZXNod29yay52MS5XYXRjaFRhc2tMb2dzUmVzcG9uc2UiA5ACATABEk0KCkNhbmNlbFRhc2sSHi5tZXNod29yay52MS5DYW5jZWxUYXNrUmVxdWVzdBofLm1lc2h3b3JrLnYxLkNhbmNlbFRhc2tSZXNwb25zZRJTCgxTY2hlZHVsZVRhc2sSIC5tZXNod29yay52MS5TY2hlZHVsZVRhc2tSZXF1ZXN0GiEubWVzaHdvcmsudjEuU2NoZWR1bGVUYXNrUmVzcG9uc2USSgoJUmV0cnlUYXNrEh0ubWVzaHdvcmsudjEuUmV0cnlUYXNrUmVxdWVzdBoeLm1lc2h3b3JrLnYxLlJldHJ5VGFza1Jlc3BvbnNlEkoKCVJlcnVuVGFzaxIdLm1lc2h3b3JrLnYxLlJlcnVuVGFza1JlcXVlc3QaHi5tZXNod29yay52MS5SZXJ1blRhc2tSZXNwb25zZRJNCgpSZXJ1blRhc2tzEh4ubWVzaHdvcmsudjEuUmVydW5UYXNrc1JlcXVlc3QaHy5tZXNod29yay52MS5SZXJ1blRhc2tzUmVzcG9uc2USUAoLQ2FuY2VsVGFza3MSHy5tZXNod29yay52MS5DYW5jZWxUYXNrc1JlcXVlc3QaIC5tZXNod29yay52MS5DYW5jZWxUYXNrc1Jlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_meshwork_v1_artifact]);
+  fileDesc("ChZtZXNod29yay92MS90YXNrLnByb3RvEgttZXNod29yay52MSJ2CgxSZXRyeUJhY2tvZmYSKgoHaW5pdGlhbBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgNtYXgYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEgoKbXVsdGlwbGllchgDIAEoASKeAQoFTGVhc2USEQoJd29ya2VyX2lkGAEgASgJEg8KB2F0dGVtcHQYAiABKAUSEwoLbGVhc2VfdG9rZW4YAyABKAkSLgoKZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjQKCFByb2dyZXNzEhcKD2NvbXBsZXRlZF9zdGVwcxgBIAEoBRIPCgdtZXNzYWdlGAIgASgJIioKCVRhc2tFcnJvchIMCgRjb2RlGAEgASgJEg8KB21lc3NhZ2UYAiABKAkioA8KBFRhc2sSDwoHdGFza19pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhAKCHdvcmtsb2FkGAMgASgJEh0KFXJlcXVpcmVkX2NhcGFiaWxpdGllcxgEIAMoCRIxCghhZmZpbml0eRgFIAMoCzIfLm1lc2h3b3JrLnYxLlRhc2suQWZmaW5pdHlFbnRyeRIQCghwcmlvcml0eRgGIAEoBRIsCghkZWFkbGluZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKcGFyYW1ldGVycxgIIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSJwoFaW5wdXQYCSABKAsyGC5tZXNod29yay52MS5BcnRpZmFjdFJlZhISCgVzdGVwcxgKIAEoBUgAiAEBEiUKBXN0YXRlGAsgASgOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEg8KB2F0dGVtcHQYDCABKAUSFAoMbWF4X2F0dGVtcHRzGA0gASgFEhUKDWxlYXNlX3NlY29uZHMYDiABKAUSMAoNcmV0cnlfYmFja29mZhgPIAEoCzIZLm1lc2h3b3JrLnYxLlJldHJ5QmFja29mZhIXCg9pZGVtcG90ZW5jeV9rZXkYECABKAkSFgoOY29ycmVsYXRpb25faWQYESABKAkSGgoSYXNzaWduZWRfd29ya2VyX2lkGBIgASgJEh0KFWFzc2lnbmVkX2FwaV9iYXNlX3VybBgTIAEoCRIhCgVsZWFzZRgUIAEoCzISLm1lc2h3b3JrLnYxLkxlYXNlEhkKEWNoZWNrcG9pbnRfaGFuZGxlGBUgASgJEicKCHByb2dyZXNzGBYgASgLMhUubWVzaHdvcmsudjEuUHJvZ3Jlc3MSKAoGcmVzdWx0GBcgASgLMhgubWVzaHdvcmsudjEuQXJ0aWZhY3RSZWYSFgoOcmVzdWx0X3N1bW1hcnkYGCABKAkSLwoHbWV0cmljcxgZIAMoCzIeLm1lc2h3b3JrLnYxLlRhc2suTWV0cmljc0VudHJ5EiUKBWVycm9yGBogASgLMhYubWVzaHdvcmsudjEuVGFza0Vycm9yEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYGyABKAgSLgoKbm90X2JlZm9yZRgcIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgdIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgeIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKc3RhcnRlZF9hdBgfIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYICABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3RyYWNlcGFyZW50GCEgASgJEhIKCnRyYWNlc3RhdGUYIiABKAkSMwoJcmVzb3VyY2VzGCMgAygLMiAubWVzaHdvcmsudjEuVGFzay5SZXNvdXJjZXNFbnRyeRIzCgxyZXF1aXJlbWVudHMYJCADKAsyHS5tZXNod29yay52MS5MYWJlbFJlcXVpcmVtZW50EjUKC3ByZWZlcmVuY2VzGCUgAygLMiAubWVzaHdvcmsudjEuV2VpZ2h0ZWRSZXF1aXJlbWVudBINCgVzaGFyZRgmIAEoCRIXCg9jb25jdXJyZW5jeV9rZXkYJyABKAkSEAoIcmF0ZV9rZXkYKCABKAkSCwoDcmVmGCkgASgJEhIKCmRlcGVuZHNfb24YKiADKAkSOAoRZGVwZW5kZW5jeV9wb2xpY3kYKyABKA4yHS5tZXNod29yay52MS5EZXBlbmRlbmN5UG9saWN5EkQKEmRlcGVuZGVuY3lfb3V0cHV0cxgsIAMoCzIoLm1lc2h3b3JrLnYxLlRhc2suRGVwZW5kZW5jeU91dHB1dHNFbnRyeRIcChRkZXBlbmRlbmNpZXNfcGVuZGluZxgtIAEoBRIXCg90aW1lb3V0X3NlY29uZHMYLiABKAUSLQoMcmVzdWx0X3ZhbHVlGC8gASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIqCgZydW5fYXQYMCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC3NjaGVkdWxlX2lkGDEgASgJEhAKCGRpc3BhdGNoGDIgASgIEicKCGRlbGl2ZXJ5GDMgASgLMhUubWVzaHdvcmsudjEuRGVsaXZlcnkaLwoNQWZmaW5pdHlFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBGi4KDE1ldHJpY3NFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAE6AjgBGjAKDlJlc291cmNlc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAEaOAoWRGVwZW5kZW5jeU91dHB1dHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQggKBl9zdGVwcyLrAQoIRGVsaXZlcnkSKQoFc3RhdGUYASABKA4yGi5tZXNod29yay52MS5EZWxpdmVyeVN0YXRlEhEKCXdvcmtlcl9pZBgCIAEoCRIPCgdhdHRlbXB0GAMgASgFEg0KBXRyaWVzGAQgASgFEhMKC2xhc3Rfc3RhdHVzGAUgASgFEhIKCmxhc3RfZXJyb3IYBiABKAkSKwoHbGFzdF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoHbmV4dF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiWAoQTGFiZWxSZXF1aXJlbWVudBILCgNrZXkYASABKAkSJwoIb3BlcmF0b3IYAiABKA4yFS5tZXNod29yay52MS5PcGVyYXRvchIOCgZ2YWx1ZXMYAyADKAkiWQoTV2VpZ2h0ZWRSZXF1aXJlbWVudBIOCgZ3ZWlnaHQYASABKAUSMgoLcmVxdWlyZW1lbnQYAiABKAsyHS5tZXNod29yay52MS5MYWJlbFJlcXVpcmVtZW50IqYBCgpXYWl0UmVhc29uEiMKBGtpbmQYASABKA4yFS5tZXNod29yay52MS5XYWl0S2luZBIPCgdtZXNzYWdlGAIgASgJEjMKBmRldGFpbBgDIAMoCzIjLm1lc2h3b3JrLnYxLldhaXRSZWFzb24uRGV0YWlsRW50cnkaLQoLRGV0YWlsRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgDOgI4ASL1CAoRQ3JlYXRlVGFza1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIQCgh3b3JrbG9hZBgCIAEoCRIdChVyZXF1aXJlZF9jYXBhYmlsaXRpZXMYAyADKAkSPgoIYWZmaW5pdHkYBCADKAsyLC5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdC5BZmZpbml0eUVudHJ5EhAKCHByaW9yaXR5GAUgASgFEiwKCGRlYWRsaW5lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIrCgpwYXJhbWV0ZXJzGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIbChFpbnB1dF9hcnRpZmFjdF9pZBgIIAEoCUgAEhQKCmlucHV0X2RhdGEYCSABKAxIABISCgVzdGVwcxgKIAEoBUgCiAEBEhkKDG1heF9hdHRlbXB0cxgLIAEoBUgDiAEBEhoKDWxlYXNlX3NlY29uZHMYDCABKAVIBIgBARIwCg1yZXRyeV9iYWNrb2ZmGA0gASgLMhkubWVzaHdvcmsudjEuUmV0cnlCYWNrb2ZmEhcKD2lkZW1wb3RlbmN5X2tleRgOIAEoCRIWCg5jb3JyZWxhdGlvbl9pZBgPIAEoCRJACglyZXNvdXJjZXMYECADKAsyLS5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdC5SZXNvdXJjZXNFbnRyeRIzCgxyZXF1aXJlbWVudHMYESADKAsyHS5tZXNod29yay52MS5MYWJlbFJlcXVpcmVtZW50EjUKC3ByZWZlcmVuY2VzGBIgAygLMiAubWVzaHdvcmsudjEuV2VpZ2h0ZWRSZXF1aXJlbWVudBINCgVzaGFyZRgTIAEoCRIXCg9jb25jdXJyZW5jeV9rZXkYFCABKAkSEAoIcmF0ZV9rZXkYFSABKAkSLAoGcnVuX2F0GBYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgBEioKBWRlbGF5GBcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uSAESCwoDcmVmGBggASgJEhIKCmRlcGVuZHNfb24YGSADKAkSOAoRZGVwZW5kZW5jeV9wb2xpY3kYGiABKA4yHS5tZXNod29yay52MS5EZXBlbmRlbmN5UG9saWN5EhwKD3RpbWVvdXRfc2Vjb25kcxgbIAEoBUgFiAEBEhUKCGRpc3BhdGNoGBwgASgISAaIAQEaLwoNQWZmaW5pdHlFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBGjAKDlJlc291cmNlc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoAzoCOAFCBwoFaW5wdXRCBwoFc3RhcnRCCAoGX3N0ZXBzQg8KDV9tYXhfYXR0ZW1wdHNCEAoOX2xlYXNlX3NlY29uZHNCEgoQX3RpbWVvdXRfc2Vjb25kc0ILCglfZGlzcGF0Y2giNQoSQ3JlYXRlVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIkMKEkNyZWF0ZVRhc2tzUmVxdWVzdBItCgV0YXNrcxgBIAMoCzIeLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tSZXF1ZXN0IjcKE0NyZWF0ZVRhc2tzUmVzcG9uc2USIAoFdGFza3MYASADKAsyES5tZXNod29yay52MS5UYXNrIiEKDkdldFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkidAoPR2V0VGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrEigKB3dhaXRpbmcYAiADKAsyFy5tZXNod29yay52MS5XYWl0UmVhc29uEhYKDnF1ZXVlX3Bvc2l0aW9uGAMgASgFIp0BChBMaXN0VGFza3NSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEiUKBXN0YXRlGAMgASgOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEhAKCHdvcmtsb2FkGAQgASgJEhYKDmNvcnJlbGF0aW9uX2lkGAUgASgJEhEKCXdvcmtlcl9pZBgGIAEoCSJOChFMaXN0VGFza3NSZXNwb25zZRIgCgV0YXNrcxgBIAMoCzIRLm1lc2h3b3JrLnYxLlRhc2sSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIk8KFUxpc3RUYXNrRXZlbnRzUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIlkKFkxpc3RUYXNrRXZlbnRzUmVzcG9uc2USJgoGZXZlbnRzGAEgAygLMhYubWVzaHdvcmsudjEuVGFza0V2ZW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSL5AQoJVGFza0V2ZW50EhAKCHNlcXVlbmNlGAEgASgDEigKBHRpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiUKBXN0YXRlGAMgASgOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEg8KB2F0dGVtcHQYBCABKAUSEQoJd29ya2VyX2lkGAUgASgJEhIKCmVycm9yX2NvZGUYBiABKAkSFQoNZXJyb3JfbWVzc2FnZRgHIAEoCRIMCgRraW5kGAggASgJEiwKCGRpc3BhdGNoGAkgASgLMhoubWVzaHdvcmsudjEuRGlzcGF0Y2hFdmVudCJmCg1EaXNwYXRjaEV2ZW50Eg8KB291dGNvbWUYASABKAkSEwoLaHR0cF9zdGF0dXMYAiABKAUSEwoLZHVyYXRpb25fbXMYAyABKAUSCwoDdXJsGAQgASgJEg0KBWVycm9yGAUgASgJIiMKEFdhdGNoVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCSI0ChFXYXRjaFRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayI0ChFDYW5jZWxUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSI1ChJDYW5jZWxUYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2siPQoQUmVydW5UYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEhgKEHJlcnVuX2RlcGVuZGVudHMYAiABKAgiNAoRUmVydW5UYXNrUmVzcG9uc2USHwoEdGFzaxgBIAEoCzIRLm1lc2h3b3JrLnYxLlRhc2sivwEKClRhc2tGaWx0ZXISJgoGc3RhdGVzGAEgAygOMhYubWVzaHdvcmsudjEuVGFza1N0YXRlEhAKCHdvcmtsb2FkGAIgASgJEhAKCHRhc2tfaWRzGAMgAygJEjEKDWNyZWF0ZWRfYWZ0ZXIYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjIKDmNyZWF0ZWRfYmVmb3JlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJNChFSZXJ1blRhc2tzUmVxdWVzdBInCgZmaWx0ZXIYASABKAsyFy5tZXNod29yay52MS5UYXNrRmlsdGVyEg8KB2RyeV9ydW4YAiABKAgiIwoSUmVydW5UYXNrc1Jlc3BvbnNlEg0KBWNvdW50GAEgASgFIl4KEkNhbmNlbFRhc2tzUmVxdWVzdBInCgZmaWx0ZXIYASABKAsyFy5tZXNod29yay52MS5UYXNrRmlsdGVyEg8KB2RyeV9ydW4YAiABKAgSDgoGcmVhc29uGAMgASgJIiQKE0NhbmNlbFRhc2tzUmVzcG9uc2USDQoFY291bnQYASABKAUijgEKE1NjaGVkdWxlVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIgChhzY2hlZHVsZV9pZGVtcG90ZW5jeV9rZXkYAiABKAkSFgoOY29ycmVsYXRpb25faWQYAyABKAkSGgoNbGVhc2Vfc2Vjb25kcxgEIAEoBUgAiAEBQhAKDl9sZWFzZV9zZWNvbmRzIjcKFFNjaGVkdWxlVGFza1Jlc3BvbnNlEh8KBHRhc2sYASABKAsyES5tZXNod29yay52MS5UYXNrIosBChBSZXRyeVRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSIAoYc2NoZWR1bGVfaWRlbXBvdGVuY3lfa2V5GAIgASgJEhYKDmNvcnJlbGF0aW9uX2lkGAMgASgJEhoKDWxlYXNlX3NlY29uZHMYBCABKAVIAIgBAUIQCg5fbGVhc2Vfc2Vjb25kcyI0ChFSZXRyeVRhc2tSZXNwb25zZRIfCgR0YXNrGAEgASgLMhEubWVzaHdvcmsudjEuVGFzayKtAQoHTG9nTGluZRIPCgd0YXNrX2lkGAEgASgJEg8KB2F0dGVtcHQYAiABKAUSEQoJd29ya2VyX2lkGAMgASgJEhMKC2xlYXNlX3Rva2VuGAQgASgJEg4KBnN0cmVhbRgFIAEoCRIMCgR0ZXh0GAYgASgJEigKBHRpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHNlcXVlbmNlGAggASgDImEKEkdldFRhc2tMb2dzUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEhYKDmFmdGVyX3NlcXVlbmNlGAIgASgDEhEKCXBhZ2Vfc2l6ZRgDIAEoBRIPCgdhdHRlbXB0GAQgASgFInYKE0dldFRhc2tMb2dzUmVzcG9uc2USIwoFbGluZXMYASADKAsyFC5tZXNod29yay52MS5Mb2dMaW5lEhsKE25leHRfYWZ0ZXJfc2VxdWVuY2UYAiABKAMSDwoHZHJvcHBlZBgDIAEoAxIMCgRtb3JlGAQgASgIIj8KFFdhdGNoVGFza0xvZ3NSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSFgoOYWZ0ZXJfc2VxdWVuY2UYAiABKAMiPAoVV2F0Y2hUYXNrTG9nc1Jlc3BvbnNlEiMKBWxpbmVzGAEgAygLMhQubWVzaHdvcmsudjEuTG9nTGluZSq6AQoJVGFza1N0YXRlEhoKFlRBU0tfU1RBVEVfVU5TUEVDSUZJRUQQABIWChJUQVNLX1NUQVRFX1BFTkRJTkcQARIXChNUQVNLX1NUQVRFX0FTU0lHTkVEEAISFgoSVEFTS19TVEFURV9SVU5OSU5HEAMSGAoUVEFTS19TVEFURV9TVUNDRUVERUQQBBIVChFUQVNLX1NUQVRFX0ZBSUxFRBAFEhcKE1RBU0tfU1RBVEVfQ0FOQ0VMRUQQBiqGAQoNRGVsaXZlcnlTdGF0ZRIeChpERUxJVkVSWV9TVEFURV9VTlNQRUNJRklFRBAAEh0KGURFTElWRVJZX1NUQVRFX0RFTElWRVJJTkcQARIbChdERUxJVkVSWV9TVEFURV9BQ0NFUFRFRBACEhkKFURFTElWRVJZX1NUQVRFX0ZBSUxFRBADKnoKEERlcGVuZGVuY3lQb2xpY3kSIQodREVQRU5ERU5DWV9QT0xJQ1lfVU5TUEVDSUZJRUQQABIjCh9ERVBFTkRFTkNZX1BPTElDWV9BTExfU1VDQ0VFREVEEAESHgoaREVQRU5ERU5DWV9QT0xJQ1lfQUxMX0RPTkUQAiqeAQoIT3BlcmF0b3ISGAoUT1BFUkFUT1JfVU5TUEVDSUZJRUQQABIPCgtPUEVSQVRPUl9JThABEhMKD09QRVJBVE9SX05PVF9JThACEhMKD09QRVJBVE9SX0VYSVNUUxADEhsKF09QRVJBVE9SX0RPRVNfTk9UX0VYSVNUEAQSDwoLT1BFUkFUT1JfR1QQBRIPCgtPUEVSQVRPUl9MVBAGKqsCCghXYWl0S2luZBIZChVXQUlUX0tJTkRfVU5TUEVDSUZJRUQQABIgChxXQUlUX0tJTkRfTk9fTUFUQ0hJTkdfV09SS0VSEAESGQoVV0FJVF9LSU5EX05PX0NBUEFDSVRZEAISJAogV0FJVF9LSU5EX1NIQVJFX09WRVJfRU5USVRMRU1FTlQQAxIfChtXQUlUX0tJTkRfQ09OQ1VSUkVOQ1lfTElNSVQQBBIYChRXQUlUX0tJTkRfUkFURV9MSU1JVBAFEhgKFFdBSVRfS0lORF9OT1RfQkVGT1JFEAYSGgoWV0FJVF9LSU5EX0RFUEVOREVOQ0lFUxAHEhYKEldBSVRfS0lORF9SRVNFUlZFRBAIEhgKFFdBSVRfS0lORF9ERUxJVkVSSU5HEAkykAkKC1Rhc2tTZXJ2aWNlEk0KCkNyZWF0ZVRhc2sSHi5tZXNod29yay52MS5DcmVhdGVUYXNrUmVxdWVzdBofLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tSZXNwb25zZRJQCgtDcmVhdGVUYXNrcxIfLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tzUmVxdWVzdBogLm1lc2h3b3JrLnYxLkNyZWF0ZVRhc2tzUmVzcG9uc2USSQoHR2V0VGFzaxIbLm1lc2h3b3JrLnYxLkdldFRhc2tSZXF1ZXN0GhwubWVzaHdvcmsudjEuR2V0VGFza1Jlc3BvbnNlIgOQAgESTwoJTGlzdFRhc2tzEh0ubWVzaHdvcmsudjEuTGlzdFRhc2tzUmVxdWVzdBoeLm1lc2h3b3JrLnYxLkxpc3RUYXNrc1Jlc3BvbnNlIgOQAgESXgoOTGlzdFRhc2tFdmVudHMSIi5tZXNod29yay52MS5MaXN0VGFza0V2ZW50c1JlcXVlc3QaIy5tZXNod29yay52MS5MaXN0VGFza0V2ZW50c1Jlc3BvbnNlIgOQAgESUQoJV2F0Y2hUYXNrEh0ubWVzaHdvcmsudjEuV2F0Y2hUYXNrUmVxdWVzdBoeLm1lc2h3b3JrLnYxLldhdGNoVGFza1Jlc3BvbnNlIgOQAgEwARJVCgtHZXRUYXNrTG9ncxIfLm1lc2h3b3JrLnYxLkdldFRhc2tMb2dzUmVxdWVzdBogLm1lc2h3b3JrLnYxLkdldFRhc2tMb2dzUmVzcG9uc2UiA5ACARJdCg1XYXRjaFRhc2tMb2dzEiEubWVzaHdvcmsudjEuV2F0Y2hUYXNrTG9nc1JlcXVlc3QaIi5tZXNod29yay52MS5XYXRjaFRhc2tMb2dzUmVzcG9uc2UiA5ACATABEk0KCkNhbmNlbFRhc2sSHi5tZXNod29yay52MS5DYW5jZWxUYXNrUmVxdWVzdBofLm1lc2h3b3JrLnYxLkNhbmNlbFRhc2tSZXNwb25zZRJTCgxTY2hlZHVsZVRhc2sSIC5tZXNod29yay52MS5TY2hlZHVsZVRhc2tSZXF1ZXN0GiEubWVzaHdvcmsudjEuU2NoZWR1bGVUYXNrUmVzcG9uc2USSgoJUmV0cnlUYXNrEh0ubWVzaHdvcmsudjEuUmV0cnlUYXNrUmVxdWVzdBoeLm1lc2h3b3JrLnYxLlJldHJ5VGFza1Jlc3BvbnNlEkoKCVJlcnVuVGFzaxIdLm1lc2h3b3JrLnYxLlJlcnVuVGFza1JlcXVlc3QaHi5tZXNod29yay52MS5SZXJ1blRhc2tSZXNwb25zZRJNCgpSZXJ1blRhc2tzEh4ubWVzaHdvcmsudjEuUmVydW5UYXNrc1JlcXVlc3QaHy5tZXNod29yay52MS5SZXJ1blRhc2tzUmVzcG9uc2USUAoLQ2FuY2VsVGFza3MSHy5tZXNod29yay52MS5DYW5jZWxUYXNrc1JlcXVlc3QaIC5tZXNod29yay52MS5DYW5jZWxUYXNrc1Jlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_meshwork_v1_artifact]);
 
 /**
  * RetryBackoff says how long a failed task waits before its next attempt:
@@ -538,6 +538,22 @@ export type Task = Message<"meshwork.v1.Task"> & {
    * @generated from field: string schedule_id = 49;
    */
   scheduleId: string;
+
+  /**
+   * dispatch says whether the coordinator delivers the task itself to the
+   * worker a push placement (ScheduleTask, RetryTask) chose.
+   *
+   * @generated from field: bool dispatch = 50;
+   */
+  dispatch: boolean;
+
+  /**
+   * delivery is the state of the current attempt's delivery, for a task
+   * with dispatch that was placed; absent otherwise.
+   *
+   * @generated from field: meshwork.v1.Delivery delivery = 51;
+   */
+  delivery?: Delivery | undefined;
 };
 
 /**
@@ -546,6 +562,76 @@ export type Task = Message<"meshwork.v1.Task"> & {
  */
 export const TaskSchema: GenMessage<Task> = /*@__PURE__*/
   messageDesc(file_meshwork_v1_task, 4);
+
+/**
+ * Delivery is how the coordinator's delivery of the current attempt goes.
+ *
+ * @generated from message meshwork.v1.Delivery
+ */
+export type Delivery = Message<"meshwork.v1.Delivery"> & {
+  /**
+   * state is where it stands.
+   *
+   * @generated from field: meshwork.v1.DeliveryState state = 1;
+   */
+  state: DeliveryState;
+
+  /**
+   * worker_id is the worker it is delivered to.
+   *
+   * @generated from field: string worker_id = 2;
+   */
+  workerId: string;
+
+  /**
+   * attempt is the task attempt delivered.
+   *
+   * @generated from field: int32 attempt = 3;
+   */
+  attempt: number;
+
+  /**
+   * tries counts the requests sent.
+   *
+   * @generated from field: int32 tries = 4;
+   */
+  tries: number;
+
+  /**
+   * last_status is the HTTP status of the last answer (0: none, an error).
+   *
+   * @generated from field: int32 last_status = 5;
+   */
+  lastStatus: number;
+
+  /**
+   * last_error says what went wrong with the last request, if anything.
+   *
+   * @generated from field: string last_error = 6;
+   */
+  lastError: string;
+
+  /**
+   * last_at is when the last request ended.
+   *
+   * @generated from field: google.protobuf.Timestamp last_at = 7;
+   */
+  lastAt?: Timestamp | undefined;
+
+  /**
+   * next_at is when it is sent again, while DELIVERING.
+   *
+   * @generated from field: google.protobuf.Timestamp next_at = 8;
+   */
+  nextAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message meshwork.v1.Delivery.
+ * Use `create(DeliverySchema)` to create a new message.
+ */
+export const DeliverySchema: GenMessage<Delivery> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 5);
 
 /**
  * LabelRequirement is one condition on a worker's labels.
@@ -581,7 +667,7 @@ export type LabelRequirement = Message<"meshwork.v1.LabelRequirement"> & {
  * Use `create(LabelRequirementSchema)` to create a new message.
  */
 export const LabelRequirementSchema: GenMessage<LabelRequirement> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 5);
+  messageDesc(file_meshwork_v1_task, 6);
 
 /**
  * WeightedRequirement is a preference: a worker whose labels meet the
@@ -610,7 +696,7 @@ export type WeightedRequirement = Message<"meshwork.v1.WeightedRequirement"> & {
  * Use `create(WeightedRequirementSchema)` to create a new message.
  */
 export const WeightedRequirementSchema: GenMessage<WeightedRequirement> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 6);
+  messageDesc(file_meshwork_v1_task, 7);
 
 /**
  * WaitReason says why a PENDING task waits, in words and in figures.
@@ -645,7 +731,7 @@ export type WaitReason = Message<"meshwork.v1.WaitReason"> & {
  * Use `create(WaitReasonSchema)` to create a new message.
  */
 export const WaitReasonSchema: GenMessage<WaitReason> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 7);
+  messageDesc(file_meshwork_v1_task, 8);
 
 /**
  * CreateTaskRequest describes a task to create; its fields are flat.
@@ -875,6 +961,15 @@ export type CreateTaskRequest = Message<"meshwork.v1.CreateTaskRequest"> & {
    * @generated from field: optional int32 timeout_seconds = 27;
    */
   timeoutSeconds?: number | undefined;
+
+  /**
+   * dispatch, when set, says whether the coordinator delivers the task to
+   * the worker a push placement chooses (POST {api_base_url}{dispatch_path});
+   * unset: the coordinator's --dispatch-default (off unless set).
+   *
+   * @generated from field: optional bool dispatch = 28;
+   */
+  dispatch?: boolean | undefined;
 };
 
 /**
@@ -882,7 +977,7 @@ export type CreateTaskRequest = Message<"meshwork.v1.CreateTaskRequest"> & {
  * Use `create(CreateTaskRequestSchema)` to create a new message.
  */
 export const CreateTaskRequestSchema: GenMessage<CreateTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 8);
+  messageDesc(file_meshwork_v1_task, 9);
 
 /**
  * CreateTaskResponse returns the created (or existing) task.
@@ -903,7 +998,7 @@ export type CreateTaskResponse = Message<"meshwork.v1.CreateTaskResponse"> & {
  * Use `create(CreateTaskResponseSchema)` to create a new message.
  */
 export const CreateTaskResponseSchema: GenMessage<CreateTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 9);
+  messageDesc(file_meshwork_v1_task, 10);
 
 /**
  * CreateTasksRequest creates many tasks in one transaction.
@@ -924,7 +1019,7 @@ export type CreateTasksRequest = Message<"meshwork.v1.CreateTasksRequest"> & {
  * Use `create(CreateTasksRequestSchema)` to create a new message.
  */
 export const CreateTasksRequestSchema: GenMessage<CreateTasksRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 10);
+  messageDesc(file_meshwork_v1_task, 11);
 
 /**
  * CreateTasksResponse returns the tasks in request order.
@@ -945,7 +1040,7 @@ export type CreateTasksResponse = Message<"meshwork.v1.CreateTasksResponse"> & {
  * Use `create(CreateTasksResponseSchema)` to create a new message.
  */
 export const CreateTasksResponseSchema: GenMessage<CreateTasksResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 11);
+  messageDesc(file_meshwork_v1_task, 12);
 
 /**
  * GetTaskRequest names a task.
@@ -966,7 +1061,7 @@ export type GetTaskRequest = Message<"meshwork.v1.GetTaskRequest"> & {
  * Use `create(GetTaskRequestSchema)` to create a new message.
  */
 export const GetTaskRequestSchema: GenMessage<GetTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 12);
+  messageDesc(file_meshwork_v1_task, 13);
 
 /**
  * GetTaskResponse returns a task, and for a PENDING task why it waits.
@@ -1005,7 +1100,7 @@ export type GetTaskResponse = Message<"meshwork.v1.GetTaskResponse"> & {
  * Use `create(GetTaskResponseSchema)` to create a new message.
  */
 export const GetTaskResponseSchema: GenMessage<GetTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 13);
+  messageDesc(file_meshwork_v1_task, 14);
 
 /**
  * ListTasksRequest pages through tasks.
@@ -1062,7 +1157,7 @@ export type ListTasksRequest = Message<"meshwork.v1.ListTasksRequest"> & {
  * Use `create(ListTasksRequestSchema)` to create a new message.
  */
 export const ListTasksRequestSchema: GenMessage<ListTasksRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 14);
+  messageDesc(file_meshwork_v1_task, 15);
 
 /**
  * ListTasksResponse is one page of tasks, newest first.
@@ -1090,7 +1185,7 @@ export type ListTasksResponse = Message<"meshwork.v1.ListTasksResponse"> & {
  * Use `create(ListTasksResponseSchema)` to create a new message.
  */
 export const ListTasksResponseSchema: GenMessage<ListTasksResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 15);
+  messageDesc(file_meshwork_v1_task, 16);
 
 /**
  * ListTaskEventsRequest pages through one task's history.
@@ -1125,7 +1220,7 @@ export type ListTaskEventsRequest = Message<"meshwork.v1.ListTaskEventsRequest">
  * Use `create(ListTaskEventsRequestSchema)` to create a new message.
  */
 export const ListTaskEventsRequestSchema: GenMessage<ListTaskEventsRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 16);
+  messageDesc(file_meshwork_v1_task, 17);
 
 /**
  * ListTaskEventsResponse is one page of a task's history, oldest first.
@@ -1153,7 +1248,7 @@ export type ListTaskEventsResponse = Message<"meshwork.v1.ListTaskEventsResponse
  * Use `create(ListTaskEventsResponseSchema)` to create a new message.
  */
 export const ListTaskEventsResponseSchema: GenMessage<ListTaskEventsResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 17);
+  messageDesc(file_meshwork_v1_task, 18);
 
 /**
  * TaskEvent is the task as it was right after one change.
@@ -1213,6 +1308,22 @@ export type TaskEvent = Message<"meshwork.v1.TaskEvent"> & {
    * @generated from field: string error_message = 7;
    */
   errorMessage: string;
+
+  /**
+   * kind is `state` for a change of the task (the fields above), or
+   * `dispatch` for one delivery request of a pushed attempt (`dispatch`
+   * below; state, attempt and worker_id are then the delivery's).
+   *
+   * @generated from field: string kind = 8;
+   */
+  kind: string;
+
+  /**
+   * dispatch is the delivery request's outcome, for kind `dispatch`.
+   *
+   * @generated from field: meshwork.v1.DispatchEvent dispatch = 9;
+   */
+  dispatch?: DispatchEvent | undefined;
 };
 
 /**
@@ -1220,7 +1331,59 @@ export type TaskEvent = Message<"meshwork.v1.TaskEvent"> & {
  * Use `create(TaskEventSchema)` to create a new message.
  */
 export const TaskEventSchema: GenMessage<TaskEvent> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 18);
+  messageDesc(file_meshwork_v1_task, 19);
+
+/**
+ * DispatchEvent is one delivery request to a worker and how it ended.
+ *
+ * @generated from message meshwork.v1.DispatchEvent
+ */
+export type DispatchEvent = Message<"meshwork.v1.DispatchEvent"> & {
+  /**
+   * outcome: `accepted` (2xx), `duplicate` (409: it has it), `refused`
+   * (another 4xx), `failed` (5xx, a redirect), `unreachable` (connection
+   * refused or reset, DNS), `timeout`, `forbidden` (the address is not
+   * allowed: --dispatch-allow).
+   *
+   * @generated from field: string outcome = 1;
+   */
+  outcome: string;
+
+  /**
+   * http_status is the answer's status (0: no answer).
+   *
+   * @generated from field: int32 http_status = 2;
+   */
+  httpStatus: number;
+
+  /**
+   * duration_ms is how long the request took.
+   *
+   * @generated from field: int32 duration_ms = 3;
+   */
+  durationMs: number;
+
+  /**
+   * url is where it was sent.
+   *
+   * @generated from field: string url = 4;
+   */
+  url: string;
+
+  /**
+   * error says what went wrong, when there was no answer.
+   *
+   * @generated from field: string error = 5;
+   */
+  error: string;
+};
+
+/**
+ * Describes the message meshwork.v1.DispatchEvent.
+ * Use `create(DispatchEventSchema)` to create a new message.
+ */
+export const DispatchEventSchema: GenMessage<DispatchEvent> = /*@__PURE__*/
+  messageDesc(file_meshwork_v1_task, 20);
 
 /**
  * WatchTaskRequest names the task to watch.
@@ -1241,7 +1404,7 @@ export type WatchTaskRequest = Message<"meshwork.v1.WatchTaskRequest"> & {
  * Use `create(WatchTaskRequestSchema)` to create a new message.
  */
 export const WatchTaskRequestSchema: GenMessage<WatchTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 19);
+  messageDesc(file_meshwork_v1_task, 21);
 
 /**
  * WatchTaskResponse is the task after a change.
@@ -1262,7 +1425,7 @@ export type WatchTaskResponse = Message<"meshwork.v1.WatchTaskResponse"> & {
  * Use `create(WatchTaskResponseSchema)` to create a new message.
  */
 export const WatchTaskResponseSchema: GenMessage<WatchTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 20);
+  messageDesc(file_meshwork_v1_task, 22);
 
 /**
  * CancelTaskRequest names the task to cancel.
@@ -1290,7 +1453,7 @@ export type CancelTaskRequest = Message<"meshwork.v1.CancelTaskRequest"> & {
  * Use `create(CancelTaskRequestSchema)` to create a new message.
  */
 export const CancelTaskRequestSchema: GenMessage<CancelTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 21);
+  messageDesc(file_meshwork_v1_task, 23);
 
 /**
  * CancelTaskResponse returns the cancelled task.
@@ -1311,7 +1474,7 @@ export type CancelTaskResponse = Message<"meshwork.v1.CancelTaskResponse"> & {
  * Use `create(CancelTaskResponseSchema)` to create a new message.
  */
 export const CancelTaskResponseSchema: GenMessage<CancelTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 22);
+  messageDesc(file_meshwork_v1_task, 24);
 
 /**
  * RerunTaskRequest names the task to run again.
@@ -1341,7 +1504,7 @@ export type RerunTaskRequest = Message<"meshwork.v1.RerunTaskRequest"> & {
  * Use `create(RerunTaskRequestSchema)` to create a new message.
  */
 export const RerunTaskRequestSchema: GenMessage<RerunTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 23);
+  messageDesc(file_meshwork_v1_task, 25);
 
 /**
  * RerunTaskResponse returns the task, PENDING again.
@@ -1362,7 +1525,7 @@ export type RerunTaskResponse = Message<"meshwork.v1.RerunTaskResponse"> & {
  * Use `create(RerunTaskResponseSchema)` to create a new message.
  */
 export const RerunTaskResponseSchema: GenMessage<RerunTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 24);
+  messageDesc(file_meshwork_v1_task, 26);
 
 /**
  * TaskFilter selects tasks for the bulk operations (RerunTasks,
@@ -1413,7 +1576,7 @@ export type TaskFilter = Message<"meshwork.v1.TaskFilter"> & {
  * Use `create(TaskFilterSchema)` to create a new message.
  */
 export const TaskFilterSchema: GenMessage<TaskFilter> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 25);
+  messageDesc(file_meshwork_v1_task, 27);
 
 /**
  * RerunTasksRequest reruns the FAILED and CANCELED tasks a filter matches.
@@ -1441,7 +1604,7 @@ export type RerunTasksRequest = Message<"meshwork.v1.RerunTasksRequest"> & {
  * Use `create(RerunTasksRequestSchema)` to create a new message.
  */
 export const RerunTasksRequestSchema: GenMessage<RerunTasksRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 26);
+  messageDesc(file_meshwork_v1_task, 28);
 
 /**
  * RerunTasksResponse says how many tasks were (or would be) rerun.
@@ -1462,7 +1625,7 @@ export type RerunTasksResponse = Message<"meshwork.v1.RerunTasksResponse"> & {
  * Use `create(RerunTasksResponseSchema)` to create a new message.
  */
 export const RerunTasksResponseSchema: GenMessage<RerunTasksResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 27);
+  messageDesc(file_meshwork_v1_task, 29);
 
 /**
  * CancelTasksRequest cancels the live tasks a filter matches.
@@ -1497,7 +1660,7 @@ export type CancelTasksRequest = Message<"meshwork.v1.CancelTasksRequest"> & {
  * Use `create(CancelTasksRequestSchema)` to create a new message.
  */
 export const CancelTasksRequestSchema: GenMessage<CancelTasksRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 28);
+  messageDesc(file_meshwork_v1_task, 30);
 
 /**
  * CancelTasksResponse says how many tasks were (or would be) cancelled.
@@ -1518,7 +1681,7 @@ export type CancelTasksResponse = Message<"meshwork.v1.CancelTasksResponse"> & {
  * Use `create(CancelTasksResponseSchema)` to create a new message.
  */
 export const CancelTasksResponseSchema: GenMessage<CancelTasksResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 29);
+  messageDesc(file_meshwork_v1_task, 31);
 
 /**
  * ScheduleTaskRequest asks for a push placement of a PENDING task.
@@ -1560,7 +1723,7 @@ export type ScheduleTaskRequest = Message<"meshwork.v1.ScheduleTaskRequest"> & {
  * Use `create(ScheduleTaskRequestSchema)` to create a new message.
  */
 export const ScheduleTaskRequestSchema: GenMessage<ScheduleTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 30);
+  messageDesc(file_meshwork_v1_task, 32);
 
 /**
  * ScheduleTaskResponse returns the placed task with its lease token.
@@ -1581,7 +1744,7 @@ export type ScheduleTaskResponse = Message<"meshwork.v1.ScheduleTaskResponse"> &
  * Use `create(ScheduleTaskResponseSchema)` to create a new message.
  */
 export const ScheduleTaskResponseSchema: GenMessage<ScheduleTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 31);
+  messageDesc(file_meshwork_v1_task, 33);
 
 /**
  * RetryTaskRequest asks to re-place a task on another worker where one fits.
@@ -1623,7 +1786,7 @@ export type RetryTaskRequest = Message<"meshwork.v1.RetryTaskRequest"> & {
  * Use `create(RetryTaskRequestSchema)` to create a new message.
  */
 export const RetryTaskRequestSchema: GenMessage<RetryTaskRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 32);
+  messageDesc(file_meshwork_v1_task, 34);
 
 /**
  * RetryTaskResponse returns the re-placed task with its new lease token.
@@ -1644,7 +1807,7 @@ export type RetryTaskResponse = Message<"meshwork.v1.RetryTaskResponse"> & {
  * Use `create(RetryTaskResponseSchema)` to create a new message.
  */
 export const RetryTaskResponseSchema: GenMessage<RetryTaskResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 33);
+  messageDesc(file_meshwork_v1_task, 35);
 
 /**
  * LogLine is one line of a task's output, sent by the worker running it.
@@ -1716,7 +1879,7 @@ export type LogLine = Message<"meshwork.v1.LogLine"> & {
  * Use `create(LogLineSchema)` to create a new message.
  */
 export const LogLineSchema: GenMessage<LogLine> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 34);
+  messageDesc(file_meshwork_v1_task, 36);
 
 /**
  * GetTaskLogsRequest names the task whose log lines to read.
@@ -1758,7 +1921,7 @@ export type GetTaskLogsRequest = Message<"meshwork.v1.GetTaskLogsRequest"> & {
  * Use `create(GetTaskLogsRequestSchema)` to create a new message.
  */
 export const GetTaskLogsRequestSchema: GenMessage<GetTaskLogsRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 35);
+  messageDesc(file_meshwork_v1_task, 37);
 
 /**
  * GetTaskLogsResponse is one page of a task's log lines, oldest first.
@@ -1802,7 +1965,7 @@ export type GetTaskLogsResponse = Message<"meshwork.v1.GetTaskLogsResponse"> & {
  * Use `create(GetTaskLogsResponseSchema)` to create a new message.
  */
 export const GetTaskLogsResponseSchema: GenMessage<GetTaskLogsResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 36);
+  messageDesc(file_meshwork_v1_task, 38);
 
 /**
  * WatchTaskLogsRequest names the task whose log lines to follow.
@@ -1830,7 +1993,7 @@ export type WatchTaskLogsRequest = Message<"meshwork.v1.WatchTaskLogsRequest"> &
  * Use `create(WatchTaskLogsRequestSchema)` to create a new message.
  */
 export const WatchTaskLogsRequestSchema: GenMessage<WatchTaskLogsRequest> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 37);
+  messageDesc(file_meshwork_v1_task, 39);
 
 /**
  * WatchTaskLogsResponse is a batch of new lines.
@@ -1851,7 +2014,7 @@ export type WatchTaskLogsResponse = Message<"meshwork.v1.WatchTaskLogsResponse">
  * Use `create(WatchTaskLogsResponseSchema)` to create a new message.
  */
 export const WatchTaskLogsResponseSchema: GenMessage<WatchTaskLogsResponse> = /*@__PURE__*/
-  messageDesc(file_meshwork_v1_task, 38);
+  messageDesc(file_meshwork_v1_task, 40);
 
 /**
  * TaskState is where a task is in its life.
@@ -1916,6 +2079,50 @@ export const TaskStateSchema: GenEnum<TaskState> = /*@__PURE__*/
   enumDesc(file_meshwork_v1_task, 0);
 
 /**
+ * DeliveryState is where the delivery of a placed attempt stands.
+ *
+ * @generated from enum meshwork.v1.DeliveryState
+ */
+export enum DeliveryState {
+  /**
+   * DELIVERY_STATE_UNSPECIFIED is not a state.
+   *
+   * @generated from enum value: DELIVERY_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * DELIVERY_STATE_DELIVERING: not accepted yet; sent again after a
+   * backoff while the lease lasts.
+   *
+   * @generated from enum value: DELIVERY_STATE_DELIVERING = 1;
+   */
+  DELIVERING = 1,
+
+  /**
+   * DELIVERY_STATE_ACCEPTED: the worker answered 2xx (or 409, it has it).
+   *
+   * @generated from enum value: DELIVERY_STATE_ACCEPTED = 2;
+   */
+  ACCEPTED = 2,
+
+  /**
+   * DELIVERY_STATE_FAILED: the worker refused it, or could not be reached
+   * within the lease; the task was placed again where another worker fits
+   * (a new attempt, with a delivery of its own), else left to its lease.
+   *
+   * @generated from enum value: DELIVERY_STATE_FAILED = 3;
+   */
+  FAILED = 3,
+}
+
+/**
+ * Describes the enum meshwork.v1.DeliveryState.
+ */
+export const DeliveryStateSchema: GenEnum<DeliveryState> = /*@__PURE__*/
+  enumDesc(file_meshwork_v1_task, 1);
+
+/**
  * DependencyPolicy says when a task with dependencies may run.
  *
  * @generated from enum meshwork.v1.DependencyPolicy
@@ -1950,7 +2157,7 @@ export enum DependencyPolicy {
  * Describes the enum meshwork.v1.DependencyPolicy.
  */
 export const DependencyPolicySchema: GenEnum<DependencyPolicy> = /*@__PURE__*/
-  enumDesc(file_meshwork_v1_task, 1);
+  enumDesc(file_meshwork_v1_task, 2);
 
 /**
  * Operator compares a worker label with a requirement's values, as
@@ -2016,7 +2223,7 @@ export enum Operator {
  * Describes the enum meshwork.v1.Operator.
  */
 export const OperatorSchema: GenEnum<Operator> = /*@__PURE__*/
-  enumDesc(file_meshwork_v1_task, 2);
+  enumDesc(file_meshwork_v1_task, 3);
 
 /**
  * WaitKind is one reason a PENDING task has not been taken yet.
@@ -2100,13 +2307,22 @@ export enum WaitKind {
    * @generated from enum value: WAIT_KIND_RESERVED = 8;
    */
   RESERVED = 8,
+
+  /**
+   * WAIT_KIND_DELIVERING: an ASSIGNED task with dispatch whose delivery to
+   * its worker is not accepted yet (GetTask gives it for ASSIGNED tasks
+   * too); `detail` has `tries` and `last_status`.
+   *
+   * @generated from enum value: WAIT_KIND_DELIVERING = 9;
+   */
+  DELIVERING = 9,
 }
 
 /**
  * Describes the enum meshwork.v1.WaitKind.
  */
 export const WaitKindSchema: GenEnum<WaitKind> = /*@__PURE__*/
-  enumDesc(file_meshwork_v1_task, 3);
+  enumDesc(file_meshwork_v1_task, 4);
 
 /**
  * TaskService creates, reads, watches, cancels and places tasks.

@@ -39,6 +39,11 @@ export const workers = pgTable(
     // A caller-chosen stable name (the director routes' peerId); unique when set.
     peerId: text("peer_id").unique("workers_peer_id_key"),
     registeredAt: timestamptz("registered_at").notNull().defaultNow(),
+    // Pushed work (fleet/dispatch): where it is POSTed, the secret that signs it
+    // (write-only), and the address the registration came from (--dispatch-allow).
+    dispatchPath: text("dispatch_path").notNull().default("/meshwork/tasks"),
+    dispatchSecret: text("dispatch_secret"),
+    registeredFrom: text("registered_from").notNull().default(""),
     lastHeartbeatAt: timestamptz("last_heartbeat_at").notNull().defaultNow(),
     // What the worker offers, resource name → quantity, `slots` aside (that
     // is max_concurrency): its stated capacity, with cpu (cpu_count × 1000)
@@ -167,6 +172,8 @@ export const tasks = pgTable(
     attemptDeadline: timestamptz("attempt_deadline"),
     resultValue: jsonb("result_value").$type<Record<string, unknown>>(),
     scheduleId: uuid("schedule_id"),
+    // Whether a push placement is delivered by the coordinator (deliveries).
+    dispatch: boolean("dispatch").notNull().default(false),
   },
   (t) => [
     uniqueIndex("tasks_idempotency_key_idx")
@@ -222,29 +229,6 @@ export const tasks = pgTable(
     index("tasks_correlation_idx").on(t.correlationId),
     index("tasks_workload_state_idx").on(t.workload, t.state),
   ],
-);
-
-/**
- * A task's history: one row when it is created and one each time its state,
- * attempt or lease holder changes, written by a trigger on tasks (migration
- * 0013) so that every path (claims, the sweeper, other replicas) records
- * it in the same transaction. Deleted with its task.
- */
-export const taskEvents = pgTable(
-  "task_events",
-  {
-    id: bigint("id", { mode: "number" }).primaryKey().generatedAlwaysAsIdentity(),
-    taskId: uuid("task_id")
-      .notNull()
-      .references(() => tasks.id, { onDelete: "cascade" }),
-    at: timestamptz("at").notNull().default(sql`clock_timestamp()`),
-    state: text("state").$type<TaskStateName>().notNull(),
-    attempt: integer("attempt").notNull(),
-    workerId: uuid("worker_id"),
-    errorCode: text("error_code").notNull().default(""),
-    errorMessage: text("error_message").notNull().default(""),
-  },
-  (t) => [index("task_events_task_idx").on(t.taskId, t.id)],
 );
 
 /**
@@ -398,7 +382,6 @@ export type TaskStateName =
   | "FAILED"
   | "CANCELED";
 export type TaskRow = typeof tasks.$inferSelect;
-export type TaskEventRow = typeof taskEvents.$inferSelect;
 export type WorkerRow = typeof workers.$inferSelect;
 
 /**

@@ -11,10 +11,11 @@ import {
   timestamp,
   uuid,
 } from "drizzle-orm/pg-core";
-import { tasks } from "./tables.js";
+import { type TaskStateName, tasks } from "./tables.js";
 
-// The tables of workflows (docs/workflows.md): dependency edges, task log
-// tails, cron schedules. The task columns they work with are on tasks.
+// The tables around tasks: their history, dependency edges, log tails, cron
+// schedules (docs/workflows.md), the deliveries of pushed work. The task
+// columns they work with are on tasks.
 
 const timestamptz = (name: string) =>
   timestamp(name, { withTimezone: true, mode: "date", precision: 3 });
@@ -103,3 +104,60 @@ export const schedules = pgTable(
       .where(sql`not ${t.paused} and ${t.nextRunAt} is not null`),
   ],
 );
+
+/**
+ * A task's history: one row when it is created and one each time its state,
+ * attempt or lease holder changes, written by a trigger on tasks (migration
+ * 0013) so that every path (claims, the sweeper, other replicas) records
+ * it in the same transaction. Deleted with its task.
+ */
+export const taskEvents = pgTable(
+  "task_events",
+  {
+    id: bigint("id", { mode: "number" }).primaryKey().generatedAlwaysAsIdentity(),
+    taskId: uuid("task_id")
+      .notNull()
+      .references(() => tasks.id, { onDelete: "cascade" }),
+    at: timestamptz("at").notNull().default(sql`clock_timestamp()`),
+    state: text("state").$type<TaskStateName>().notNull(),
+    attempt: integer("attempt").notNull(),
+    workerId: uuid("worker_id"),
+    errorCode: text("error_code").notNull().default(""),
+    errorMessage: text("error_message").notNull().default(""),
+    // `state` (a change of the task) or `dispatch` (a delivery request, its outcome in detail).
+    kind: text("kind").$type<"state" | "dispatch">().notNull().default("state"),
+    detail: jsonb("detail").$type<Record<string, unknown>>(),
+  },
+  (t) => [index("task_events_task_idx").on(t.taskId, t.id)],
+);
+
+/**
+ * The delivery of a pushed attempt (a task with dispatch, placed): one row
+ * per task, for its current attempt. A replica claims a due row by moving
+ * claimed_until (FOR UPDATE SKIP LOCKED), sends, and records the outcome;
+ * a stale attempt (the task placed again, finished) is never sent.
+ */
+export const deliveries = pgTable(
+  "deliveries",
+  {
+    taskId: uuid("task_id")
+      .primaryKey()
+      .references(() => tasks.id, { onDelete: "cascade" }),
+    attempt: integer("attempt").notNull(),
+    workerId: uuid("worker_id").notNull(),
+    state: text("state").$type<"DELIVERING" | "ACCEPTED" | "FAILED">().notNull(),
+    tries: integer("tries").notNull().default(0),
+    nextAt: timestamptz("next_at").notNull().defaultNow(),
+    claimedUntil: timestamptz("claimed_until"),
+    lastStatus: integer("last_status").notNull().default(0),
+    lastError: text("last_error").notNull().default(""),
+    lastAt: timestamptz("last_at"),
+  },
+  (t) => [
+    // The dispatchers' scan: due deliveries, oldest first.
+    index("deliveries_due_idx").on(t.nextAt).where(sql`${t.state} = 'DELIVERING'`),
+  ],
+);
+
+export type TaskEventRow = typeof taskEvents.$inferSelect;
+export type DeliveryRow = typeof deliveries.$inferSelect;
