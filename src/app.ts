@@ -8,6 +8,8 @@ import { isTransientDatabaseError } from "./db/faults.js";
 import { createReadiness } from "./db/readiness.js";
 import { createWorkerCache } from "./fleet/cache.js";
 import { capacityOf } from "./fleet/convert.js";
+import { createDispatcher } from "./fleet/dispatch.js";
+import { createDispatchStore } from "./fleet/dispatch-store.js";
 import { createHeartbeatBuffer } from "./fleet/heartbeats.js";
 import { createBatcher } from "./leases/batcher.js";
 import type { Completion } from "./leases/store.js";
@@ -116,6 +118,16 @@ export function createApp(
     { leases: housekeeping.leases, heartbeats, events, wakeups, log, metrics },
     config.sweepIntervalMs,
   );
+  // Every replica delivers placed tasks with dispatch; a delivery's row
+  // lock and claim keep each to one replica (fleet/dispatch-store.ts).
+  const dispatcher = createDispatcher({
+    store: createDispatchStore(database.db),
+    placement: stores.placement,
+    config,
+    events,
+    log,
+    metrics,
+  });
   // Every replica ticks the due schedules; a tick's row lock keeps it to one (schedules/store.ts).
   const scheduleTicker = createScheduleTicker(
     { schedules: stores.schedules, config, log, metrics },
@@ -183,6 +195,8 @@ export function createApp(
     tracing,
     completeOne,
     sweeper,
+    /** Delivers placed tasks with dispatch (fleet/dispatch.ts); started with the sweeper. */
+    dispatcher,
     /** Runs the due schedules' ticks (schedules/ticker.ts); started with the sweeper. */
     scheduleTicker,
     retention,
@@ -204,6 +218,7 @@ export function createApp(
       shareBook.start();
       if (options.sweeper !== false) {
         sweeper.start();
+        dispatcher.start();
         scheduleTicker.start();
         retention.start();
         if (config.workerRetentionMs > 0) {
@@ -224,6 +239,7 @@ export function createApp(
       clearInterval(blobSweep);
       clearInterval(workerSweep);
       await sweeper.stop();
+      await dispatcher.stop();
       await scheduleTicker.stop();
       await retention.stop();
       await shareBook.stop();

@@ -1,9 +1,10 @@
 import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { type DispatchConfig, dispatchFlags, readDispatchFlags } from "./config/dispatch.js";
 import { poolDefaults } from "./db/pool-gate.js";
 
 /** Everything `meshwork serve` can be told, from flags or the environment (README: Configuration). */
-export interface Config {
+export interface Config extends DispatchConfig {
   /** host:port to listen on. */
   listen: string;
   dataDir: string;
@@ -163,6 +164,7 @@ const flags = {
   "reserve-after": { type: "string", env: "MESHWORK_RESERVE_AFTER" },
   "keda-listen": { type: "string", env: "MESHWORK_KEDA_LISTEN" },
   "keda-client-ca": { type: "string", env: "MESHWORK_KEDA_CLIENT_CA" },
+  ...dispatchFlags,
 } as const;
 
 /** Reads flags first, then the environment, then defaults. Throws ConfigError on a bad value. */
@@ -247,6 +249,9 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
   const scheduling = schedulingFlags(get, tlsCert);
   return {
     ...scheduling,
+    ...readDispatchFlags(get, (message) => {
+      throw new ConfigError(message);
+    }),
     listen,
     dataDir,
     databaseUrl,

@@ -12,6 +12,8 @@ export interface Principal {
 /** Who is asking, as the network tells it: a source address key (http/source.ts). */
 export interface Asker {
   source?: string | undefined;
+  /** The peer's own address (the socket's), which a worker registration records (registered_from). */
+  address?: string | undefined;
   /** The most request-body bytes that can pile up while a lookup runs (0 when none can). */
   mayBuffer?: number | undefined;
   /**

@@ -18,6 +18,10 @@ export const serveUsage = `Usage: meshwork serve [flags]
   --metrics-public on|off   MESHWORK_METRICS_PUBLIC  GET /metrics without a token; default off
   --otel-endpoint URL       OTEL_EXPORTER_OTLP_ENDPOINT  export spans over OTLP/HTTP; default none
   --heartbeat-interval S    MESHWORK_HEARTBEAT_INTERVAL  seconds, default 15
+  --dispatch-default on|off MESHWORK_DISPATCH_DEFAULT  deliver pushed tasks that do not say; default off
+  --dispatch-timeout S      MESHWORK_DISPATCH_TIMEOUT  one delivery request's time; default 10
+  --dispatch-concurrency N  MESHWORK_DISPATCH_CONCURRENCY  delivery requests in flight; default 16
+  --dispatch-allow CIDR,... MESHWORK_DISPATCH_ALLOW  private targets allowed; default 127.0.0.0/8,::1 ("none")
   --retention DURATION      MESHWORK_RETENTION    delete finished tasks this old (30m, 12h, 7d); default 7d, 0 = never
   --worker-retention DURATION  MESHWORK_WORKER_RETENTION  remove workers LOST this long; default 24h, 0 = never
   --read-max-bytes N        MESHWORK_READ_MAX_BYTES      default 4194304

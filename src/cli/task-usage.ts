@@ -11,6 +11,7 @@ export const usage = `Usage:
                        [--require REQ]... [--prefer WEIGHT:REQ]... [--share PATH]
                        [--concurrency-key K] [--rate-key K] [--at ISO | --in 5m]
                        [--depends-on TASK_ID]... [--all-done] [--timeout 2h]
+                       [--dispatch | --no-dispatch]
   meshwork task get TASK_ID
   meshwork task why TASK_ID
   meshwork task list [--state S] [--workload W] [--worker WORKER] [--limit N]
@@ -47,6 +48,9 @@ FILTER (cancel, rerun; every flag given narrows it):
   for those tasks: it runs once they all SUCCEEDED (and fails when one
   does not), or once they all finished with --all-done. --timeout bounds
   each attempt's running time (TIMEOUT past it; docs/workflows.md).
+  --dispatch: the coordinator delivers the task to the worker a push
+  placement chooses (POST to its api_base_url; --no-dispatch: not; unset:
+  the coordinator's --dispatch-default; docs/protocol.md#push-placement).
 'why' says why a PENDING task waits: every reason a claim or placement
   would pass it over now, and its place in its share's queue.
 'list' pages newest first, up to --limit tasks (default 100, at most 10000).
@@ -65,9 +69,10 @@ FILTER (cancel, rerun; every flag given narrows it):
 'retry' is RetryTask, a push placement: it puts an ASSIGNED, RUNNING or
   FAILED task on another worker that has an API base URL and a free slot
   (the same worker if it is the only fit), ASSIGNED under a new attempt that
-  fences the old lease. The coordinator does not contact that worker: a
-  director must dispatch it the task id, attempt and lease token ('--json'
-  prints them). For pull workers, 'rerun' runs a failed task again.
+  fences the old lease. For a task with dispatch the coordinator delivers it
+  to that worker; otherwise a director must send it the task id, attempt
+  and lease token ('--json' prints them). For pull workers, 'rerun' runs a
+  failed task again.
 'watch' follows WatchTask, one line per change, until the task ends. Exits 0
   when it SUCCEEDED, 3 when it FAILED or was CANCELED. With --json, one Task
   JSON document per line.

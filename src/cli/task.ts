@@ -279,7 +279,7 @@ async function one(sub: "get" | "why" | "retry" | "watch", args: string[], io: I
   else if (sub === "get") io.out.write(describe(task));
   else {
     io.out.write(
-      `task ${task.taskId} is ${stateName(task.state)} on worker ${task.assignedWorkerId} (${task.assignedApiBaseUrl}), attempt ${task.attempt}; dispatch it there (lease token with --json)\n`,
+      `task ${task.taskId} is ${stateName(task.state)} on worker ${task.assignedWorkerId} (${task.assignedApiBaseUrl}), attempt ${task.attempt}; ${task.dispatch ? "the coordinator delivers it there" : "dispatch it there (lease token with --json)"}\n`,
     );
   }
   return 0;

@@ -1,5 +1,5 @@
 import { durationFromMs, timestampFromDate } from "@bufbuild/protobuf/wkt";
-import { DependencyPolicy, type Task } from "../../gen/meshwork/v1/task_pb.js";
+import { DeliveryState, DependencyPolicy, type Task } from "../../gen/meshwork/v1/task_pb.js";
 import { parseDuration } from "../config.js";
 import { UsageError } from "./args.js";
 
@@ -14,6 +14,8 @@ export const workflowOptions = {
   "depends-on": { type: "string", multiple: true },
   "all-done": { type: "boolean" },
   timeout: { type: "string" },
+  dispatch: { type: "boolean" },
+  "no-dispatch": { type: "boolean" },
 } as const;
 
 /** A duration flag: `90s`, `5m`, `2h`, `1d` (parseDuration). */
@@ -34,9 +36,14 @@ export function workflowRequest(values: {
   "depends-on"?: string[] | undefined;
   "all-done"?: boolean | undefined;
   timeout?: string | undefined;
+  dispatch?: boolean | undefined;
+  "no-dispatch"?: boolean | undefined;
 }) {
   if (values.at !== undefined && values.in !== undefined) {
     throw new UsageError("give --at or --in, not both");
+  }
+  if (values.dispatch && values["no-dispatch"]) {
+    throw new UsageError("give --dispatch or --no-dispatch, not both");
   }
   let start:
     | { case: "runAt"; value: ReturnType<typeof timestampFromDate> }
@@ -61,6 +68,8 @@ export function workflowRequest(values: {
       values.timeout === undefined
         ? undefined
         : Math.round(durationMs("timeout", values.timeout) / 1000),
+    // Unset: the coordinator's --dispatch-default.
+    dispatch: values.dispatch ? true : values["no-dispatch"] ? false : undefined,
   };
 }
 
@@ -81,5 +90,16 @@ export function workflowLines(t: Task, when: (ts: Task["runAt"]) => string): [st
   if (t.timeoutSeconds > 0) lines.push(["timeout", `${t.timeoutSeconds} s per attempt`]);
   if (t.scheduleId) lines.push(["schedule", t.scheduleId]);
   if (t.resultValue) lines.push(["result value", JSON.stringify(t.resultValue)]);
+  if (t.dispatch) lines.push(["dispatch", deliveryLine(t)]);
   return lines;
+}
+
+/** How the coordinator's delivery of the current attempt stands (docs/protocol.md#push-placement). */
+export function deliveryLine(t: Task): string {
+  const d = t.delivery;
+  if (!d) return "on (not placed yet)";
+  const state = DeliveryState[d.state]?.toLowerCase() ?? "unknown";
+  const last =
+    d.lastStatus > 0 ? `, last answer ${d.lastStatus}` : d.lastError ? `, ${d.lastError}` : "";
+  return `${state} to worker ${d.workerId}, attempt ${d.attempt}, ${d.tries} request(s)${last}`;
 }

@@ -30,5 +30,8 @@ export function toWorker(w: WorkerView): Worker {
     reservedTaskId: w.reservedTaskId ?? "",
     registeredAt: timestampFromDate(w.registeredAt),
     lastHeartbeatAt: timestampFromDate(w.lastHeartbeatAt),
+    dispatchPath: w.dispatchPath,
+    // The secret itself is write-only.
+    hasDispatchSecret: w.dispatchSecret !== null,
   });
 }

@@ -7,7 +7,7 @@ import {
   TaskStateCountSchema,
   WorkerState,
 } from "../../gen/meshwork/v1/fleet_pb.js";
-import { callerOf } from "../auth/principal.js";
+import { callerOf, kAsker } from "../auth/principal.js";
 import type { Config } from "../config.js";
 import { invalid } from "../core/errors.js";
 import { decodeCursor, pageSize } from "../core/paging.js";
@@ -20,7 +20,51 @@ import { toQuantities, toTaskState } from "../tasks/convert.js";
 import type { TaskStore } from "../tasks/store.js";
 import type { WorkerCache } from "./cache.js";
 import { capacityOf, toWorker } from "./convert.js";
+import {
+  type AddressPolicy,
+  createAddressPolicy,
+  literalHost,
+  plainAddress,
+} from "./dispatch-address.js";
 import type { FleetStore, WorkerInput } from "./store.js";
+
+/** `/` then URL path characters. */
+const dispatchPathPattern = /^\/[A-Za-z0-9\-._~!$&'()*+,;=:@%/]*$/;
+
+/**
+ * The dispatch fields of a registration, checked (SPEC §14): the path, the
+ * secret (write-only: undefined keeps the one set before), and an
+ * api_base_url whose host is an IP literal --dispatch-allow forbids is
+ * refused now (a name is resolved and checked at each dispatch).
+ */
+function dispatchInput(
+  req: RegisterWorkerRequest,
+  policy: AddressPolicy,
+  registeredFrom: string,
+): Pick<WorkerInput, "dispatchPath" | "dispatchSecret" | "registeredFrom"> {
+  const path = req.dispatchPath === "" ? "/meshwork/tasks" : req.dispatchPath;
+  if (path.length > 256 || !dispatchPathPattern.test(path)) {
+    throw invalid("dispatch_path must be / then URL path characters, at most 256");
+  }
+  const secret = req.dispatchSecret;
+  if (secret !== "" && (secret.length < 32 || secret.length > 256)) {
+    // Never repeated in the message.
+    throw invalid("dispatch_secret must be 32 to 256 characters");
+  }
+  if (req.apiBaseUrl !== "") {
+    const ip = literalHost(new URL(req.apiBaseUrl));
+    if (ip !== undefined && !policy.allows(ip, registeredFrom)) {
+      throw invalid(
+        `api_base_url ${ip} is a private, loopback or link-local address that --dispatch-allow does not allow`,
+      );
+    }
+  }
+  return {
+    dispatchPath: path,
+    dispatchSecret: secret === "" ? undefined : secret,
+    registeredFrom,
+  };
+}
 
 function workerInput(req: RegisterWorkerRequest): WorkerInput {
   if (req.apiBaseUrl !== "") {
@@ -84,7 +128,7 @@ export function peerIdField(field: string, value: string): string {
 
 /** What FleetService uses. */
 export interface FleetServiceDeps {
-  config: Pick<Config, "heartbeatIntervalSeconds" | "workerRetentionMs">;
+  config: Pick<Config, "heartbeatIntervalSeconds" | "workerRetentionMs" | "dispatchAllow">;
   fleet: FleetStore;
   tasks: Pick<TaskStore, "countByState" | "backlog">;
   /**
@@ -109,9 +153,14 @@ export interface FleetServiceDeps {
 /** FleetService: the worker registry and the fleet's status. */
 export function createFleetService(app: FleetServiceDeps): ServiceImpl<typeof FleetService> {
   const interval = app.config.heartbeatIntervalSeconds;
+  const policy = createAddressPolicy(app.config.dispatchAllow);
   return {
     async registerWorker(req, ctx) {
-      const input = workerInput(req);
+      const from = ctx.values.get(kAsker)?.address;
+      const input = {
+        ...workerInput(req),
+        ...dispatchInput(req, policy, from ? plainAddress(from) : ""),
+      };
       if (req.workerId !== "" && input.peerId !== undefined) {
         throw invalid("give worker_id or peer_id, not both");
       }

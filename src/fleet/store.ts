@@ -32,6 +32,12 @@ export interface WorkerInput {
   capacity?: Resources | undefined;
   /** A caller-chosen stable name: registering with it again updates the same worker. */
   peerId?: string | undefined;
+  /** Where dispatches are POSTed under apiBaseUrl (fleet/dispatch.ts). */
+  dispatchPath?: string | undefined;
+  /** Signs dispatches; undefined keeps the one set before (write-only). */
+  dispatchSecret?: string | undefined;
+  /** The address the registration came from ("" in process), which --dispatch-allow lets dispatches reach. */
+  registeredFrom?: string | undefined;
 }
 
 /** A worker as read: the row plus what is derived from it by the database clock. */
@@ -60,6 +66,9 @@ function fieldsOf(input: WorkerInput) {
     apiBaseUrl: input.apiBaseUrl,
     capacity: input.capacity ?? {},
     ...(input.maxConcurrency !== undefined && { maxConcurrency: input.maxConcurrency }),
+    dispatchPath: input.dispatchPath ?? "/meshwork/tasks",
+    registeredFrom: input.registeredFrom ?? "",
+    ...(input.dispatchSecret !== undefined && { dispatchSecret: input.dispatchSecret }),
     lastHeartbeatAt: sql`now()`,
   };
 }

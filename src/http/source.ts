@@ -51,6 +51,7 @@ export function askerOf(req: Request, h2Window: number, trust?: ConnectionTrust)
       : declared === 0 || (!Number.isFinite(declared) && !req.headers["transfer-encoding"]);
   return {
     source: sourceOf(req.socket?.remoteAddress),
+    address: req.socket?.remoteAddress,
     mayBuffer: ended ? 0 : Number.isFinite(declared) ? Math.min(declared, most) : most,
     ...(trust && {
       onAuthenticated: () => trust.authenticated(req),

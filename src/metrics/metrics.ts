@@ -138,6 +138,19 @@ export function createMetrics(deps: MetricsDeps) {
     buckets: latencyBuckets,
     registers,
   });
+  const dispatches = new Counter({
+    name: "meshwork_dispatches_total",
+    help: "Delivery requests of pushed tasks to their workers, by outcome (accepted, duplicate, refused, failed, unreachable, timeout, forbidden).",
+    labelNames: ["outcome"] as const,
+    registers,
+  });
+  const dispatchDuration = new Histogram({
+    name: "meshwork_dispatch_duration_seconds",
+    help: "Duration of one delivery request, by outcome.",
+    labelNames: ["outcome"] as const,
+    buckets: latencyBuckets,
+    registers,
+  });
   const artifactBytesIn = new Counter({
     name: "meshwork_artifact_bytes_in_total",
     help: "Artifact bytes stored (uploads over RPC and HTTP, inline task inputs), counted when the upload is accepted.",
@@ -350,6 +363,8 @@ export function createMetrics(deps: MetricsDeps) {
     leaseExpiries,
     sweeperRuns,
     sweeperDuration,
+    dispatches,
+    dispatchDuration,
     artifactBytesIn,
     artifactBytesOut,
     authFailures,

@@ -8,7 +8,7 @@ import {
 } from "@connectrpc/connect";
 import { createAsyncIterable, type UniversalHandler } from "@connectrpc/connect/protocol";
 import { createTransport } from "@connectrpc/connect/protocol-connect";
-import { kPreauthenticated, type Principal } from "../auth/principal.js";
+import { kAsker, kPreauthenticated, type Principal } from "../auth/principal.js";
 import { type Correlation, correlationValues } from "../core/context.js";
 
 /** Who makes an in-process call, and for which request. */
@@ -18,6 +18,8 @@ export interface CallerOf {
   correlation: Correlation;
   /** Aborted when the HTTP request goes away. */
   signal: AbortSignal;
+  /** The HTTP request's peer address (kAsker), which a worker registration records. */
+  address?: string | undefined;
 }
 
 /**
@@ -42,10 +44,9 @@ export function createInProcessCaller(
   );
 
   return function clientFor<S extends DescService>(service: S, caller: CallerOf): Client<S> {
-    const contextValues = correlationValues(caller.correlation).set(
-      kPreauthenticated,
-      caller.principal,
-    );
+    const contextValues = correlationValues(caller.correlation)
+      .set(kPreauthenticated, caller.principal)
+      .set(kAsker, { address: caller.address });
     const transport = createTransport({
       baseUrl: "http://in-process",
       useBinaryFormat: true,

@@ -32,7 +32,18 @@ export function restRoute(
     roles: rolesOf(...rpcs),
     what,
     handle: ({ req, res, match, principal, correlation, body }) =>
-      handle({ req, res, match, body, caller: { principal, correlation, signal: signalOf(res) } }),
+      handle({
+        req,
+        res,
+        match,
+        body,
+        caller: {
+          principal,
+          correlation,
+          signal: signalOf(res),
+          address: req.socket?.remoteAddress,
+        },
+      }),
   };
 }
 

@@ -14,7 +14,7 @@ import type { DueSchedule, ScheduleRow, ScheduleStore, TickOutcome } from "./sto
 
 export interface TickerDeps {
   schedules: Pick<ScheduleStore, "tickDue">;
-  config: Pick<Config, "defaultShare" | "publicUrl">;
+  config: Pick<Config, "defaultShare" | "publicUrl" | "dispatchDefault">;
   log: Logger;
   metrics: Pick<Metrics, "tasksCreated">;
 }
@@ -34,6 +34,7 @@ export async function createScheduledTask(
   tick: Date | null,
 ): Promise<TaskRow> {
   const { req, task } = taskOfTick(at.row, tick, deps.config.defaultShare);
+  if (req.dispatch === undefined) task.dispatch = deps.config.dispatchDefault;
   if (req.input.case === "inputArtifactId") {
     const artifact = await createArtifactStore(at.tx).get(req.input.value);
     task.input = toArtifactRefJson(artifact, deps.config.publicUrl);

@@ -1,9 +1,9 @@
 import { create } from "@bufbuild/protobuf";
-import { sql } from "drizzle-orm";
+import { and, eq, sql } from "drizzle-orm";
 import { WaitKind, type WaitReason, WaitReasonSchema } from "../../gen/meshwork/v1/task_pb.js";
 import { describeRequirement, describeShortfall } from "../core/scheduling.js";
 import type { Db } from "../db/database.js";
-import type { Resources, TaskRow } from "../db/schema/index.js";
+import { deliveries, type Resources, type TaskRow } from "../db/schema/index.js";
 import { asBoolean, asNumber, rowsOf } from "../db/values.js";
 import type { ShareSnapshot } from "./book.js";
 
@@ -232,8 +232,30 @@ export function createWaitingReasons(deps: {
     ];
   }
 
+  /** An ASSIGNED task with dispatch waits for its delivery while the worker has not accepted it. */
+  async function delivering(task: TaskRow): Promise<Waiting> {
+    const [d] = await db
+      .select()
+      .from(deliveries)
+      .where(and(eq(deliveries.taskId, task.id), eq(deliveries.attempt, task.attempt)));
+    if (d?.state !== "DELIVERING") return { waiting: [], queuePosition: 0 };
+    const last =
+      d.lastStatus > 0 ? `; last answer ${d.lastStatus}` : d.lastError ? `; ${d.lastError}` : "";
+    return {
+      waiting: [
+        reason(
+          WaitKind.DELIVERING,
+          `being delivered to worker ${d.workerId} (${d.tries} request(s) sent${last})`,
+          { tries: d.tries, last_status: d.lastStatus },
+        ),
+      ],
+      queuePosition: 0,
+    };
+  }
+
   return {
     async of(task: TaskRow): Promise<Waiting> {
+      if (task.state === "ASSIGNED" && task.dispatch) return delivering(task);
       if (task.state !== "PENDING") return { waiting: [], queuePosition: 0 };
       const [all, l] = await Promise.all([workers(task), limits(task)]);
       const waiting: WaitReason[] = [];

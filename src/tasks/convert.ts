@@ -9,6 +9,9 @@ import {
 import { type ArtifactRef, ArtifactRefSchema } from "../../gen/meshwork/v1/artifact_pb.js";
 import {
   type CreateTaskRequest,
+  type Delivery,
+  DeliverySchema,
+  DeliveryState,
   DependencyPolicy,
   type LabelRequirement,
   LabelRequirementSchema,
@@ -39,6 +42,7 @@ import {
 } from "../core/validate.js";
 import type {
   ArtifactRefJson,
+  DeliveryRow,
   RequirementJson,
   Resources,
   TaskEventRow,
@@ -102,6 +106,7 @@ export function toTask(
   row: TaskRow,
   withToken = false,
   outputs: Record<string, string> = {},
+  delivery?: DeliveryRow,
 ): Task {
   return create(TaskSchema, {
     taskId: row.id,
@@ -170,6 +175,22 @@ export function toTask(
     notBefore:
       row.notBefore && Number.isFinite(row.notBefore.getTime()) ? ts(row.notBefore) : undefined,
     runAt: ts(row.runAt),
+    dispatch: row.dispatch,
+    delivery: delivery && toDelivery(delivery),
+  });
+}
+
+/** The delivery of a pushed attempt (fleet/dispatch.ts), as Task.delivery shows it. */
+export function toDelivery(d: DeliveryRow): Delivery {
+  return create(DeliverySchema, {
+    state: DeliveryState[d.state],
+    workerId: d.workerId,
+    attempt: d.attempt,
+    tries: d.tries,
+    lastStatus: d.lastStatus,
+    lastError: d.lastError,
+    lastAt: ts(d.lastAt),
+    nextAt: d.state === "DELIVERING" ? ts(d.nextAt) : undefined,
   });
 }
 
@@ -197,6 +218,8 @@ export interface CreateOrigin {
   /** The `traceparent` to store (tracing/context.ts traceparentOf), "" for none. */
   traceparent: string;
   tracestate: string;
+  /** Whether a task that does not say is delivered by the coordinator (--dispatch-default). */
+  dispatch?: boolean;
 }
 
 /** Validates and defaults a CreateTaskRequest. `field` prefixes messages (e.g. "tasks[3].") in batches. */
@@ -254,6 +277,7 @@ export function fromCreateRequest(
     }),
     traceParent: origin.traceparent,
     traceState: origin.tracestate,
+    dispatch: req.dispatch ?? origin.dispatch ?? false,
     ...schedulingOf(req, origin, field),
     ...workflowOf(req, field),
   };
@@ -324,5 +348,16 @@ export function toTaskEvent(row: TaskEventRow): TaskEvent {
     workerId: row.workerId ?? "",
     errorCode: row.errorCode,
     errorMessage: row.errorMessage,
+    kind: row.kind,
+    dispatch:
+      row.kind === "dispatch" && row.detail
+        ? {
+            outcome: String(row.detail.outcome ?? ""),
+            httpStatus: Number(row.detail.httpStatus ?? 0),
+            durationMs: Number(row.detail.durationMs ?? 0),
+            url: String(row.detail.url ?? ""),
+            error: String(row.detail.error ?? ""),
+          }
+        : undefined,
   });
 }

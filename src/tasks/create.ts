@@ -49,6 +49,8 @@ export interface NewTask extends WorkflowFields {
   rateKey: string;
   /** The schedule whose tick creates it (schedules/), if any. */
   scheduleId?: string | null;
+  /** Whether a push placement of it is delivered by the coordinator (fleet/dispatch.ts). */
+  dispatch?: boolean;
 }
 
 /**
@@ -73,6 +75,7 @@ function schedulingOfRequest(t: NewTask): Record<string, unknown> {
   if (t.dependsOn.length > 0) out.dependsOn = t.dependsOn;
   if (t.dependencyPolicy !== "ALL_SUCCEEDED") out.dependencyPolicy = t.dependencyPolicy;
   if (t.timeoutSeconds !== null) out.timeoutSeconds = t.timeoutSeconds;
+  if (t.dispatch === true) out.dispatch = true;
   return out;
 }
 
@@ -105,6 +108,7 @@ export function requestHash(t: NewTask): string {
     dependencyPolicy: _dp,
     timeoutSeconds: _ts,
     scheduleId: _si,
+    dispatch: _di,
     ...rest
   } = t;
   const bytes = input ? { sha256: input.sha256, sizeBytes: input.sizeBytes } : null;
@@ -181,6 +185,7 @@ export async function createTasks(db: Db, input: NewTask[]): Promise<TaskRow[]> 
     dependencyPolicy: t.dependencyPolicy,
     timeoutSeconds: t.timeoutSeconds,
     scheduleId: t.scheduleId ?? null,
+    dispatch: t.dispatch ?? false,
   }));
   const unkeyed = values.every((v) => v.idempotencyKey === null);
   const waits = deps.some((d) => d.length > 0);

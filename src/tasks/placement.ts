@@ -30,6 +30,12 @@ export interface PlacementRequest {
   /** Empty when not given. */
   correlationId: string;
   leaseSeconds: number;
+  /**
+   * A re-placement after a failed delivery (fleet/dispatch.ts): only while
+   * the task is still ASSIGNED on this attempt and worker, and never on
+   * that worker again.
+   */
+  redeliver?: { attempt: number; workerId: string };
 }
 
 interface Candidate extends WorkerRow {
@@ -137,6 +143,20 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
       const [task] = await tx.select().from(tasks).where(eq(tasks.id, p.taskId)).for("update");
       if (!task) throw notFound(`task ${p.taskId}`, { taskId: p.taskId });
       const details = { taskId: task.id, currentAttempt: task.attempt, task };
+      const again = p.redeliver;
+      if (
+        again &&
+        (task.state !== "ASSIGNED" ||
+          task.attempt !== again.attempt ||
+          task.assignedWorkerId !== again.workerId)
+      ) {
+        throw new DomainError(
+          "aborted",
+          "STALE_ATTEMPT",
+          `task ${task.id} is no longer ASSIGNED on attempt ${again.attempt}`,
+          details,
+        );
+      }
       if (task.state === "ASSIGNED" || (retry && task.state === "RUNNING")) {
         if (p.key !== "" && p.key === task.scheduleIdempotencyKey) return task; // same assignment
         if (!retry) {
@@ -187,7 +207,7 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
       // queue depth, then latest heartbeat; the preferences' score first.
       const slotsFree = (w: Candidate) => w.free.slots ?? 0;
       const fits = all
-        .filter((w) => rejections(w, task).length === 0)
+        .filter((w) => rejections(w, task).length === 0 && w.id !== again?.workerId)
         .sort(
           (a, b) =>
             b.score - a.score ||
@@ -249,6 +269,7 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
         }),
       );
       if (!placed) throw new Error("placement update returned nothing");
+      if (placed.dispatch) await deliverNow(tx, placed);
       return placed;
     });
   }
@@ -285,6 +306,20 @@ async function takeLimits(tx: Db, task: TaskRow): Promise<void> {
       details,
     );
   }
+}
+
+/**
+ * The delivery of a placed attempt with dispatch, due now, in the
+ * placement's transaction: the dispatchers of every replica (fleet/dispatch.ts)
+ * see it when it commits; the row of an earlier attempt is replaced, so a
+ * stale attempt is never sent.
+ */
+async function deliverNow(tx: Db, task: TaskRow): Promise<void> {
+  await tx.execute(sql`insert into deliveries (task_id, attempt, worker_id, state)
+    values (${task.id}::uuid, ${task.attempt}, ${task.assignedWorkerId}::uuid, 'DELIVERING')
+    on conflict (task_id) do update set attempt = excluded.attempt, worker_id = excluded.worker_id,
+      state = 'DELIVERING', tries = 0, next_at = now(), claimed_until = null,
+      last_status = 0, last_error = '', last_at = null`);
 }
 
 export type PlacementStore = ReturnType<typeof createPlacementStore>;

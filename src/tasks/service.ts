@@ -39,7 +39,7 @@ import type { BulkFilter, NewTask, TaskStore } from "./store.js";
 
 /** What TaskService uses. */
 export interface TaskServiceDeps extends UploadDeps {
-  config: Pick<Config, "maxArtifactBytes" | "publicUrl" | "defaultShare">;
+  config: Pick<Config, "maxArtifactBytes" | "publicUrl" | "defaultShare" | "dispatchDefault">;
   tasks: TaskStore;
   placement: PlacementStore;
   artifacts: Pick<ArtifactStore, "checkLease" | "insert" | "get" | "removeUnusedInputs">;
@@ -51,6 +51,8 @@ export interface TaskServiceDeps extends UploadDeps {
   /** Ends watchers at shutdown. */
   shutdownSignal: AbortSignal;
   metrics: Pick<Metrics, "tasksCreated" | "artifactBytesIn">;
+  /** Delivers placed tasks with dispatch (fleet/dispatch.ts): told after each placement. */
+  dispatcher: { kick(): void };
 }
 
 /** How often a watcher re-reads its task when nothing happened on this replica. */
@@ -227,9 +229,10 @@ const cancelReason = (reason: string) =>
  * request's trace with the CreateTask span as parent, so that a worker's
  * calls for the task continue the creator's trace (docs/tracing.md).
  */
-function originOf(values: ContextValues, defaultShare: string): CreateOrigin {
+function originOf(values: ContextValues, defaultShare: string, dispatch: boolean): CreateOrigin {
   const trace = values.get(kTrace);
   return {
+    dispatch,
     correlationId: values.get(kCorrelationId),
     share: defaultShare || shareOfCaller(callerOf(values).name),
     traceparent: trace ? traceparentOf(trace) : "",
@@ -239,9 +242,19 @@ function originOf(values: ContextValues, defaultShare: string): CreateOrigin {
 
 /** TaskService: create, read, watch, cancel, and push placement (ScheduleTask, RetryTask). */
 export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof TaskService> {
+  /** A placement's answer; a task with dispatch is delivered now, by this replica (fleet/dispatch.ts). */
+  async function placed(row: TaskRow) {
+    app.events.emit([row.id]);
+    if (row.dispatch) app.dispatcher.kick();
+    const delivery = await app.tasks.deliveries([row]);
+    return { task: toTask(row, true, {}, delivery.get(row.id)) };
+  }
   return {
     async createTask(req, ctx) {
-      const task = fromCreateRequest(req, originOf(ctx.values, app.config.defaultShare));
+      const task = fromCreateRequest(
+        req,
+        originOf(ctx.values, app.config.defaultShare, app.config.dispatchDefault),
+      );
       const [row] = await createWithInputs(app, [{ req, task, field: "" }]);
       if (!row) throw new Error("create returned no task");
       return { task: toTask(row) };
@@ -251,7 +264,7 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
       if (req.tasks.length === 0 || req.tasks.length > 1000) {
         throw invalid(`tasks must hold 1 to 1000 tasks, not ${req.tasks.length}`);
       }
-      const origin = originOf(ctx.values, app.config.defaultShare);
+      const origin = originOf(ctx.values, app.config.defaultShare, app.config.dispatchDefault);
       const entries = req.tasks.map((t, i) => ({
         req: t,
         task: fromCreateRequest(t, origin, `tasks[${i}].`),
@@ -264,11 +277,12 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
 
     async getTask(req) {
       const row = await app.tasks.get(uuidField("task_id", req.taskId));
-      const [outputs, waiting] = await Promise.all([
+      const [outputs, waiting, delivery] = await Promise.all([
         app.tasks.dependencyOutputs([row]),
         app.waitingReasons.of(row),
+        app.tasks.deliveries([row]),
       ]);
-      return { task: toTask(row, false, outputs.get(row.id)), ...waiting };
+      return { task: toTask(row, false, outputs.get(row.id), delivery.get(row.id)), ...waiting };
     },
 
     async listTasks(req) {
@@ -283,7 +297,11 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
         pageSize(req.pageSize),
         decodeCursor(req.pageToken),
       );
-      return { tasks: page.rows.map((r) => toTask(r)), nextPageToken: page.next };
+      const delivery = await app.tasks.deliveries(page.rows);
+      return {
+        tasks: page.rows.map((r) => toTask(r, false, {}, delivery.get(r.id))),
+        nextPageToken: page.next,
+      };
     },
 
     async listTaskEvents(req) {
@@ -310,11 +328,13 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
         while (!signal.aborted) {
           changed = false;
           const row = await app.tasks.get(id);
-          const seen = canonicalJson(row);
+          const delivery = (await app.tasks.deliveries([row])).get(row.id);
+          // A delivery's progress is a change too.
+          const seen = canonicalJson({ row, delivery });
           if (seen !== last) {
             last = seen;
             const outputs = await app.tasks.dependencyOutputs([row]);
-            yield { task: toTask(row, false, outputs.get(row.id)) };
+            yield { task: toTask(row, false, outputs.get(row.id), delivery) };
           }
           if (terminalStates.includes(row.state)) return;
           if (changed) continue;
@@ -338,14 +358,12 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
 
     async scheduleTask(req, ctx) {
       const row = await app.placement.schedule(placementOf(req, ctx.values.get(kCorrelationSent)));
-      app.events.emit([row.id]);
-      return { task: toTask(row, true) };
+      return placed(row);
     },
 
     async retryTask(req, ctx) {
       const row = await app.placement.retry(placementOf(req, ctx.values.get(kCorrelationSent)));
-      app.events.emit([row.id]);
-      return { task: toTask(row, true) };
+      return placed(row);
     },
 
     async cancelTask(req) {

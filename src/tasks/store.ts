@@ -5,6 +5,8 @@ import { stateIs } from "../core/task-sql.js";
 import type { Db } from "../db/database.js";
 import { lazy } from "../db/lazy.js";
 import {
+  type DeliveryRow,
+  deliveries,
   type TaskEventRow,
   type TaskRow,
   type TaskStateName,
@@ -278,6 +280,14 @@ export function createTaskStore(db: Db) {
         .limit(size + 1);
       if (rows.length === 0 && after === undefined) await this.get(taskId);
       return pageOf(rows, size, (r) => ({ at: r.at, keys: [String(r.id)] }));
+    },
+
+    /** The deliveries of the tasks with dispatch among `rows` (fleet/dispatch.ts), by task id. */
+    async deliveries(rows: readonly TaskRow[]): Promise<Map<string, DeliveryRow>> {
+      const ids = rows.filter((r) => r.dispatch).map((r) => r.id);
+      if (ids.length === 0) return new Map();
+      const found = await db.select().from(deliveries).where(inArray(deliveries.taskId, ids));
+      return new Map(found.map((d) => [d.taskId, d]));
     },
   };
 }

@@ -80,6 +80,10 @@ export function testConfig(overrides: Partial<Config> = {}): Config {
     kedaClientCa: "",
     logLinesPerTask: 10_000,
     logLinesPerSecond: 1000,
+    dispatchDefault: false,
+    dispatchTimeoutMs: 10_000,
+    dispatchConcurrency: 16,
+    dispatchAllow: ["127.0.0.0/8", "::1/128"],
     ...overrides,
   };
 }

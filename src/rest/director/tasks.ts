@@ -31,6 +31,7 @@ const taskFields = [
   "dependsOn",
   "dependencyPolicy",
   "timeoutSeconds",
+  "dispatch",
 ];
 const placementFields = ["scheduleIdempotencyKey", "correlationId", "leaseSeconds"];
 
@@ -92,6 +93,7 @@ export function taskRoutes(route: DirectorRoute): PlainRoute[] {
         dependsOn: field.strings(body, "dependsOn") ?? [],
         dependencyPolicy: policyOf(field.string(body, "dependencyPolicy")),
         timeoutSeconds: field.int(body, "timeoutSeconds"),
+        dispatch: field.bool(body, "dispatch"),
       });
       return [200, await s.taskJson(required0(task))];
     }),

@@ -1,5 +1,5 @@
 import { type Artifact, ArtifactKind } from "../../../gen/meshwork/v1/artifact_pb.js";
-import { DependencyPolicy, type Task } from "../../../gen/meshwork/v1/task_pb.js";
+import { DeliveryState, DependencyPolicy, type Task } from "../../../gen/meshwork/v1/task_pb.js";
 import { download } from "../api.js";
 import { type Child, h } from "../dom.js";
 import { bytes, exact, shortId, span, when } from "../format.js";
@@ -108,6 +108,7 @@ export function workflowRows(t: Task, page: Page) {
       ),
     row("Run at", t.runAt && exact(t.runAt)),
     row("Timeout", t.timeoutSeconds > 0 && `${span(t.timeoutSeconds * 1000)} per attempt`),
+    row("Delivery", t.dispatch && h("span", { id: "delivery" }, deliveryText(t))),
     row(
       "Schedule",
       t.scheduleId &&
@@ -175,4 +176,14 @@ export function artifactTable(list: Artifact[], page: Page) {
       }),
     ),
   );
+}
+
+/** How the coordinator's delivery of the current attempt stands (a task with dispatch). */
+function deliveryText(t: Task): string {
+  const d = t.delivery;
+  if (!d) return "dispatch on, not placed yet";
+  const state = (DeliveryState[d.state] ?? "unknown").toLowerCase();
+  const last =
+    d.lastStatus > 0 ? `, last answer ${d.lastStatus}` : d.lastError ? `, ${d.lastError}` : "";
+  return `${state} to ${shortId(d.workerId)} (attempt ${d.attempt}, ${d.tries} request(s)${last})`;
 }
