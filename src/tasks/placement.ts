@@ -259,6 +259,14 @@ export function createPlacementStore(db: Db, heartbeatIntervalSeconds: number) {
           details,
         );
       }
+      // An attempt its worker never received is given back, not failed: a
+      // refused or undeliverable dispatch does not count against max_attempts.
+      if (again) {
+        await tx
+          .update(tasks)
+          .set({ releases: sql`${tasks.releases} + 1` })
+          .where(eq(tasks.id, task.id));
+      }
       // The grant's plan settings (src/leases/sql/grant.sql), for this transaction.
       await tx.execute(sql`set local enable_seqscan = off`);
       const [placed] = await tx.select(getTableColumns(tasks)).from(

@@ -192,7 +192,7 @@ describe("dispatch", () => {
     // The refusing worker has more free slots: placement picks it first.
     const a = await worker(w, refusing.url, { maxConcurrency: 2 });
     const b = await worker(w, taking.url);
-    const placed = await placedTask(w);
+    const placed = await placedTask(w, { maxAttempts: 2 });
     expect(placed?.assignedWorkerId).toBe(a);
     await h.app.dispatcher.runOnce();
     await h.app.dispatcher.runOnce();
@@ -221,6 +221,17 @@ describe("dispatch", () => {
         }),
       ),
     ).toMatchObject({ code: "Aborted" });
+    // The refused attempt was never run: it does not count against
+    // max_attempts (2), so a failure of the attempt that ran is retried.
+    const sent = JSON.parse(taking.received[0]?.body ?? "{}");
+    const lease = { taskId: sent.taskId, workerId: b, attempt: 2, leaseToken: sent.leaseToken };
+    await h.leases.startTask(lease);
+    const { task: failed } = await h.leases.failTask({
+      ...lease,
+      errorCode: "Flaky",
+      retryable: true,
+    });
+    expect(failed?.state).toBe(TaskState.PENDING);
   });
 
   for (const [why, expected] of [
