@@ -208,7 +208,9 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
       app.heartbeats.touch(lease.workerId);
       const row = await app.leases.start(lease);
       app.events.emit([row.id]);
-      return { task: toTask(row) };
+      // A pushed task's worker learns its inputs here, as a claim's does.
+      const outputs = await app.tasks.dependencyOutputs([row]);
+      return { task: toTask(row, false, outputs.get(row.id)) };
     },
 
     async renewLease(req, ctx) {

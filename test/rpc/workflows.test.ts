@@ -274,6 +274,34 @@ describe("dependencies", () => {
     expect((await h.tasks.getTask({ taskId: child })).task?.dependenciesPending).toBe(1);
   });
 
+  it("hands a pushed task its dependencies' outputs when its worker starts it", async () => {
+    const workload = uniqueWorkload("push");
+    const workerId = (
+      await h.fleet.registerWorker({
+        capabilities: [workload],
+        maxConcurrency: 5,
+        apiBaseUrl: "http://127.0.0.1:9/",
+      })
+    ).workerId;
+    const { tasks } = await h.tasks.createTasks({
+      tasks: [
+        { workload, ref: "a" },
+        { workload, ref: "b", dependsOn: ["ref:a"] },
+      ],
+    });
+    const claim = await claimOne(h, workerId);
+    const result = await upload(claim, workerId, "a.txt", "from a");
+    await h.leases.completeTask({ ...leaseOf(claim, workerId), result });
+    const { task: placed } = await h.tasks.scheduleTask({ taskId: tasks[1]?.taskId ?? "" });
+    const { task: started } = await h.leases.startTask({
+      taskId: placed?.taskId ?? "",
+      workerId,
+      attempt: placed?.attempt ?? 0,
+      leaseToken: placed?.lease?.leaseToken ?? "",
+    });
+    expect(started?.dependencyOutputs["a/a.txt"]).toBe(result.artifactId);
+  });
+
   it("takes a dependency's id in capitals, and the same task named twice once", async () => {
     const workload = uniqueWorkload();
     const { task: first } = await h.tasks.createTask({ workload, ref: "x" });
