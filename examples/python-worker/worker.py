@@ -4,7 +4,9 @@
 It registers with a coordinator, then claims tasks one at a time and runs a
 command for each: the task's input on stdin, its parameters as JSON in
 MESHWORK_PARAMETERS, and what the command writes to stdout uploaded as the
-task's result. See README.md next to this file.
+task's result. With --listen it takes pushed work instead: the coordinator
+POSTs each task to it, signed (X-Meshwork-Signature). See README.md next to
+this file.
 
     MESHWORK_TOKEN=mw_... python3 worker.py --url http://127.0.0.1:8080 \\
         --capability wc -- wc -l
@@ -12,8 +14,12 @@ task's result. See README.md next to this file.
 
 import argparse
 import hashlib
+import hmac
 import http.client
+import http.server
 import json
+import queue
+import secrets
 import logging
 import os
 import re
@@ -99,7 +105,8 @@ def open_url(opener, req):
         too_large = body.get("reason") == "ARTIFACT_TOO_LARGE"
         transient = e.code >= 500 or (e.code == 429 and not too_large)
         message = body.get("message", e.reason)
-        raise ApiError(e.code, body.get("error", ""), message, transient, wait) from None
+        code = body.get("error") or body.get("code", "")  # REST routes, or Connect JSON
+        raise ApiError(e.code, code, message, transient, wait) from None
     except urllib.error.URLError as e:
         raise ApiError(0, "network", str(e.reason), isinstance(e.reason, NETWORK_ERRORS)) from None
     except NETWORK_ERRORS as e:
@@ -186,6 +193,8 @@ class Coordinator:
 
 def parse_time(text):
     """An RFC 3339 time as an aware datetime (UTC assumed when no offset is given)."""
+    # At most 6 digits of a second (Python's), and Z as +00:00.
+    text = re.sub(r"(\.\d{6})\d+", r"\1", text.replace("Z", "+00:00"))
     t = datetime.fromisoformat(text)
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
@@ -332,7 +341,8 @@ class Worker:
 
     def run_command(self, claim, input_path, out_path, err_path, lease):
         """Runs the command; stops it when the lease is lost or the worker is told to stop."""
-        env = {k: v for k, v in os.environ.items() if k != "MESHWORK_TOKEN"}  # not for the command
+        hidden = ("MESHWORK_TOKEN", "MESHWORK_DISPATCH_SECRET")  # not for the command
+        env = {k: v for k, v in os.environ.items() if k not in hidden}
         env["MESHWORK_TASK_ID"] = claim["task_id"]
         env["MESHWORK_ATTEMPT"] = str(claim["attempt"])
         env["MESHWORK_PARAMETERS"] = json.dumps(claim.get("parameters") or {})
@@ -369,8 +379,90 @@ class Worker:
         except ApiError as e:
             log.warning("could not report the failure of task %s: %s", task_id, e)
 
+    def connect(self, method, body, tries=TRIES):
+        """A Connect JSON call (POST /meshwork.v1.<Service>/<Method>): what REST lacks."""
+        return self.coord.call("POST", f"/meshwork.v1.{method}", body, tries)
+
+    def run_push(self):
+        """Listens, registers with api_base_url, and runs what is dispatched until told to stop."""
+        host, port = listen_address(self.args.listen)
+        secret = os.environ.get("MESHWORK_DISPATCH_SECRET") or secrets.token_hex(32)
+        receiver = Receiver(host, port, self.args.dispatch_path, secret)
+        threading.Thread(target=receiver.serve_forever, name="receiver", daemon=True).start()
+        bound = receiver.server_address[1]
+        shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
+        base = self.args.api_base_url or f"http://{f'[{shown}]' if ':' in shown else shown}:{bound}"
+        log.info("taking dispatches at http://%s:%d%s (api_base_url %s)",
+                 f"[{host}]" if ":" in host else host, bound, self.args.dispatch_path, base)
+        try:
+            # RegisterWorker over Connect JSON: the REST register takes no dispatch fields.
+            answer = self.connect("FleetService/RegisterWorker", {
+                "name": self.args.name, "capabilities": self.args.capability,
+                "maxConcurrency": 1, "cpuCount": os.cpu_count() or 0, "apiBaseUrl": base,
+                "dispatchPath": self.args.dispatch_path, "dispatchSecret": secret})
+            self.worker_id = answer["workerId"]
+            log.info("registered as %s (worker %s) for %s, push",
+                     self.args.name, self.worker_id, ", ".join(self.args.capability))
+            receiver.registered.set()
+            interval = answer.get("heartbeatIntervalSeconds") or 15
+            threading.Thread(target=self.heartbeats, args=(interval,), daemon=True).start()
+            done, idle_since = 0, time.monotonic()
+            while not stopping.is_set():
+                try:
+                    dispatch = receiver.tasks.get(timeout=0.2)
+                except queue.Empty:
+                    idle = time.monotonic() - idle_since
+                    if self.args.idle_exit is not None and idle >= self.args.idle_exit:
+                        log.info("nothing dispatched for %ss; exiting", self.args.idle_exit)
+                        break
+                    continue
+                try:
+                    self.run_pushed(dispatch)
+                finally:
+                    receiver.done()
+                done += 1
+                idle_since = time.monotonic()
+                if self.args.max_tasks is not None and done >= self.args.max_tasks:
+                    log.info("handled %d task(s); exiting", done)
+                    break
+        finally:
+            stopping.set()  # dispatches from now on are refused: placed elsewhere
+            if self.worker_id:
+                try:
+                    self.connect("FleetService/DeregisterWorker", {"workerId": self.worker_id}, 2)
+                except ApiError as e:
+                    log.warning("could not deregister worker %s: %s", self.worker_id, e)
+            receiver.shutdown()
+            receiver.server_close()
+        return 0
+
+    def heartbeats(self, interval):
+        """Heartbeat every `interval` seconds: a push worker makes no claims that would."""
+        while not stopping.wait(interval):
+            try:
+                self.connect("FleetService/Heartbeat", {"workerId": self.worker_id}, tries=1)
+            except ApiError as e:
+                log.warning("heartbeat failed (%s)", e)
+
+    def run_pushed(self, d):
+        """StartTask (ASSIGNED → RUNNING) under the dispatch's lease, then works as on a claim."""
+        task_id, attempt = d["taskId"], d["attempt"]
+        log.info("dispatched task %s (attempt %s)", task_id, attempt)
+        try:
+            started = self.connect("LeaseService/StartTask", {"taskId": task_id,
+                "workerId": self.worker_id, "attempt": attempt, "leaseToken": d["leaseToken"]})
+        except ApiError as e:
+            log.warning("task %s: StartTask refused (%s); not running it", task_id, e)
+            return
+        lease = (started.get("task") or {}).get("lease") or {}
+        self.handle({"task_id": task_id, "attempt": attempt, "lease_token": d["leaseToken"],
+                     "lease_expires_at": lease.get("expiresAt") or d.get("leaseExpiresAt"),
+                     "input": d.get("input"), "parameters": d.get("parameters") or {}})
+
     def run(self):
         """Registers, then claims and works until told to stop; returns the exit status."""
+        if self.args.listen:
+            return self.run_push()
         self.register()
         done, idle_since = 0, time.monotonic()
         while not stopping.is_set():
@@ -389,6 +481,138 @@ class Worker:
                 log.info("handled %d task(s); exiting", done)
                 break
         return 0
+
+
+SIGNATURE_TOLERANCE = 300  # seconds a dispatch's timestamp may be off this clock, either way
+MAX_DISPATCH_BYTES = 8 << 20  # a larger dispatch body is answered 413
+
+
+def check_signature(header, body, secret, now=None):
+    """None when X-Meshwork-Signature signs `body` with `secret` near `now`; else why not.
+
+    The header is `t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`
+    (several v1 are allowed); every v1 is compared in constant time.
+    """
+    if not header:
+        return "no X-Meshwork-Signature header"
+    t, given = "", []
+    for part in header.split(","):
+        key, _, value = part.strip().partition("=")
+        if key == "t":
+            t = value.strip()
+        elif key == "v1":
+            given.append(value.strip().lower().encode())
+    if not (t.isascii() and t.isdigit() and len(t) <= 12):
+        return "the signature has no timestamp t=<unix seconds>"
+    if abs((time.time() if now is None else now) - int(t)) > SIGNATURE_TOLERANCE:
+        return f"the signature's timestamp is more than {SIGNATURE_TOLERANCE} s from this clock"
+    mac = hmac.new(secret.encode(), t.encode() + b"." + body, hashlib.sha256)
+    expected, ok = mac.hexdigest().encode(), False
+    for v1 in given:
+        ok = hmac.compare_digest(v1, expected) or ok
+    return None if ok else "the signature does not match the body"
+
+
+def is_dispatch(body):
+    return (isinstance(body, dict) and isinstance(body.get("taskId"), str) and body["taskId"]
+            and isinstance(body.get("leaseToken"), str) and body["leaseToken"]
+            and type(body.get("attempt")) is int and body["attempt"] >= 1)
+
+
+class Receiver(http.server.ThreadingHTTPServer):
+    """Takes dispatches on one path; an accepted one waits in `tasks` for the worker's loop."""
+
+    daemon_threads = True
+
+    def __init__(self, host, port, path, secret):
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        super().__init__((host, port), DispatchHandler)
+        self.dispatch_path, self.secret = path, secret
+        self.tasks, self.lock = queue.Queue(), threading.Lock()
+        self.seen = set()  # (task id, attempt) accepted here: a repeat is answered 409
+        self.busy = False  # a task is queued or running: one at a time (max_concurrency 1)
+        self.registered = threading.Event()
+
+    def decide(self, body):
+        """(status, code, message) for a dispatch whose signature held."""
+        key = (body["taskId"], body["attempt"])
+        with self.lock:
+            if key in self.seen:
+                return 409, "already_accepted", f"attempt {key[1]} is here"
+            if not self.registered.is_set():
+                return 503, "not_registered", "not registered yet"
+            if stopping.is_set():  # 4xx: the coordinator places the task elsewhere
+                return 429, "stopping", "this worker is stopping"
+            if self.busy:
+                return 429, "at_capacity", "this worker runs one task at a time"
+            self.seen.add(key)
+            self.busy = True
+        self.tasks.put(body)
+        return 202, "accepted", f"task {key[0]} accepted"
+
+    def done(self):
+        with self.lock:
+            self.busy = False
+
+
+class DispatchHandler(http.server.BaseHTTPRequestHandler):
+    """POST {dispatch path}: checked for size and signature before anything else."""
+
+    protocol_version = "HTTP/1.1"
+    timeout = 30  # seconds a silent client may hold a connection
+
+    def log_message(self, fmt, *args):  # the worker logs what matters itself
+        pass
+
+    def answer(self, status, code, message):
+        data = json.dumps({"status" if status < 300 else "error": code, "message": message})
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if status >= 400:  # the rest of a refused body is not read
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(data.encode())
+
+    def do_POST(self):
+        r = self.server
+        if urllib.parse.urlsplit(self.path).path != r.dispatch_path:
+            return self.answer(404, "not_found", "no route here")
+        try:
+            size = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            return self.answer(411, "length_required", "a dispatch needs a Content-Length")
+        if size < 0 or size > MAX_DISPATCH_BYTES:
+            self.answer(413, "too_large", f"the body is over {MAX_DISPATCH_BYTES} bytes")
+            # Read and dropped (up to a bound), so that the client gets to read the 413.
+            left = min(size, 4 * MAX_DISPATCH_BYTES)
+            while left > 0 and (chunk := self.rfile.read(min(left, 1 << 16))):
+                left -= len(chunk)
+            return None
+        body = self.rfile.read(size)
+        why = check_signature(self.headers.get("X-Meshwork-Signature"), body, r.secret)
+        if why:
+            log.warning("refused a dispatch from %s: %s", self.client_address[0], why)
+            return self.answer(401, "unauthenticated", why)
+        try:
+            dispatch = json.loads(body)
+        except ValueError:
+            dispatch = None
+        if not is_dispatch(dispatch):
+            return self.answer(400, "invalid_argument", "the body is not a dispatch")
+        self.answer(*r.decide(dispatch))
+
+    def do_GET(self):
+        self.answer(405, "method_not_allowed", "dispatches are POSTed")
+
+
+def listen_address(text):
+    """(host, port) of HOST:PORT, :PORT or PORT (every interface); ValueError otherwise."""
+    m = re.fullmatch(r"(?:(\[[^\]]+\]|[^:\[\]]*):)?(\d{1,5})", text.strip())
+    if not m or int(m.group(2)) > 65535:
+        raise ValueError(f"--listen takes HOST:PORT, :PORT or PORT, not {text!r}")
+    return (m.group(1) or "").strip("[]") or "0.0.0.0", int(m.group(2))
 
 
 def signal_group(proc, sig):
@@ -448,6 +672,12 @@ def parse_args(argv):
                    help="wait between claims that find nothing (default 1)")
     p.add_argument("--content-type", default="application/octet-stream",
                    help="media type of the output (default application/octet-stream)")
+    p.add_argument("--listen", metavar="ADDR",
+                   help="take pushed work on HOST:PORT, :PORT or PORT instead of claiming")
+    p.add_argument("--api-base-url", metavar="URL",
+                   help="where the coordinator reaches this worker (default http://HOST:PORT)")
+    p.add_argument("--dispatch-path", default="/meshwork/tasks", metavar="PATH",
+                   help="the path dispatches are POSTed to (default /meshwork/tasks)")
     args = p.parse_args(argv)
     if not command:
         p.error("give the command after --, e.g. -- wc -l")
@@ -455,6 +685,18 @@ def parse_args(argv):
         p.error("--max-tasks must be at least 1")
     if urllib.parse.urlsplit(args.url).scheme not in ("http", "https"):
         p.error("--url must be an http:// or https:// URL")
+    if args.listen is not None:
+        try:
+            listen_address(args.listen)
+        except ValueError as e:
+            p.error(str(e))
+    if args.api_base_url and urllib.parse.urlsplit(args.api_base_url).scheme not in ("http", "https"):
+        p.error("--api-base-url must be an http:// or https:// URL")
+    if not args.dispatch_path.startswith("/"):
+        p.error("--dispatch-path must start with /")
+    secret = os.environ.get("MESHWORK_DISPATCH_SECRET", "")
+    if secret and not 32 <= len(secret) <= 256:
+        p.error("MESHWORK_DISPATCH_SECRET must be 32-256 characters")
     args.command = command
     return args
 

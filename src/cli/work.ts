@@ -5,7 +5,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import {
+  createPushWorker,
   createWorker,
+  type PushWorkerOptions,
   type TaskContext,
   TaskError,
   type TaskResult,
@@ -18,9 +20,11 @@ import { resultValueAt, saveNamedInputs } from "./work-inputs.js";
 const usage = `Usage:
   meshwork work --url U --token T --workload W [--workload W2]... [--concurrency N]
                 [--capability C]... [--label K=V]... [--capacity NAME=N,...]
-                [--name NAME] -- COMMAND [ARGS]...
+                [--name NAME] [--listen ADDR [--api-base-url URL] [--dispatch-path P]]
+                -- COMMAND [ARGS]...
 
-Runs a worker that runs COMMAND once per task it claims, in a fresh temp dir:
+Runs a worker that runs COMMAND once per task it claims (or, with --listen,
+once per task the coordinator pushes to it), in a fresh temp dir:
   stdin                 the task's parameters as JSON
   MESHWORK_PARAMETERS   the same JSON
   MESHWORK_INPUT        the path of the downloaded input file ("" when the task has none)
@@ -35,7 +39,8 @@ Runs a worker that runs COMMAND once per task it claims, in a fresh temp dir:
   MESHWORK_RESOURCES    what the task's lease holds here, as JSON ({"gpu":1,"slots":1})
   TRACEPARENT           the task's W3C trace context (continue its trace: docs/tracing.md)
   TRACESTATE            the task's W3C tracestate (unset when it has none)
-The worker's token is not passed on (MESHWORK_TOKEN is removed from the environment).
+The worker's token is not passed on (MESHWORK_TOKEN and MESHWORK_DISPATCH_SECRET
+are removed from the environment).
 
 Exit 0: every regular file in MESHWORK_OUTPUT is uploaded (OUTPUT kind) and
   the task completes with the first one by name as its result (no result when
@@ -50,6 +55,15 @@ Every line of stdout and stderr goes to the task's log: meshwork task logs ID [-
 When the task's lease is lost or it is cancelled, the command's process group
   gets SIGTERM (SIGKILL 5 s later).
 SIGTERM/SIGINT stop claiming; running commands finish within the grace period.
+
+With --listen it is a push worker: it listens on ADDR, registers with its
+api_base_url, and takes the tasks the coordinator dispatches to it
+(POST {api_base_url}/meshwork/tasks): each request's X-Meshwork-Signature
+(HMAC-SHA256 with its dispatch secret, at most 5 minutes old) is checked,
+a forged or stale one is refused with 401 and nothing runs; an accepted
+task is started (StartTask), renewed and completed as a claimed one. The
+dispatch secret is $MESHWORK_DISPATCH_SECRET (32-256 characters) or, without
+it, 32 random bytes made at each start.
 
 On a terminal, one status line (done, failed, running tasks, elapsed) is
 redrawn in place; otherwise one log line per task start and end.
@@ -66,6 +80,11 @@ Flags:
                       (cpu in millicores and memory in MiB default to the host's)
   --concurrency N     commands run at once; default 1
   --name NAME         the worker's name; default the host name
+  --listen ADDR       take pushed work instead of claiming: HOST:PORT, :PORT or PORT
+                      (every interface); port 0 picks a free one, logged at start
+  --api-base-url URL  where the coordinator reaches this worker; default
+                      http://HOST:PORT as bound (the host name when on every interface)
+  --dispatch-path P   the path dispatches are POSTed to; default /meshwork/tasks
   -h, --help          this help
 `;
 
@@ -78,6 +97,9 @@ const options = {
   capacity: { type: "string", multiple: true },
   concurrency: { type: "string" },
   name: { type: "string" },
+  listen: { type: "string" },
+  "api-base-url": { type: "string" },
+  "dispatch-path": { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -173,6 +195,7 @@ export function commandEnv(
 ): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = { ...process.env };
   delete env.MESHWORK_TOKEN;
+  delete env.MESHWORK_DISPATCH_SECRET;
   delete env.TRACEPARENT;
   delete env.TRACESTATE;
   if (task.traceparent) env.TRACEPARENT = task.traceparent;
@@ -286,6 +309,36 @@ async function runTask(argv: string[], task: WorkerTask, ctx: TaskContext): Prom
   }
 }
 
+/** The push worker of `--listen`, its flags checked (UsageError). */
+function pushWorker(
+  common: Omit<PushWorkerOptions, "listen">,
+  values: { listen?: string; "api-base-url"?: string; "dispatch-path"?: string },
+) {
+  const listen = values.listen ?? "";
+  if (!/^(\[[^\]]+\]:|[^:[\]]*:)?\d{1,5}$/.test(listen)) {
+    throw new UsageError(`--listen takes HOST:PORT, :PORT or PORT, not ${JSON.stringify(listen)}`);
+  }
+  const apiBaseUrl = values["api-base-url"];
+  if (apiBaseUrl !== undefined && !/^https?:\/\/[^/]/i.test(apiBaseUrl)) {
+    throw new UsageError("--api-base-url must be an http:// or https:// URL");
+  }
+  const dispatchPath = values["dispatch-path"];
+  if (dispatchPath !== undefined && !dispatchPath.startsWith("/")) {
+    throw new UsageError("--dispatch-path must start with /");
+  }
+  const dispatchSecret = process.env.MESHWORK_DISPATCH_SECRET || undefined;
+  if (dispatchSecret !== undefined && (dispatchSecret.length < 32 || dispatchSecret.length > 256)) {
+    throw new UsageError("$MESHWORK_DISPATCH_SECRET must be 32-256 characters");
+  }
+  return createPushWorker({
+    ...common,
+    listen,
+    ...(apiBaseUrl === undefined ? {} : { apiBaseUrl }),
+    ...(dispatchPath === undefined ? {} : { dispatchPath }),
+    ...(dispatchSecret === undefined ? {} : { dispatchSecret }),
+  });
+}
+
 /** `meshwork work …`: a worker that runs a command per task. */
 export async function workCommand(argv: string[], io: Io = stdio): Promise<number> {
   return runCommand(
@@ -323,7 +376,10 @@ export async function workCommand(argv: string[], io: Io = stdio): Promise<numbe
         if (tty) io.out.write("\r\x1b[2K");
         io.err.write(`meshwork work: ${m}\n`);
       };
-      const worker = createWorker({
+      if (values.listen === undefined && (values["api-base-url"] ?? values["dispatch-path"])) {
+        throw new UsageError("--api-base-url and --dispatch-path go with --listen");
+      }
+      const common: Omit<PushWorkerOptions, "listen"> = {
         url: endpoint.url,
         token: endpoint.token,
         workloads,
@@ -349,7 +405,9 @@ export async function workCommand(argv: string[], io: Io = stdio): Promise<numbe
             throw error;
           }
         },
-      });
+      };
+      const worker =
+        values.listen === undefined ? createWorker(common) : pushWorker(common, values);
       try {
         await worker.done;
       } finally {

@@ -2,12 +2,20 @@ import { availableParallelism, freemem, hostname } from "node:os";
 import { isTransient, retrying } from "./rpc.js";
 import type { Session } from "./session.js";
 
+/** Where a push worker takes dispatches (RegisterWorkerRequest's push fields). */
+export interface PushRegistration {
+  apiBaseUrl: string;
+  dispatchPath: string;
+  dispatchSecret: string;
+}
+
 /**
  * Registers the worker (max_concurrency = `concurrency`, its workloads and
- * capabilities), trying a coordinator it cannot reach for up to
- * `connectWithinMs`; resolves with the worker id, also set on the session.
+ * capabilities, and for a push worker where it takes dispatches), trying a
+ * coordinator it cannot reach for up to `connectWithinMs`; resolves with the
+ * worker id, also set on the session with the heartbeat interval.
  */
-export function register(s: Session): Promise<string> {
+export function register(s: Session, push?: PushRegistration): Promise<string> {
   const { options, log, timeoutMs, connectWithinMs } = s;
   return retrying(
     () =>
@@ -23,6 +31,7 @@ export function register(s: Session): Promise<string> {
           capacity: Object.fromEntries(
             Object.entries(options.capacity ?? {}).map(([k, v]) => [k, BigInt(v)]),
           ),
+          ...push,
         },
         // Not stopped mid-call: a registration the coordinator committed
         // must be answered, so that the stop that follows deregisters it.
@@ -55,6 +64,7 @@ export function register(s: Session): Promise<string> {
     .then((res) => {
       const workerId = res.workerId;
       s.workerId = workerId;
+      s.heartbeatSeconds = res.heartbeatIntervalSeconds || 15;
       log(`registered as worker ${workerId} for ${options.workloads.join(", ")}`);
       if (res.worker?.drained) {
         log(

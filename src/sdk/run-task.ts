@@ -69,9 +69,16 @@ function contextFor(s: Session, entry: Running, task: WorkerTask): TaskContext {
  * Runs one claimed task: its lease is handed to the keeper, its handler
  * called; the handler's return completes the task (after its last
  * progress), a throw fails it, and nothing is sent once the lease ended.
- * The task leaves `s.running` when it is done, freeing its slot.
+ * The task leaves `s.running` when it is done, freeing its slot. A pushed
+ * task (`renewAtOnce`) has its lease renewed at once: it was granted at
+ * placement, some time before it arrived, so its TTL is not all left.
  */
-export function runTask(s: Session, completions: Completions, claim: Claim): void {
+export function runTask(
+  s: Session,
+  completions: Completions,
+  claim: Claim,
+  { renewAtOnce = false } = {},
+): void {
   const { log } = s;
   const now = performance.now();
   const ttlSeconds = claim.leaseSeconds || 60;
@@ -90,7 +97,7 @@ export function runTask(s: Session, completions: Completions, claim: Claim): voi
     ttlSeconds,
     headers: traceHeaders(claim),
     expiresAt: now + ttlSeconds * 1000,
-    renewAt: now + (ttlSeconds * 1000) / 3,
+    renewAt: renewAtOnce ? now : now + (ttlSeconds * 1000) / 3,
     onEnd: (end: LeaseEnd) => {
       log(`task ${claim.taskId}: lease ${end.kind} (${end.reason}); stopping its handler`);
       endLease(s, entry, new LeaseEndedError(end.kind, end.reason));
@@ -98,7 +105,7 @@ export function runTask(s: Session, completions: Completions, claim: Claim): voi
   };
   s.running.set(claim.taskId, entry);
   s.keeper?.add(entry.lease);
-  log(`claimed task ${claim.taskId} (attempt ${claim.attempt})`);
+  log(`${renewAtOnce ? "started" : "claimed"} task ${claim.taskId} (attempt ${claim.attempt})`);
   entry.finished = (async () => {
     try {
       const result = await s.options.handler(task, contextFor(s, entry, task));

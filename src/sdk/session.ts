@@ -50,6 +50,8 @@ export interface Session {
   logs: LogShipper;
   /** "" until registered. */
   workerId: string;
+  /** How often the coordinator asks for a heartbeat (RegisterWorkerResponse), in seconds. */
+  heartbeatSeconds: number;
   /** The coordinator no longer knows this worker: nothing to drain or deregister. */
   gone: boolean;
 }
@@ -80,6 +82,7 @@ export function createSession(options: WorkerOptions): Session {
     keeper: undefined,
     logs: createLogShipper({ client: leases, log, timeoutMs }),
     workerId: "",
+    heartbeatSeconds: 15,
     gone: false,
   };
 }

@@ -66,3 +66,26 @@ export async function shutdown(s: Session, completions: Completions): Promise<vo
     );
   }
 }
+
+/**
+ * Stops the worker on SIGTERM or SIGINT; a second signal skips what is left
+ * of the grace period (`hurry`). The handlers are removed once `done` settles.
+ */
+export function stopOnSignals(s: Session, stop: () => Promise<void>, done: Promise<void>): void {
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (!s.stopping.signal.aborted) {
+      s.log(`${signal}: stopping (again to release running tasks at once)`);
+      stop().catch(() => {});
+    } else {
+      s.log(`${signal} again: releasing running tasks now`);
+      s.hurry.abort();
+    }
+  };
+  process.on("SIGTERM", onSignal);
+  process.on("SIGINT", onSignal);
+  const off = () => {
+    process.off("SIGTERM", onSignal);
+    process.off("SIGINT", onSignal);
+  };
+  done.then(off, off);
+}

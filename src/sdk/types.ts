@@ -249,3 +249,44 @@ export interface Worker {
    */
   stop(): Promise<void>;
 }
+
+/**
+ * Options of createPushWorker: those of createWorker (but `pollSeconds`:
+ * a push worker does not claim), and where it takes dispatches.
+ */
+export interface PushWorkerOptions extends Omit<WorkerOptions, "pollSeconds"> {
+  /**
+   * Where the receiver listens: `HOST:PORT`, `:PORT` or `PORT` (every
+   * interface), `[::1]:PORT`; port 0 picks a free one. E.g. `127.0.0.1:0`.
+   */
+  listen: string;
+  /**
+   * The base URL the coordinator dispatches to, registered as
+   * `api_base_url`; default `http://HOST:PORT` as bound (the host name of
+   * this machine when listening on every interface). Give it when the
+   * coordinator reaches the worker through another address (a proxy, a
+   * container's published port, TLS in front).
+   */
+  apiBaseUrl?: string;
+  /** The path dispatches are POSTed to, registered as `dispatch_path`; default `/meshwork/tasks`. */
+  dispatchPath?: string;
+  /**
+   * The secret that signs dispatches (32–256 characters), registered as
+   * `dispatch_secret`; default 32 random bytes in hex, new at each start.
+   * Give a stable one only when something else must check signatures too.
+   */
+  dispatchSecret?: string;
+  /** The largest dispatch body taken (a larger one is answered 413); default 8 MiB. */
+  maxBodyBytes?: number;
+}
+
+/** A running push worker. */
+export interface PushWorker extends Worker {
+  /**
+   * The receiver's own address as bound, `http://HOST:PORT` ("" until it
+   * listens; `ready` resolves after that).
+   */
+  readonly listenUrl: string;
+  /** The `api_base_url` registered ("" until it listens). */
+  readonly apiBaseUrl: string;
+}

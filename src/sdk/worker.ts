@@ -6,7 +6,7 @@ import { createLeaseKeeper } from "./lease-keeper.js";
 import { register } from "./register.js";
 import { runTask } from "./run-task.js";
 import { createSession } from "./session.js";
-import { shutdown } from "./shutdown.js";
+import { shutdown, stopOnSignals } from "./shutdown.js";
 import type { Worker, WorkerOptions } from "./types.js";
 
 // The worker SDK (meshwork/worker): this file is its public API. Its parts,
@@ -15,13 +15,25 @@ import type { Worker, WorkerOptions } from "./types.js";
 // context), input.ts, inputs.ts and upload.ts (bytes under a lease),
 // completions.ts (batched CompleteTasks, result values), report.ts
 // (progress, failure, release), shutdown.ts, lease-keeper.ts (renewals),
-// rpc.ts (transport, retries), trace.ts. It imports only gen/ and npm
+// rpc.ts (transport, retries), trace.ts; for a push worker, push-worker.ts
+// (createPushWorker), push-server.ts (its HTTP receiver) and dispatch.ts
+// (the dispatch body and its signature). It imports only gen/ and npm
 // packages, never the coordinator.
 
+export {
+  checkDispatchSignature,
+  type DispatchBody,
+  signatureHeader,
+  signatureToleranceSeconds,
+  signDispatch,
+} from "./dispatch.js";
 export { isAuthError, LeaseEndedError, TaskError } from "./errors.js";
+export { createPushWorker, defaultDispatchPath } from "./push-worker.js";
 export { traceHeaders } from "./trace.js";
 export type {
   NamedInput,
+  PushWorker,
+  PushWorkerOptions,
   TaskContext,
   TaskHandler,
   TaskResult,
@@ -42,7 +54,7 @@ export type { Artifact, ArtifactRef, Claim };
  */
 export function createWorker(options: WorkerOptions): Worker {
   const s = createSession(options);
-  const { log, stopping, hurry } = s;
+  const { log, stopping } = s;
   const completions = createCompletions(s);
   const ready = register(s);
 
@@ -76,24 +88,7 @@ export function createWorker(options: WorkerOptions): Worker {
     return done;
   };
 
-  if (options.installSignalHandlers ?? true) {
-    const onSignal = (signal: NodeJS.Signals) => {
-      if (!stopping.signal.aborted) {
-        log(`${signal}: stopping (again to release running tasks at once)`);
-        stop().catch(() => {});
-      } else {
-        log(`${signal} again: releasing running tasks now`);
-        hurry.abort();
-      }
-    };
-    process.on("SIGTERM", onSignal);
-    process.on("SIGINT", onSignal);
-    const off = () => {
-      process.off("SIGTERM", onSignal);
-      process.off("SIGINT", onSignal);
-    };
-    done.then(off, off);
-  }
+  if (options.installSignalHandlers ?? true) stopOnSignals(s, stop, done);
 
   return {
     ready,
