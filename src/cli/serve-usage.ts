@@ -19,6 +19,7 @@ export const serveUsage = `Usage: meshwork serve [flags]
   --otel-endpoint URL       OTEL_EXPORTER_OTLP_ENDPOINT  export spans over OTLP/HTTP; default none
   --heartbeat-interval S    MESHWORK_HEARTBEAT_INTERVAL  seconds, default 15
   --dispatch-default on|off MESHWORK_DISPATCH_DEFAULT  deliver pushed tasks that do not say; default off
+  --dispatch-workloads W,.. MESHWORK_DISPATCH_WORKLOADS deliver those workloads' pushed tasks that do not say
   --dispatch-timeout S      MESHWORK_DISPATCH_TIMEOUT  one delivery request's time; default 10
   --dispatch-concurrency N  MESHWORK_DISPATCH_CONCURRENCY  delivery requests in flight; default 16
   --dispatch-allow CIDR,... MESHWORK_DISPATCH_ALLOW  private targets allowed; default 127.0.0.0/8,::1 ("none")

@@ -4,6 +4,8 @@ import { isIP } from "node:net";
 export interface DispatchConfig {
   /** Whether a task that does not say is delivered by the coordinator (CreateTaskRequest.dispatch). */
   dispatchDefault: boolean;
+  /** Workloads whose tasks that do not say are delivered by the coordinator, whatever dispatchDefault. */
+  dispatchWorkloads: string[];
   /** One delivery request's time to answer, in ms. */
   dispatchTimeoutMs: number;
   /** Delivery requests in flight at once, per replica. */
@@ -14,6 +16,7 @@ export interface DispatchConfig {
 
 export const dispatchFlags = {
   "dispatch-default": { type: "string", env: "MESHWORK_DISPATCH_DEFAULT" },
+  "dispatch-workloads": { type: "string", env: "MESHWORK_DISPATCH_WORKLOADS" },
   "dispatch-timeout": { type: "string", env: "MESHWORK_DISPATCH_TIMEOUT" },
   "dispatch-concurrency": { type: "string", env: "MESHWORK_DISPATCH_CONCURRENCY" },
   "dispatch-allow": { type: "string", env: "MESHWORK_DISPATCH_ALLOW" },
@@ -65,6 +68,10 @@ export function readDispatchFlags(
             .map((b) => parseCidr(b) ?? fail(`--dispatch-allow: ${b} is not a CIDR block`));
   return {
     dispatchDefault: onOff === "on",
+    dispatchWorkloads: (get("dispatch-workloads") ?? "")
+      .split(",")
+      .map((w) => w.trim())
+      .filter((w) => w !== ""),
     // Seconds on the command line, like the other timeouts.
     dispatchTimeoutMs: 1000 * whole("--dispatch-timeout", get("dispatch-timeout"), 10, 1, 600),
     dispatchConcurrency: whole("--dispatch-concurrency", get("dispatch-concurrency"), 16, 1, 1000),

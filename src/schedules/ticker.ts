@@ -14,7 +14,7 @@ import type { DueSchedule, ScheduleRow, ScheduleStore, TickOutcome } from "./sto
 
 export interface TickerDeps {
   schedules: Pick<ScheduleStore, "tickDue">;
-  config: Pick<Config, "defaultShare" | "publicUrl" | "dispatchDefault">;
+  config: Pick<Config, "defaultShare" | "publicUrl" | "dispatchDefault" | "dispatchWorkloads">;
   log: Logger;
   metrics: Pick<Metrics, "tasksCreated">;
 }
@@ -34,7 +34,10 @@ export async function createScheduledTask(
   tick: Date | null,
 ): Promise<TaskRow> {
   const { req, task } = taskOfTick(at.row, tick, deps.config.defaultShare);
-  if (req.dispatch === undefined) task.dispatch = deps.config.dispatchDefault;
+  if (req.dispatch === undefined) {
+    task.dispatch =
+      deps.config.dispatchDefault || deps.config.dispatchWorkloads.includes(task.workload);
+  }
   if (req.input.case === "inputArtifactId") {
     const artifact = await createArtifactStore(at.tx).get(req.input.value);
     task.input = toArtifactRefJson(artifact, deps.config.publicUrl);

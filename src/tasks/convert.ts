@@ -220,6 +220,8 @@ export interface CreateOrigin {
   tracestate: string;
   /** Whether a task that does not say is delivered by the coordinator (--dispatch-default). */
   dispatch?: boolean;
+  /** Workloads whose tasks that do not say are delivered (--dispatch-workloads). */
+  dispatchWorkloads?: readonly string[];
 }
 
 /** Validates and defaults a CreateTaskRequest. `field` prefixes messages (e.g. "tasks[3].") in batches. */
@@ -277,7 +279,9 @@ export function fromCreateRequest(
     }),
     traceParent: origin.traceparent,
     traceState: origin.tracestate,
-    dispatch: req.dispatch ?? origin.dispatch ?? false,
+    dispatch:
+      req.dispatch ??
+      (origin.dispatch === true || (origin.dispatchWorkloads ?? []).includes(req.workload)),
     ...schedulingOf(req, origin, field),
     ...workflowOf(req, field),
   };

@@ -39,7 +39,10 @@ import type { BulkFilter, NewTask, TaskStore } from "./store.js";
 
 /** What TaskService uses. */
 export interface TaskServiceDeps extends UploadDeps {
-  config: Pick<Config, "maxArtifactBytes" | "publicUrl" | "defaultShare" | "dispatchDefault">;
+  config: Pick<
+    Config,
+    "maxArtifactBytes" | "publicUrl" | "defaultShare" | "dispatchDefault" | "dispatchWorkloads"
+  >;
   tasks: TaskStore;
   placement: PlacementStore;
   artifacts: Pick<ArtifactStore, "checkLease" | "insert" | "get" | "removeUnusedInputs">;
@@ -229,10 +232,15 @@ const cancelReason = (reason: string) =>
  * request's trace with the CreateTask span as parent, so that a worker's
  * calls for the task continue the creator's trace (docs/tracing.md).
  */
-function originOf(values: ContextValues, defaultShare: string, dispatch: boolean): CreateOrigin {
+function originOf(
+  values: ContextValues,
+  config: Pick<Config, "defaultShare" | "dispatchDefault" | "dispatchWorkloads">,
+): CreateOrigin {
   const trace = values.get(kTrace);
+  const defaultShare = config.defaultShare;
   return {
-    dispatch,
+    dispatch: config.dispatchDefault,
+    dispatchWorkloads: config.dispatchWorkloads,
     correlationId: values.get(kCorrelationId),
     share: defaultShare || shareOfCaller(callerOf(values).name),
     traceparent: trace ? traceparentOf(trace) : "",
@@ -251,10 +259,7 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
   }
   return {
     async createTask(req, ctx) {
-      const task = fromCreateRequest(
-        req,
-        originOf(ctx.values, app.config.defaultShare, app.config.dispatchDefault),
-      );
+      const task = fromCreateRequest(req, originOf(ctx.values, app.config));
       const [row] = await createWithInputs(app, [{ req, task, field: "" }]);
       if (!row) throw new Error("create returned no task");
       return { task: toTask(row) };
@@ -264,7 +269,7 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
       if (req.tasks.length === 0 || req.tasks.length > 1000) {
         throw invalid(`tasks must hold 1 to 1000 tasks, not ${req.tasks.length}`);
       }
-      const origin = originOf(ctx.values, app.config.defaultShare, app.config.dispatchDefault);
+      const origin = originOf(ctx.values, app.config);
       const entries = req.tasks.map((t, i) => ({
         req: t,
         task: fromCreateRequest(t, origin, `tasks[${i}].`),

@@ -397,4 +397,21 @@ describe("dispatch", () => {
     const { task } = await h.tasks.createTask({ workload: uniqueWorkload() });
     expect(task?.dispatch).toBe(false);
   });
+
+  it("takes dispatch from --dispatch-workloads for the workloads it names", async () => {
+    const render = uniqueWorkload("render");
+    const some = await createHarness({ dispatchWorkloads: [render] });
+    try {
+      const { tasks } = await some.tasks.createTasks({
+        tasks: [
+          { workload: render },
+          { workload: uniqueWorkload() },
+          { workload: render, dispatch: false },
+        ],
+      });
+      expect(tasks.map((t) => t.dispatch)).toEqual([true, false, false]);
+    } finally {
+      await some.close();
+    }
+  });
 });

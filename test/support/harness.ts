@@ -81,6 +81,7 @@ export function testConfig(overrides: Partial<Config> = {}): Config {
     logLinesPerTask: 10_000,
     logLinesPerSecond: 1000,
     dispatchDefault: false,
+    dispatchWorkloads: [],
     dispatchTimeoutMs: 10_000,
     dispatchConcurrency: 16,
     dispatchAllow: ["127.0.0.0/8", "::1/128"],
