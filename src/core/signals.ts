@@ -26,3 +26,38 @@ export function linkedSignal(...signals: AbortSignal[]): { signal: AbortSignal; 
   for (const s of signals) s.addEventListener("abort", onAbort);
   return { signal: controller.signal, dispose };
 }
+
+/**
+ * What a watcher (WatchTask, WatchTaskLogs) sleeps on between reads:
+ * `wait(ms)` ends after `ms`, when `signal` aborts, or at `wake()`,
+ * whichever comes first; `woken()` says whether `wake()` was called since
+ * the last time it was asked (a change that came while the watcher read).
+ */
+export function createWaker(signal: AbortSignal) {
+  let woken = false;
+  let done: (() => void) | undefined;
+  return {
+    wake(): void {
+      woken = true;
+      done?.();
+    },
+    woken(): boolean {
+      const was = woken;
+      woken = false;
+      return was;
+    },
+    wait(ms: number): Promise<void> {
+      return new Promise<void>((resolve) => {
+        const timer = setTimeout(end, ms);
+        signal.addEventListener("abort", end, { once: true });
+        done = end;
+        function end() {
+          clearTimeout(timer);
+          signal.removeEventListener("abort", end);
+          done = undefined;
+          resolve();
+        }
+      });
+    },
+  };
+}

@@ -3,6 +3,7 @@ import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { type LogLine, LogLineSchema } from "../../gen/meshwork/v1/task_pb.js";
 import type { Config } from "../config.js";
 import { invalid } from "../core/errors.js";
+import { createWaker } from "../core/signals.js";
 import { terminalStates } from "../core/task-sql.js";
 import { intInRange, uuidField } from "../core/validate.js";
 import { budgeted, createLineBudget, parseLogLine } from "./lines.js";
@@ -159,16 +160,11 @@ export function createLogTail(deps: LogTailDeps) {
     ): AsyncGenerator<{ lines: LogLine[] }> {
       const taskId = uuidField("task_id", req.taskId);
       let after = sequenceField("after_sequence", req.afterSequence);
-      let changed = false;
-      let wake: (() => void) | undefined;
-      const onChange = () => {
-        changed = true;
-        wake?.();
-      };
-      const unsubscribe = [subscribe, ...wakers].map((s) => s(taskId, onChange));
+      const waker = createWaker(signal);
+      const unsubscribe = [subscribe, ...wakers].map((s) => s(taskId, waker.wake));
       try {
         while (!signal.aborted) {
-          changed = false;
+          waker.woken();
           // The state is read before the lines: a terminal task takes no more.
           const page = await store.page(taskId, after, 1000);
           const last = page.lines[page.lines.length - 1];
@@ -176,19 +172,9 @@ export function createLogTail(deps: LogTailDeps) {
             after = last.sequence;
             yield { lines: page.lines.map(toLogLine) };
           }
-          if (page.more || changed) continue;
+          if (waker.woken() || page.more) continue;
           if (terminalStates.includes(page.state)) return;
-          await new Promise<void>((resolve) => {
-            const timer = setTimeout(done, watchRecheckMs);
-            signal.addEventListener("abort", done, { once: true });
-            wake = done;
-            function done() {
-              clearTimeout(timer);
-              signal.removeEventListener("abort", done);
-              wake = undefined;
-              resolve();
-            }
-          });
+          await waker.wait(watchRecheckMs);
         }
       } finally {
         for (const u of unsubscribe) u();

@@ -18,7 +18,7 @@ import { kCorrelationId, kCorrelationSent, kTrace } from "../core/context.js";
 import { DomainError, invalid } from "../core/errors.js";
 import { decodeCursor, decodePageToken, pageSize } from "../core/paging.js";
 import { shareOfCaller } from "../core/scheduling.js";
-import { linkedSignal } from "../core/signals.js";
+import { createWaker, linkedSignal } from "../core/signals.js";
 import { terminalStates } from "../core/task-sql.js";
 import { intInRange, text, timeField, uuidField } from "../core/validate.js";
 import type { ArtifactRefJson, TaskRow, TaskStateName } from "../db/schema/index.js";
@@ -322,16 +322,12 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
       const id = uuidField("task_id", req.taskId);
       const linked = linkedSignal(ctx.signal, app.shutdownSignal);
       const { signal } = linked;
-      let changed = false;
-      let wake: (() => void) | undefined;
-      const unsubscribe = app.events.subscribe(id, () => {
-        changed = true;
-        wake?.();
-      });
+      const waker = createWaker(signal);
+      const unsubscribe = app.events.subscribe(id, waker.wake);
       try {
         let last = "";
         while (!signal.aborted) {
-          changed = false;
+          waker.woken();
           const row = await app.tasks.get(id);
           const delivery = (await app.tasks.deliveries([row])).get(row.id);
           // A delivery's progress is a change too.
@@ -342,18 +338,8 @@ export function createTaskService(app: TaskServiceDeps): ServiceImpl<typeof Task
             yield { task: toTask(row, false, outputs.get(row.id), delivery) };
           }
           if (terminalStates.includes(row.state)) return;
-          if (changed) continue;
-          await new Promise<void>((resolve) => {
-            const timer = setTimeout(done, watchRecheckMs);
-            signal.addEventListener("abort", done, { once: true });
-            wake = done;
-            function done() {
-              clearTimeout(timer);
-              signal.removeEventListener("abort", done);
-              wake = undefined;
-              resolve();
-            }
-          });
+          if (waker.woken()) continue;
+          await waker.wait(watchRecheckMs);
         }
       } finally {
         unsubscribe();
