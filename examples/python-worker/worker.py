@@ -13,6 +13,7 @@ this file.
 """
 
 import argparse
+import collections
 import hashlib
 import hmac
 import http.client
@@ -529,7 +530,8 @@ class Receiver(http.server.ThreadingHTTPServer):
         super().__init__((host, port), DispatchHandler)
         self.dispatch_path, self.secret = path, secret
         self.tasks, self.lock = queue.Queue(), threading.Lock()
-        self.seen = set()  # (task id, attempt) accepted here: a repeat is answered 409
+        # (task id, attempt) accepted here, the last 1,000: a repeat is answered 409.
+        self.seen, self.seen_order = set(), collections.deque()
         self.busy = False  # a task is queued or running: one at a time (max_concurrency 1)
         self.registered = threading.Event()
 
@@ -541,11 +543,14 @@ class Receiver(http.server.ThreadingHTTPServer):
                 return 409, "already_accepted", f"attempt {key[1]} is here"
             if not self.registered.is_set():
                 return 503, "not_registered", "not registered yet"
-            if stopping.is_set():  # 4xx: the coordinator places the task elsewhere
-                return 429, "stopping", "this worker is stopping"
+            if stopping.is_set():  # 410: the coordinator places the task elsewhere
+                return 410, "stopping", "this worker is stopping"
             if self.busy:
                 return 429, "at_capacity", "this worker runs one task at a time"
             self.seen.add(key)
+            self.seen_order.append(key)
+            if len(self.seen_order) > 1000:
+                self.seen.discard(self.seen_order.popleft())
             self.busy = True
         self.tasks.put(body)
         return 202, "accepted", f"task {key[0]} accepted"

@@ -4,8 +4,10 @@ import { BlockList, isIP } from "node:net";
 /**
  * Addresses a dispatch does not reach unless the operator allows them
  * (--dispatch-allow): this network, private, shared (CGNAT), loopback,
- * link-local, multicast and reserved IPv4; unspecified, loopback,
- * unique-local, link-local and multicast IPv6. So a worker token cannot
+ * link-local, IETF protocol, benchmarking, multicast and reserved IPv4;
+ * unspecified, loopback, IPv4-embedding (compatible, NAT64, 6to4),
+ * site-local, unique-local, link-local and multicast IPv6 (IPv4-mapped
+ * addresses are checked as their IPv4). So a worker token cannot
  * make the coordinator a forwarder of requests into its own network.
  */
 const nonPublic = new BlockList();
@@ -16,7 +18,9 @@ for (const [net, prefix] of [
   ["127.0.0.0", 8],
   ["169.254.0.0", 16],
   ["172.16.0.0", 12],
+  ["192.0.0.0", 24],
   ["192.168.0.0", 16],
+  ["198.18.0.0", 15],
   ["224.0.0.0", 3],
 ] as const) {
   nonPublic.addSubnet(net, prefix, "ipv4");
@@ -24,6 +28,13 @@ for (const [net, prefix] of [
 for (const [net, prefix] of [
   ["::", 128],
   ["::1", 128],
+  // IPv4 inside IPv6: IPv4-compatible, NAT64 (which reaches private IPv4
+  // through a gateway), 6to4; and the old site-local block.
+  ["::", 96],
+  ["64:ff9b::", 96],
+  ["64:ff9b:1::", 48],
+  ["2002::", 16],
+  ["fec0::", 10],
   ["fc00::", 7],
   ["fe80::", 10],
   ["ff00::", 8],

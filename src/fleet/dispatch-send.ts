@@ -79,9 +79,6 @@ export function dispatchUrl(apiBaseUrl: string, path: string): URL {
   return url;
 }
 
-/** How many bytes of a refusal's body are kept as its error. */
-const errorBytes = 200;
-
 export interface SendOptions {
   coordinatorUrl: string;
   timeoutMs: number;
@@ -126,7 +123,18 @@ export async function sendDispatch(t: DispatchTarget, o: SendOptions): Promise<D
   } else {
     let found: { address: string; family: number }[];
     try {
-      found = await o.resolve(url.hostname);
+      // Within the request's time: a slow resolver must not outlast the
+      // replica's hold on the delivery (dispatch.ts), or another replica
+      // would send it too.
+      found = await Promise.race([
+        o.resolve(url.hostname),
+        new Promise<never>((_, reject) =>
+          setTimeout(
+            () => reject(new Error(`no answer within ${o.timeoutMs} ms`)),
+            o.timeoutMs,
+          ).unref(),
+        ),
+      ]);
     } catch (error) {
       return end("unreachable", 0, `cannot resolve ${url.hostname}: ${(error as Error).message}`);
     }
@@ -175,12 +183,8 @@ export async function sendDispatch(t: DispatchTarget, o: SendOptions): Promise<D
       },
       (res) => {
         const status = res.statusCode ?? 0;
-        const kept: Buffer[] = [];
-        let size = 0;
-        res.on("data", (chunk: Buffer) => {
-          if (size < errorBytes) kept.push(chunk);
-          size += chunk.length;
-        });
+        // The answer's body is read and dropped.
+        res.on("data", () => {});
         res.on("error", () => {});
         res.on("close", () => {
           clearTimeout(deadline);
@@ -190,14 +194,17 @@ export async function sendDispatch(t: DispatchTarget, o: SendOptions): Promise<D
         });
         res.on("end", () => {
           clearTimeout(deadline);
-          const text = Buffer.concat(kept).toString("utf8").slice(0, errorBytes);
+          // The status only: the answer's text of an arbitrary target is not
+          // for the history to repeat.
           if (status >= 200 && status < 300) resolve(end("accepted", status, ""));
           else if (status === 409) resolve(end("duplicate", status, ""));
-          else if (status >= 400 && status < 500) resolve(end("refused", status, text));
-          else
-            resolve(
-              end("failed", status, status >= 300 && status < 400 ? "redirect not followed" : text),
-            );
+          // Busy (429) or not ready (503): the same worker again, after a backoff.
+          else if (status === 429 || status === 503) resolve(end("failed", status, "busy"));
+          // A redirect is not followed, and will not change: placed elsewhere.
+          else if (status >= 300 && status < 400)
+            resolve(end("refused", status, "redirect not followed"));
+          else if (status >= 400 && status < 500) resolve(end("refused", status, ""));
+          else resolve(end("failed", status, ""));
         });
       },
     );

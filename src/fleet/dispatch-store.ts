@@ -169,6 +169,40 @@ export function createDispatchStore(db: Db) {
         return row;
       });
     },
+
+    /**
+     * An attempt that could be delivered nowhere, given back: PENDING again
+     * (a claim or a new placement may take it), its assignment cleared, and
+     * released (releases + 1) so that it does not count against
+     * max_attempts; error DISPATCH_FAILED. Only while the task is still
+     * ASSIGNED on this attempt and worker. Answers whether it did.
+     */
+    async giveBack(
+      d: Pick<ClaimedDelivery, "taskId" | "attempt" | "workerId">,
+      why: string,
+    ): Promise<boolean> {
+      const rows = await db
+        .update(tasks)
+        .set({
+          state: "PENDING",
+          releases: sql`${tasks.releases} + 1`,
+          assignedWorkerId: null,
+          assignedApiBaseUrl: "",
+          errorCode: "DISPATCH_FAILED",
+          errorMessage: why.slice(0, 2000),
+          updatedAt: sql`now()`,
+        })
+        .where(
+          and(
+            eq(tasks.id, d.taskId),
+            eq(tasks.state, "ASSIGNED"),
+            eq(tasks.attempt, d.attempt),
+            eq(tasks.assignedWorkerId, d.workerId),
+          ),
+        )
+        .returning({ id: tasks.id });
+      return rows.length > 0;
+    },
   };
 }
 

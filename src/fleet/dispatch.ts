@@ -49,7 +49,8 @@ export function createDispatcher(deps: DispatcherDeps) {
     resolve: deps.resolve ?? resolveAll,
   };
   // Claimed longer than a request can take, with a margin for recording it.
-  const holdMs = config.dispatchTimeoutMs + 5000;
+  // A resolve and a request, each bounded by the timeout, and a margin.
+  const holdMs = 2 * config.dispatchTimeoutMs + 5000;
   let inFlight = 0;
   const sending = new Set<Promise<void>>();
   let claiming: Promise<unknown> = Promise.resolve();
@@ -113,10 +114,18 @@ export function createDispatcher(deps: DispatcherDeps) {
       kick();
     } catch (error) {
       if (!(error instanceof DomainError)) throw error;
-      // No other worker fits (or the attempt moved on): the lease's expiry decides.
+      // No other worker fits now (or a limit holds it back): the attempt is
+      // given back, PENDING again without counting against max_attempts,
+      // rather than left holding its worker's slot until its lease expires.
+      // One that moved on meanwhile (another attempt) is left as it is.
+      const back = await deps.store.giveBack(
+        d,
+        `the delivery to worker ${d.workerId} failed (${r.outcome}${r.httpStatus ? ` ${r.httpStatus}` : ""}) and no other worker fits: ${error.message}`,
+      );
+      if (back) deps.events.emit([d.taskId]);
       deps.log.info(
-        { taskId: d.taskId, reason: error.reason },
-        "task not placed again: left to its lease",
+        { taskId: d.taskId, reason: error.reason, givenBack: back },
+        "task not placed again after a failed delivery",
       );
     }
   }

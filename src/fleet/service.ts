@@ -51,7 +51,10 @@ function dispatchInput(
     // Never repeated in the message.
     throw invalid("dispatch_secret must be 32 to 256 characters");
   }
-  if (req.apiBaseUrl !== "") {
+  // Refused at once only for a worker that asks for dispatches (a path or a
+  // secret): a director's nodes and pull workers have long registered
+  // private addresses they are never sent to. Every dispatch checks again.
+  if (req.apiBaseUrl !== "" && (req.dispatchPath !== "" || secret !== "")) {
     const ip = literalHost(new URL(req.apiBaseUrl));
     if (ip !== undefined && !policy.allows(ip, registeredFrom)) {
       throw invalid(
@@ -60,7 +63,8 @@ function dispatchInput(
     }
   }
   return {
-    dispatchPath: path,
+    // Both kept from an earlier registration when not given again.
+    dispatchPath: req.dispatchPath === "" ? undefined : path,
     dispatchSecret: secret === "" ? undefined : secret,
     registeredFrom,
   };

@@ -66,7 +66,8 @@ function fieldsOf(input: WorkerInput) {
     apiBaseUrl: input.apiBaseUrl,
     capacity: input.capacity ?? {},
     ...(input.maxConcurrency !== undefined && { maxConcurrency: input.maxConcurrency }),
-    dispatchPath: input.dispatchPath ?? "/meshwork/tasks",
+    // Kept when a registration does not say (its default is the column's).
+    ...(input.dispatchPath !== undefined && { dispatchPath: input.dispatchPath }),
     registeredFrom: input.registeredFrom ?? "",
     ...(input.dispatchSecret !== undefined && { dispatchSecret: input.dispatchSecret }),
     lastHeartbeatAt: sql`now()`,

@@ -10,7 +10,7 @@ import {
 // The HTTP side of a push worker: one route, `POST {dispatch_path}`, whose
 // requests are checked (size, signature, body) before the worker decides.
 
-/** What the worker answers a checked dispatch: 202, 409, 429 or 503, a code and a message. */
+/** What the worker answers a checked dispatch: 202, 409, 410, 429 or 503, a code and a message. */
 export interface Verdict {
   status: number;
   /** `accepted`, `already_accepted`, `at_capacity`, `stopping`, `not_registered`. */

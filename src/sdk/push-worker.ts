@@ -65,8 +65,9 @@ function defaultApiBaseUrl(host: string, port: number): string {
  * Each request's X-Meshwork-Signature is checked first (a missing, wrong
  * or stale one: 401, nothing runs; a body over `maxBodyBytes`: 413); a
  * dispatch is then answered at once, 202 (accepted), 409 (an attempt it
- * already has), 429 (every slot taken, or stopping: the coordinator places
- * the task elsewhere) or 503 (not registered yet), and an accepted one is
+ * already has), 429 (every slot taken: the coordinator tries again after a
+ * backoff), 410 (stopping: the coordinator places the task elsewhere) or
+ * 503 (not registered yet), and an accepted one is
  * started with StartTask under the dispatch's lease and run by `handler`
  * exactly as createWorker runs a claimed task: renewals, inputs, uploads,
  * logs, then CompleteTask or FailTask. While idle it heartbeats. `stop()`
@@ -141,7 +142,7 @@ export function createPushWorker(options: PushWorkerOptions): PushWorker {
     }
     if (!s.workerId) return { status: 503, code: "not_registered", message: "not registered yet" };
     if (stopping.signal.aborted) {
-      return { status: 429, code: "stopping", message: "this worker is stopping" };
+      return { status: 410, code: "stopping", message: "this worker is stopping" };
     }
     const busy = new Set([...s.running.keys(), ...starting.keys()]);
     if (!busy.has(d.taskId) && busy.size >= s.concurrency) {

@@ -208,7 +208,7 @@ describe("push receivers", () => {
       expect(registered?.hasDispatchSecret).toBe(true);
     });
 
-    it("renews at once, and stops like a pull worker: refuses new dispatches (429), lets the running task finish, deregisters", async () => {
+    it("renews at once, and stops like a pull worker: refuses new dispatches (410), lets the running task finish, deregisters", async () => {
       const workload2 = uniqueWorkload("push-stop");
       let release = () => {};
       const released = new Promise<void>((resolve) => {
@@ -253,7 +253,7 @@ describe("push receivers", () => {
       });
       const stopped = stopping.stop();
       const b2 = bodyOf(second);
-      expect((await post(url, b2, signDispatch(secret, b2))).status, lines).toBe(429);
+      expect((await post(url, b2, signDispatch(secret, b2))).status, lines).toBe(410);
       release();
       await stopped;
       const done = await finishedTask(server, first.taskId);

@@ -284,6 +284,32 @@ describe("dispatch", () => {
     });
   }
 
+  it("tries a busy worker (429) again rather than placing the task elsewhere", async () => {
+    const w = uniqueWorkload();
+    let busy = true;
+    const one = await serve(() => (busy ? 429 : 202));
+    const other = await serve(() => 200);
+    const a = await worker(w, one.url, { maxConcurrency: 2 });
+    await worker(w, other.url);
+    const placed = await placedTask(w);
+    const taskId = placed?.taskId ?? "";
+    expect(placed?.assignedWorkerId).toBe(a);
+    await h.app.dispatcher.runOnce();
+    expect((await h.tasks.getTask({ taskId })).task?.delivery).toMatchObject({
+      state: DeliveryState.DELIVERING,
+      lastStatus: 429,
+    });
+    busy = false;
+    await h.app.database.db.execute(
+      sql`update deliveries set next_at = now() where task_id = ${taskId}::uuid`,
+    );
+    await h.app.dispatcher.runOnce();
+    const { task } = await h.tasks.getTask({ taskId });
+    expect(task).toMatchObject({ attempt: 1, assignedWorkerId: a });
+    expect(task?.delivery?.state).toBe(DeliveryState.ACCEPTED);
+    expect(other.received).toHaveLength(0);
+  });
+
   it("never sends a stale attempt: placed again before the dispatcher ran, only the new one goes", async () => {
     const w = uniqueWorkload();
     const one = await serve(() => 200);
@@ -299,20 +325,37 @@ describe("dispatch", () => {
 
   it("refuses a literal private address at registration, and a name resolving to one at dispatch", async () => {
     const w = uniqueWorkload();
+    const secret = "s".repeat(32);
     expect(
       await outcome(
         h.fleet.registerWorker({
           name: "ten",
           capabilities: [w],
           apiBaseUrl: "http://10.1.2.3:8080",
+          dispatchSecret: secret,
         }),
       ),
     ).toMatchObject({ code: "InvalidArgument" });
     expect(
       await outcome(
-        h.fleet.registerWorker({ name: "v6", capabilities: [w], apiBaseUrl: "http://[fd00::1]/" }),
+        h.fleet.registerWorker({
+          name: "v6",
+          capabilities: [w],
+          apiBaseUrl: "http://[fd00::1]/",
+          dispatchPath: "/jobs",
+        }),
       ),
     ).toMatchObject({ code: "InvalidArgument" });
+    // A worker that asks for no dispatch (a director's node) registers it as before.
+    expect(
+      await outcome(
+        h.fleet.registerWorker({
+          name: "node",
+          capabilities: [w],
+          apiBaseUrl: "http://10.1.2.3:8080",
+        }),
+      ),
+    ).toMatchObject({ code: "ok" });
     expect(
       await outcome(
         h.fleet.registerWorker({
@@ -339,8 +382,11 @@ describe("dispatch", () => {
       expect(server.received).toHaveLength(0);
       const got = await strict.tasks.getTask({ taskId });
       expect(got.task?.delivery?.state).toBe(DeliveryState.FAILED);
-      // No other worker: left ASSIGNED to its lease.
-      expect(got.task?.state).toBe(TaskState.ASSIGNED);
+      // No other worker: given back, PENDING, the attempt not counted.
+      expect(got.task).toMatchObject({
+        state: TaskState.PENDING,
+        error: { code: "DISPATCH_FAILED" },
+      });
       const events = (await strict.tasks.listTaskEvents({ taskId })).events;
       expect(events.filter((e) => e.kind === "dispatch").map((e) => e.dispatch?.outcome)).toEqual([
         "forbidden",
