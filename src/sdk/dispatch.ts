@@ -58,17 +58,17 @@ export function checkDispatchSignature(
   toleranceSeconds = signatureToleranceSeconds,
 ): string | undefined {
   if (!header) return "no X-Meshwork-Signature header";
-  let t = "";
-  const signatures: Buffer[] = [];
+  // The header's parts, by key: `t=<unix seconds>` and one or more `v1=<hex>`.
+  const parts = new Map<string, string[]>();
   for (const part of header.split(",")) {
     const at = part.indexOf("=");
     const key = part.slice(0, at).trim();
-    const value = part.slice(at + 1).trim();
-    if (key === "t") t = value;
-    else if (key === "v1" && /^[0-9a-f]{64}$/i.test(value)) {
-      signatures.push(Buffer.from(value, "hex"));
-    }
+    parts.set(key, [...(parts.get(key) ?? []), part.slice(at + 1).trim()]);
   }
+  const t = parts.get("t")?.[0] ?? "";
+  const signatures = (parts.get("v1") ?? [])
+    .filter((v) => /^[0-9a-f]{64}$/i.test(v))
+    .map((v) => Buffer.from(v, "hex"));
   if (!/^\d{1,12}$/.test(t)) return "the signature has no timestamp t=<unix seconds>";
   if (Math.abs(nowSeconds - Number(t)) > toleranceSeconds) {
     return `the signature's timestamp is more than ${toleranceSeconds} s from this clock`;
