@@ -173,7 +173,11 @@ async function openPostgres(
     ]);
   // Its types say `export =`; imported as ESM, the function is the default export.
   const postgres = (postgresModule as unknown as { default: typeof postgresModule }).default;
-  const quiet = { onnotice: () => {} };
+  // A new connection that gets no answer (its backend terminated while it
+  // started up, under a storm of pg_terminate_backend) gives up after 5 s,
+  // not postgres.js's 30: the statements queued on it — a batch of claims
+  // among them — wait that long (faults suite: connection storm).
+  const quiet = { onnotice: () => {}, connect_timeout: 5 };
   // Migrate on one dedicated connection under an advisory lock, so that
   // replicas starting together apply each migration once, and their
   // functions one replica after the other (functions.ts).
