@@ -108,7 +108,12 @@ export async function sendDispatch(t: DispatchTarget, o: SendOptions): Promise<D
       error: "no valid api_base_url",
     };
   }
-  const shown = url.toString();
+  // As logged and kept in the history: without a user name or password
+  // the URL may carry (sent to the worker, never written down).
+  const bare = new URL(url);
+  bare.username = "";
+  bare.password = "";
+  const shown = bare.toString();
   const end = (outcome: DispatchOutcome, httpStatus: number, error: string): DispatchResult => ({
     outcome,
     httpStatus,

@@ -174,6 +174,22 @@ describe("dispatch", () => {
     expect(metrics).toMatch(/meshwork_dispatch_duration_seconds_count\{outcome="accepted"\} [1-9]/);
   });
 
+  it("never writes a password of the worker's URL into the history", async () => {
+    const w = uniqueWorkload();
+    const taking = await serve(() => 200);
+    const url = new URL(taking.url);
+    url.username = "lab";
+    url.password = "hunter2";
+    await worker(w, url.toString());
+    const placed = await placedTask(w);
+    await h.app.dispatcher.runOnce();
+    expect(taking.received).toHaveLength(1);
+    const { events } = await h.tasks.listTaskEvents({ taskId: placed?.taskId ?? "" });
+    const sent = events.find((e) => e.kind === "dispatch")?.dispatch;
+    expect(sent?.outcome).toBe("accepted");
+    expect(sent?.url).not.toContain("hunter2");
+  });
+
   it("takes a 409 as accepted: the worker has it", async () => {
     const w = uniqueWorkload();
     const server = await serve(() => 409);
