@@ -1,4 +1,5 @@
 import { type ParseArgsConfig, parseArgs } from "node:util";
+import type { JsonObject } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { codeToString } from "@connectrpc/connect/protocol-connect";
 import { checkedUrl } from "../sdk/rpc.js";
@@ -149,4 +150,43 @@ export async function runCommand(
     io.err.write(`${prefix}: ${(error as Error).message}\n`);
     return 1;
   }
+}
+
+/** `--params JSON` merged with each `--param K=V` (V as JSON when it parses). */
+export function parameterObject(
+  params: string | undefined,
+  each: string[],
+): JsonObject | undefined {
+  let obj: JsonObject = {};
+  if (params !== undefined) {
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(params);
+    } catch {
+      throw new UsageError("--params must be a JSON object");
+    }
+    if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
+      throw new UsageError("--params must be a JSON object");
+    }
+    obj = parsed as JsonObject;
+  }
+  for (const [k, v] of Object.entries(pairs("param", each))) {
+    try {
+      obj[k] = JSON.parse(v);
+    } catch {
+      obj[k] = v;
+    }
+  }
+  return params === undefined && each.length === 0 ? undefined : obj;
+}
+
+/** `K=V` flags as an object; a flag without `=` or with an empty key is a UsageError. */
+export function pairs(flag: string, each: string[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const p of each) {
+    const i = p.indexOf("=");
+    if (i <= 0) throw new UsageError(`--${flag} must be KEY=VALUE, not ${JSON.stringify(p)}`);
+    out[p.slice(0, i)] = p.slice(i + 1);
+  }
+  return out;
 }

@@ -1,4 +1,4 @@
-import { type JsonObject, toJson } from "@bufbuild/protobuf";
+import { toJson } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import {
   CatchUpPolicy,
@@ -15,6 +15,7 @@ import {
   endpointOptions,
   type Io,
   intFlag,
+  parameterObject,
   parse,
   positionalsOf,
   runCommand,
@@ -69,35 +70,6 @@ const policyFlag = <T>(flag: string, value: string | undefined, names: Record<st
   }
   return v;
 };
-
-/** `--params JSON` merged with each `--param K=V` (V as JSON when it parses). */
-function parameters(params: string | undefined, each: string[]): JsonObject | undefined {
-  if (params === undefined && each.length === 0) return undefined;
-  let obj: JsonObject = {};
-  if (params !== undefined) {
-    let parsed: unknown;
-    try {
-      parsed = JSON.parse(params);
-    } catch {
-      throw new UsageError("--params must be a JSON object");
-    }
-    if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
-      throw new UsageError("--params must be a JSON object");
-    }
-    obj = parsed as JsonObject;
-  }
-  for (const p of each) {
-    const i = p.indexOf("=");
-    if (i <= 0) throw new UsageError(`--param must be KEY=VALUE, not ${JSON.stringify(p)}`);
-    const v = p.slice(i + 1);
-    try {
-      obj[p.slice(0, i)] = JSON.parse(v);
-    } catch {
-      obj[p.slice(0, i)] = v;
-    }
-  }
-  return obj;
-}
 
 const createOptions = {
   cron: { type: "string" },
@@ -184,7 +156,7 @@ export async function scheduleCommand(argv: string[], io: Io = stdio): Promise<n
           template: {
             workload: values.workload,
             name: values["task-name"] ?? "",
-            parameters: parameters(values.params, values.param ?? []),
+            parameters: parameterObject(values.params, values.param ?? []),
             input: values["input-artifact"]
               ? { case: "inputArtifactId", value: values["input-artifact"] }
               : { case: undefined },

@@ -1,4 +1,4 @@
-import { create as createMessage, type JsonObject, toJson } from "@bufbuild/protobuf";
+import { create as createMessage, toJson } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { createClient } from "@connectrpc/connect";
 import {
@@ -13,6 +13,8 @@ import {
   endpointOptions,
   type Io,
   intFlag,
+  pairs,
+  parameterObject,
   parse,
   positionalsOf,
   runCommand,
@@ -347,40 +349,4 @@ async function list(args: string[], io: Io): Promise<number> {
 function help(io: Io): number {
   io.out.write(usage);
   return 0;
-}
-
-/** `--params JSON` merged with each `--param K=V` (V as JSON when it parses). */
-function parameterObject(params: string | undefined, each: string[]): JsonObject | undefined {
-  let obj: JsonObject = {};
-  if (params !== undefined) {
-    let parsed: unknown;
-    try {
-      parsed = JSON.parse(params);
-    } catch {
-      throw new UsageError("--params must be a JSON object");
-    }
-    if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
-      throw new UsageError("--params must be a JSON object");
-    }
-    obj = parsed as JsonObject;
-  }
-  for (const [k, v] of Object.entries(pairs("param", each))) {
-    try {
-      obj[k] = JSON.parse(v);
-    } catch {
-      obj[k] = v;
-    }
-  }
-  return params === undefined && each.length === 0 ? undefined : obj;
-}
-
-/** `K=V` flags as an object; a flag without `=` or with an empty key is a UsageError. */
-function pairs(flag: string, each: string[]): Record<string, string> {
-  const out: Record<string, string> = {};
-  for (const p of each) {
-    const i = p.indexOf("=");
-    if (i <= 0) throw new UsageError(`--${flag} must be KEY=VALUE, not ${JSON.stringify(p)}`);
-    out[p.slice(0, i)] = p.slice(i + 1);
-  }
-  return out;
 }
