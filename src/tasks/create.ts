@@ -1,6 +1,5 @@
 import { createHash, randomUUID } from "node:crypto";
-import { inArray, type SQL, sql } from "drizzle-orm";
-import type { PgInsertValue } from "drizzle-orm/pg-core";
+import { inArray, sql } from "drizzle-orm";
 import { canonicalJson } from "../core/canonical-json.js";
 import { DomainError, invalid, notFound } from "../core/errors.js";
 import type { Db } from "../db/database.js";
@@ -15,6 +14,7 @@ import {
   tasks,
 } from "../db/schema/index.js";
 import { resolveDependencies, type WorkflowFields } from "./dependencies.js";
+import { insertTasks, type TaskInsert } from "./insert.js";
 
 /** A validated, defaulted task to create. */
 export interface NewTask extends WorkflowFields {
@@ -128,12 +128,6 @@ type Tx = Parameters<Parameters<Db["transaction"]>[0]>[0];
 
 const terminal = ["SUCCEEDED", "FAILED", "CANCELED"];
 
-/** When a task may start: its run_at, or the insert's now() + delay; null for now. */
-function startOf(t: NewTask): SQL | Date | null {
-  if (t.delayMs !== null) return sql`now() + ${t.delayMs} * interval '1 millisecond'`;
-  return t.runAt;
-}
-
 /**
  * Creates tasks in one transaction, all or none, returned in input order.
  * A task whose idempotency key exists returns the existing task when the
@@ -151,48 +145,17 @@ export async function createTasks(db: Db, input: NewTask[]): Promise<TaskRow[]> 
   const deps = resolveDependencies(
     input.map((t, i) => ({ id: ids[i] as string, ref: t.ref, dependsOn: t.dependsOn })),
   );
-  const values = input.map((t, i) => ({
+  const values: TaskInsert[] = input.map((t, i) => ({
     id: ids[i] as string,
-    name: t.name,
-    workload: t.workload,
-    requiredCapabilities: t.requiredCapabilities,
-    affinity: t.affinity,
-    priority: t.priority,
-    deadline: t.deadline,
-    parameters: t.parameters,
-    steps: t.steps,
-    state: "PENDING" as const,
-    maxAttempts: t.maxAttempts,
-    leaseSeconds: t.leaseSeconds,
-    backoffInitialMs: t.backoff.initialMs,
-    backoffMaxMs: t.backoff.maxMs,
-    backoffMultiplier: t.backoff.multiplier,
-    idempotencyKey: t.idempotencyKey,
+    task: t,
     requestHash: t.idempotencyKey === null ? null : requestHash(t),
-    correlationId: t.correlationId,
-    traceParent: t.traceParent,
-    traceState: t.traceState,
-    input: t.input,
-    resources: t.resources,
-    requirements: t.requirements,
-    preferences: t.preferences,
-    share: t.share,
-    concurrencyKey: t.concurrencyKey,
-    rateKey: t.rateKey,
-    runAt: startOf(t),
-    notBefore: t.dependsOn.length > 0 ? sql`'infinity'::timestamptz` : startOf(t),
-    ref: t.ref,
-    dependencyPolicy: t.dependencyPolicy,
-    timeoutSeconds: t.timeoutSeconds,
-    scheduleId: t.scheduleId ?? null,
-    dispatch: t.dispatch ?? false,
+    waits: t.dependsOn.length > 0,
   }));
-  const unkeyed = values.every((v) => v.idempotencyKey === null);
+  const unkeyed = input.every((t) => t.idempotencyKey === null);
   const waits = deps.some((d) => d.length > 0);
-  const inputIds = [...new Set(values.flatMap((v) => (v.input ? [v.input.artifactId] : [])))];
+  const inputIds = [...new Set(input.flatMap((t) => (t.input ? [t.input.artifactId] : [])))];
   if (unkeyed && !waits && inputIds.length === 0) {
-    const rows = await db.insert(tasks).values(values).returning();
-    return inOrder(values, rows);
+    return inOrder(values, await insertTasks(db, values, false));
   }
   return db.transaction(async (tx) => {
     // The inputs named are locked until the tasks naming them commit:
@@ -207,7 +170,7 @@ export async function createTasks(db: Db, input: NewTask[]): Promise<TaskRow[]> 
       if (missing) throw notFound(`input artifact ${missing}`);
     }
     const rows = unkeyed
-      ? inOrder(values, await tx.insert(tasks).values(values).returning())
+      ? inOrder(values, await insertTasks(tx, values, false))
       : await insertKeyed(tx, values);
     if (!waits) return rows;
     return link(tx, rows, values, deps);
@@ -215,26 +178,12 @@ export async function createTasks(db: Db, input: NewTask[]): Promise<TaskRow[]> 
 }
 
 /** Inserts tasks with idempotency keys: a repeat returns the task made before. */
-async function insertKeyed(
-  tx: Tx,
-  values: (PgInsertValue<typeof tasks> & {
-    id: string;
-    idempotencyKey: string | null;
-    requestHash: string | null;
-  })[],
-): Promise<TaskRow[]> {
-  const inserted = await tx
-    .insert(tasks)
-    .values(values)
-    .onConflictDoNothing({
-      target: tasks.idempotencyKey,
-      where: sql`${tasks.idempotencyKey} is not null`,
-    })
-    .returning();
+async function insertKeyed(tx: Tx, values: TaskInsert[]): Promise<TaskRow[]> {
+  const inserted = await insertTasks(tx, values, true);
   const byId = new Map(inserted.map((r) => [r.id, r]));
   const missingKeys = values
-    .filter((v) => !byId.has(v.id) && v.idempotencyKey !== null)
-    .map((v) => v.idempotencyKey as string);
+    .filter((v) => !byId.has(v.id) && v.task.idempotencyKey !== null)
+    .map((v) => v.task.idempotencyKey as string);
   const existing =
     missingKeys.length === 0
       ? []
@@ -242,13 +191,14 @@ async function insertKeyed(
   const byKey = new Map(existing.map((r) => [r.idempotencyKey, r]));
   for (const r of inserted) if (r.idempotencyKey) byKey.set(r.idempotencyKey, r);
   return values.map((v) => {
-    const row = byId.get(v.id) ?? (v.idempotencyKey ? byKey.get(v.idempotencyKey) : undefined);
+    const key = v.task.idempotencyKey;
+    const row = byId.get(v.id) ?? (key ? byKey.get(key) : undefined);
     if (!row) throw new Error("task neither inserted nor found");
     if (row.id !== v.id && row.requestHash !== v.requestHash) {
       throw new DomainError(
         "already_exists",
         "IDEMPOTENCY_KEY_REUSED",
-        `idempotency_key ${JSON.stringify(v.idempotencyKey)} was used for a different request (task ${row.id})`,
+        `idempotency_key ${JSON.stringify(key)} was used for a different request (task ${row.id})`,
         { taskId: row.id },
       );
     }
