@@ -6,6 +6,7 @@ import { DomainError } from "./core/errors.js";
 import type { Database } from "./db/database.js";
 import { isTransientDatabaseError } from "./db/faults.js";
 import { createReadiness } from "./db/readiness.js";
+import { createUpkeep, type UpkeepReading } from "./db/upkeep.js";
 import { createWorkerCache } from "./fleet/cache.js";
 import { capacityOf } from "./fleet/convert.js";
 import { createDispatcher } from "./fleet/dispatch.js";
@@ -58,8 +59,13 @@ export function createApp(
     heartbeatIntervalSeconds: config.heartbeatIntervalSeconds,
     shares: () => shareBook.snapshot(),
   });
+  // The database's upkeep (db/upkeep.ts): its tables' dead rows and the
+  // oldest open transaction, read every 10 s; vacuums with --vacuum on.
+  const upkeep = createUpkeep(database.upkeep, { vacuum: config.vacuum });
+  let upkeepReading: UpkeepReading | undefined;
   // Per app, not prom-client's global registry: tests build many apps.
   const metrics = createMetrics({
+    upkeep: () => upkeepReading,
     statements: database.statements,
     pool: () => database.pool(),
     liveTasks: () => stores.tasks.liveByWorkload(),
@@ -166,8 +172,35 @@ export function createApp(
       },
       (error: unknown) => log.warn({ err: error }, "removing LOST workers failed"),
     );
+  let upkeepTimer: NodeJS.Timeout | undefined;
+  let upkeepRunning: Promise<void> | undefined;
+  let warnedAt = 0;
+  const upkeepOnce = async () => {
+    const r = await upkeep.run();
+    upkeepReading = r;
+    for (const v of r.vacuumed) {
+      metrics.vacuums.inc({ table: v.table });
+      log.info(v, "vacuumed a table whose dead rows piled up");
+    }
+    const old = r.oldest;
+    if (old && old.seconds >= 60 && Date.now() - warnedAt >= 60_000) {
+      warnedAt = Date.now();
+      log.warn(
+        { ...old, seconds: Math.round(old.seconds) },
+        "an open transaction keeps the database from removing dead rows: claims slow down while it stays open (end it, or set idle_in_transaction_session_timeout)",
+      );
+    }
+  };
+  const runUpkeep = (): Promise<void> => {
+    upkeepRunning ??= upkeepOnce().finally(() => {
+      upkeepRunning = undefined;
+    });
+    return upkeepRunning;
+  };
   return {
     database,
+    /** Reads the database's upkeep figures and vacuums what is due (tests call it instead of waiting 10 s). */
+    runUpkeep,
     /** Whether the database answers (/readyz, grpc.health.v1.Health): one ping at a time, kept 500 ms. */
     ready: createReadiness(() => database.ping(), { cacheMs: 500, timeoutMs: 2000 }),
     config,
@@ -221,6 +254,10 @@ export function createApp(
         dispatcher.start();
         scheduleTicker.start();
         retention.start();
+        upkeepTimer = setInterval(() => {
+          runUpkeep().catch((error: unknown) => log.warn({ err: error }, "database upkeep failed"));
+        }, 10_000);
+        upkeepTimer.unref();
         if (config.workerRetentionMs > 0) {
           workerSweep = setInterval(pruneLostWorkers, 60_000);
           workerSweep.unref();
@@ -238,6 +275,8 @@ export function createApp(
       guard.stop();
       clearInterval(blobSweep);
       clearInterval(workerSweep);
+      clearInterval(upkeepTimer);
+      await upkeepRunning?.catch(() => {});
       await sweeper.stop();
       await dispatcher.stop();
       await scheduleTicker.stop();

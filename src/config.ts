@@ -27,6 +27,8 @@ export interface Config extends DispatchConfig {
   logFormat: "auto" | "json" | "pretty";
   /** GET /metrics without a token (for a Prometheus on a trusted network); default off. */
   metricsPublic: boolean;
+  /** Whether the coordinator vacuums its own tables when their dead rows pile up (db/upkeep.ts); default on. */
+  vacuum: boolean;
   /** OTLP/HTTP endpoint that spans are exported to (e.g. http://127.0.0.1:4318); "" = no tracing SDK loaded. */
   otelEndpoint: string;
   /** Seconds between worker heartbeats; a worker is LOST after 3 missed intervals. */
@@ -135,6 +137,7 @@ const flags = {
   "log-level": { type: "string", env: "MESHWORK_LOG_LEVEL" },
   "log-format": { type: "string", env: "MESHWORK_LOG_FORMAT" },
   "metrics-public": { type: "string", env: "MESHWORK_METRICS_PUBLIC" },
+  vacuum: { type: "string", env: "MESHWORK_VACUUM" },
   "otel-endpoint": { type: "string", env: "OTEL_EXPORTER_OTLP_ENDPOINT" },
   "heartbeat-interval": { type: "string", env: "MESHWORK_HEARTBEAT_INTERVAL" },
   retention: { type: "string", env: "MESHWORK_RETENTION" },
@@ -185,18 +188,14 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
   const listen = get("listen") ?? "127.0.0.1:8080";
   const { host } = splitHostPort(listen);
   const dataDir = get("data-dir") ?? "./.meshwork";
-  const auth = get("auth") ?? "on";
-  if (auth !== "on" && auth !== "off") throw new ConfigError("--auth must be on or off");
+  const auth = onOff("--auth", get("auth"), "on");
   if (auth === "off" && !isLoopback(host)) {
     throw new ConfigError(
       `--auth off is accepted only when listening on a loopback address, not ${host}: anyone who can reach ${listen} could act as any worker. Keep --auth on (the default) and use tokens (meshwork token create).`,
     );
   }
   const rateLimit = intFlag("--rate-limit", get("rate-limit"), 0, 0, 1_000_000);
-  const rateLimitAdmin = get("rate-limit-admin") ?? "off";
-  if (rateLimitAdmin !== "on" && rateLimitAdmin !== "off") {
-    throw new ConfigError("--rate-limit-admin must be on or off");
-  }
+  const rateLimitAdmin = onOff("--rate-limit-admin", get("rate-limit-admin"), "off");
   const logLevel = get("log-level") ?? "info";
   if (!["trace", "debug", "info", "warn", "error", "fatal", "silent"].includes(logLevel)) {
     throw new ConfigError(
@@ -207,10 +206,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
   if (logFormat !== "auto" && logFormat !== "json" && logFormat !== "pretty") {
     throw new ConfigError(`--log-format ${logFormat} is not one of auto|json|pretty`);
   }
-  const metricsPublic = get("metrics-public") ?? "off";
-  if (metricsPublic !== "on" && metricsPublic !== "off") {
-    throw new ConfigError("--metrics-public must be on or off");
-  }
+  const metricsPublic = onOff("--metrics-public", get("metrics-public"), "off");
   // The base URL, as OTEL_EXPORTER_OTLP_ENDPOINT means it; a full traces URL is taken too.
   const otelEndpoint = (get("otel-endpoint") ?? "")
     .replace(/\/+$/, "")
@@ -277,6 +273,7 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     logLevel,
     logFormat,
     metricsPublic: metricsPublic === "on",
+    vacuum: onOff("--vacuum", get("vacuum"), "on") === "on",
     otelEndpoint,
     heartbeatIntervalSeconds: intFlag(
       "--heartbeat-interval",
@@ -416,6 +413,12 @@ const durationUnits = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 } as con
 export function parseDuration(v: string): number {
   const m = /^(\d{1,6})([smhd])$/.exec(v);
   return m ? Number(m[1]) * durationUnits[m[2] as keyof typeof durationUnits] : Number.NaN;
+}
+
+function onOff(name: string, v: string | undefined, dflt: "on" | "off"): "on" | "off" {
+  const value = v ?? dflt;
+  if (value !== "on" && value !== "off") throw new ConfigError(`${name} must be on or off`);
+  return value;
 }
 
 /** A whole number with a unit: `30s`, `30m`, `12h`, `7d`; `0` alone means none (at most 100 years). */

@@ -16,6 +16,7 @@ export const serveUsage = `Usage: meshwork serve [flags]
   --log-format auto|json|pretty
                             MESHWORK_LOG_FORMAT   default auto: pretty on a terminal, JSON lines otherwise
   --metrics-public on|off   MESHWORK_METRICS_PUBLIC  GET /metrics without a token; default off
+  --vacuum on|off           MESHWORK_VACUUM       vacuum its own tables when dead rows pile up; default on
   --otel-endpoint URL       OTEL_EXPORTER_OTLP_ENDPOINT  export spans over OTLP/HTTP; default none
   --heartbeat-interval S    MESHWORK_HEARTBEAT_INTERVAL  seconds, default 15
   --dispatch-default on|off MESHWORK_DISPATCH_DEFAULT  deliver pushed tasks that do not say; default off

@@ -37,6 +37,13 @@ export interface Database {
    * fleet from its operator; on PGlite the same as `db`.
    */
   readonly urgent: Db;
+  /**
+   * The handle of vacuums and the reading of table statistics (upkeep.ts):
+   * on PostgreSQL a connection of its own, without statement_timeout (a
+   * vacuum of a large table may take longer), opened when first used; on
+   * PGlite the same as `db`.
+   */
+  readonly upkeep: Db;
   /** Subscribes to a NOTIFY channel; resolves once listening. Returns the unsubscribe. */
   listen(channel: string, onNotify: (payload: string) => void): Promise<() => Promise<void>>;
   /** Throws when the database cannot answer. */
@@ -147,6 +154,7 @@ async function openPglite(dataDir: string, progress: (step: string) => void): Pr
     // exhaust, so no gate and nothing to reserve.
     housekeeping: db as unknown as Db,
     urgent: db as unknown as Db,
+    upkeep: db as unknown as Db,
     async listen(channel, onNotify) {
       const unsubscribe = await client.listen(channel, (payload) => onNotify(payload));
       return unsubscribe;
@@ -231,6 +239,20 @@ async function openPostgres(
     client: gatedClient(sweeperClient, ungated, statements),
     schema,
   });
+  // Vacuums run here, one at a time, for as long as they take; the
+  // connection closes when idle. Its statements take no array parameters:
+  // no array types to fetch.
+  const upkeepClient = postgres(url, {
+    max: 1,
+    idle_timeout: 60,
+    fetch_types: false,
+    connection: { application_name: "meshwork-upkeep" },
+    ...quiet,
+  });
+  const upkeep = drizzlePostgres({
+    client: gatedClient(upkeepClient, ungated, statements),
+    schema,
+  });
   // postgres.js fetches the array types (for text[] parameters) with a
   // query of its own on every new connection. When a connection is
   // terminated during that query, its rejection reaches no caller and
@@ -243,7 +265,11 @@ async function openPostgres(
       c.options.fetch_types = false;
     }
   } catch (error) {
-    await Promise.all([client.end({ timeout: 1 }), sweeperClient.end({ timeout: 1 })]);
+    await Promise.all([
+      client.end({ timeout: 1 }),
+      sweeperClient.end({ timeout: 1 }),
+      upkeepClient.end({ timeout: 1 }),
+    ]);
     throw error;
   }
   return {
@@ -256,6 +282,7 @@ async function openPostgres(
     db: db as unknown as Db,
     housekeeping: housekeeping as unknown as Db,
     urgent: urgent as unknown as Db,
+    upkeep: upkeep as unknown as Db,
     async listen(channel, onNotify) {
       const sub = await client.listen(channel, (payload) => onNotify(payload));
       return () => sub.unlisten();
@@ -266,7 +293,11 @@ async function openPostgres(
       await db.execute(sql`select 1`);
     },
     async close() {
-      await Promise.all([client.end({ timeout: 5 }), sweeperClient.end({ timeout: 5 })]);
+      await Promise.all([
+        client.end({ timeout: 5 }),
+        sweeperClient.end({ timeout: 5 }),
+        upkeepClient.end({ timeout: 5 }),
+      ]);
     },
   };
 }

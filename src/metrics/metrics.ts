@@ -7,6 +7,8 @@ import {
   Registry,
 } from "prom-client";
 import type { StatementEvents } from "../db/observe.js";
+import type { UpkeepReading } from "../db/upkeep.js";
+import { upkeepMetrics } from "./upkeep.js";
 
 /** Non-terminal tasks of one workload and state, as the task gauges read them. */
 export interface LiveTaskCount {
@@ -29,6 +31,8 @@ export interface MetricsDeps {
   shares?(): ShareFigures[];
   /** Workers each backlogged workload needs (scheduling/demand.ts demandByWorkload). */
   workersNeeded?(): Promise<{ workload: string; workersNeeded: number }[]>;
+  /** The database upkeep's last reading (db/upkeep.ts). */
+  upkeep?(): UpkeepReading | undefined;
 }
 
 /** One share's figures, as fractions of the fleet. */
@@ -334,6 +338,8 @@ export function createMetrics(deps: MetricsDeps) {
     },
   });
 
+  const vacuums = upkeepMetrics(registers, () => deps.upkeep?.());
+
   let processMetrics = false;
   return {
     /** The registry /metrics serves. */
@@ -369,6 +375,7 @@ export function createMetrics(deps: MetricsDeps) {
     artifactBytesOut,
     authFailures,
     corruptBlobs,
+    vacuums,
   };
 }
 

@@ -46,6 +46,8 @@ export function testConfig(overrides: Partial<Config> = {}): Config {
     logLevel: "silent",
     logFormat: "json",
     metricsPublic: false,
+    // Vacuums would come at random points of tests; the upkeep's own tests turn it on.
+    vacuum: false,
     otelEndpoint: "",
     heartbeatIntervalSeconds: 15,
     retentionMs: 0,

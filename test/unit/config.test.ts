@@ -46,6 +46,13 @@ describe("observability flags", () => {
     expect(() => loadConfig(["--metrics-public", "yes"], {})).toThrow(ConfigError);
   });
 
+  it("--vacuum is on unless off", () => {
+    expect(loadConfig([], {}).vacuum).toBe(true);
+    expect(loadConfig(["--vacuum", "off"], {}).vacuum).toBe(false);
+    expect(loadConfig([], { MESHWORK_VACUUM: "off" }).vacuum).toBe(false);
+    expect(() => loadConfig(["--vacuum", "sometimes"], {})).toThrow("--vacuum must be on or off");
+  });
+
   it("--otel-endpoint is empty unless set, from the flag or OTEL_EXPORTER_OTLP_ENDPOINT; only http(s)", () => {
     expect(loadConfig([], {}).otelEndpoint).toBe("");
     expect(loadConfig(["--otel-endpoint", "http://127.0.0.1:4318/"], {}).otelEndpoint).toBe(

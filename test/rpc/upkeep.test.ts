@@ -1,0 +1,135 @@
+import postgres from "postgres";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createUpkeep } from "../../src/db/upkeep.js";
+import { onPostgres } from "../support/database.js";
+import { createHarness, type Harness, registerWorker, uniqueWorkload } from "../support/harness.js";
+
+// The coordinator's own upkeep of its tables (db/upkeep.ts, --vacuum): the
+// dead rows every claim and completion leave are read from PostgreSQL's
+// statistics and vacuumed away, on PostgreSQL and on PGlite (which runs no
+// autovacuum); an open transaction that keeps them is named.
+
+/** A metric's value for the given label set, or undefined. */
+function metric(text: string, name: string, labels = ""): number | undefined {
+  const line = text.split("\n").find((l) => l.startsWith(`${name}${labels ? `{${labels}}` : ""} `));
+  return line === undefined ? undefined : Number(line.split(" ")[1]);
+}
+
+/** Runs `tasks` tasks through the queue: created, claimed, completed (two dead task rows each). */
+async function churn(h: Harness, tasks: number) {
+  const workload = uniqueWorkload("churn");
+  for (let done = 0; done < tasks; done += 500) {
+    await h.tasks.createTasks({ tasks: Array.from({ length: 500 }, () => ({ workload })) });
+  }
+  const workerId = await registerWorker(h, [workload]);
+  for (let left = tasks; left > 0; ) {
+    const { claims } = await h.leases.claimTasks({ workerId, maxTasks: 100 });
+    expect(claims.length).toBeGreaterThan(0);
+    const { results } = await h.leases.completeTasks({
+      completions: claims.map((c) => ({ taskId: c.taskId, workerId, attempt: c.attempt })),
+    });
+    expect(results.every((r) => r.outcome.case === "task")).toBe(true);
+    left -= claims.length;
+  }
+}
+
+/** Runs the upkeep until `done` says so (PostgreSQL's statistics arrive within seconds), at most ~30 s. */
+async function upkeepUntil(h: Harness, done: (metrics: string) => boolean): Promise<string> {
+  for (let i = 0; i < 60; i++) {
+    await h.app.runUpkeep();
+    const text = await h.app.metrics.scrape();
+    if (done(text)) return text;
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  throw new Error("the upkeep never got there");
+}
+
+describe("database upkeep, --vacuum on", () => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await createHarness({ vacuum: true });
+  });
+  afterAll(() => h?.close());
+
+  it("vacuums the task table once claims and completions have left dead rows, and counts it", async () => {
+    await churn(h, 3000);
+    const text = await upkeepUntil(
+      h,
+      (m) => (metric(m, "meshwork_db_vacuums_total", 'table="tasks"') ?? 0) >= 1,
+    );
+    // What the vacuum removed is gone from the figures it reported.
+    const dead = metric(text, "meshwork_db_dead_rows", 'table="tasks"') ?? Number.NaN;
+    expect(dead).toBeLessThan(2000);
+    expect(metric(text, "meshwork_db_live_rows", 'table="tasks"')).toBeGreaterThanOrEqual(3000);
+    // Every task is still there, finished.
+    const { tasks } = await h.tasks.listTasks({ pageSize: 10 });
+    expect(tasks.length).toBe(10);
+  });
+
+  it.runIf(onPostgres)(
+    "names the open transaction that holds dead rows, and does not vacuum again and again behind it",
+    async () => {
+      const holder = postgres(h.db.url ?? "", {
+        max: 1,
+        onnotice: () => {},
+        connection: { application_name: "report-tool" },
+      });
+      try {
+        const reserved = await holder.reserve();
+        await reserved`begin isolation level repeatable read`;
+        await reserved`select count(*) from tasks`;
+        const [{ pid } = { pid: 0 }] = await reserved<
+          { pid: number }[]
+        >`select pg_backend_pid() as pid`;
+        const before = await h.app.metrics.scrape();
+        const vacuumsBefore = metric(before, "meshwork_db_vacuums_total", 'table="tasks"') ?? 0;
+        await churn(h, 3000);
+        // The first vacuum behind the held transaction removes nothing …
+        const text = await upkeepUntil(
+          h,
+          (m) => (metric(m, "meshwork_db_vacuums_total", 'table="tasks"') ?? 0) > vacuumsBefore,
+        );
+        expect(metric(text, "meshwork_db_oldest_transaction_seconds")).toBeGreaterThan(0);
+        expect(metric(text, "meshwork_db_dead_rows", 'table="tasks"')).toBeGreaterThanOrEqual(5000);
+        // … and the next runs wait instead of reading the whole table again.
+        for (let i = 0; i < 3; i++) await h.app.runUpkeep();
+        const after = await h.app.metrics.scrape();
+        expect(metric(after, "meshwork_db_vacuums_total", 'table="tasks"')).toBe(vacuumsBefore + 1);
+        // What its warning names: the holder's session, never its statement.
+        const { oldest } = await createUpkeep(h.app.database.upkeep, { vacuum: false }).read();
+        expect(oldest).toMatchObject({
+          pid,
+          application: "report-tool",
+          state: "idle in transaction",
+        });
+        expect(Object.keys(oldest ?? {}).sort()).toEqual([
+          "application",
+          "pid",
+          "seconds",
+          "state",
+        ]);
+        await reserved`rollback`;
+        reserved.release();
+      } finally {
+        await holder.end();
+      }
+    },
+  );
+});
+
+describe("database upkeep, --vacuum off", () => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await createHarness({ vacuum: false });
+  });
+  afterAll(() => h?.close());
+
+  it("reports the dead rows and runs no vacuum", async () => {
+    await churn(h, 2500);
+    const text = await upkeepUntil(
+      h,
+      (m) => (metric(m, "meshwork_db_dead_rows", 'table="tasks"') ?? 0) >= 5000,
+    );
+    expect(metric(text, "meshwork_db_vacuums_total", 'table="tasks"')).toBeUndefined();
+  });
+});
