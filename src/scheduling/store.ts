@@ -79,16 +79,19 @@ export function createSchedulingStore(db: Db, heartbeatIntervalSeconds: number) 
     },
 
     /**
-     * The share paths with PENDING tasks: a skip over tasks_share_claim_idx,
-     * one index probe per share, whatever the backlog.
+     * The share paths with PENDING tasks that wait for no dependency (what
+     * a claim could take once due): a skip over tasks_share_claim_idx, one
+     * index probe per share, whatever the backlog.
      */
     async sharesWithPending(): Promise<string[]> {
       const rows = await rowsOf<{ share: string }>(
         db,
         sql`with recursive s(share) as (
-            (select t.share from tasks t where t.state = 'PENDING' order by t.share limit 1)
+            (select t.share from tasks t where t.state = 'PENDING' and t.dependencies_pending = 0
+              order by t.share limit 1)
             union all
-            select (select t.share from tasks t where t.state = 'PENDING' and t.share > s.share
+            select (select t.share from tasks t
+              where t.state = 'PENDING' and t.dependencies_pending = 0 and t.share > s.share
               order by t.share limit 1)
             from s where s.share is not null)
           select share from s where share is not null`,

@@ -5,7 +5,7 @@ import { explainEverything, noticeClient } from "../support/plans.js";
 
 // The claim's plan decisions (src/leases/sql/claim.sql and grant.sql) are
 // what keep a claim O(claimed) whatever the backlog: the PENDING scan walks
-// tasks_claim_idx in claim order and stops when the claim is full, and the
+// tasks_ready_idx in claim order and stops when the claim is full, and the
 // UPDATE reaches the picked rows by primary key. This checks the plans PostgreSQL actually runs (through
 // auto_explain, which logs the statements inside the function), before and
 // after ANALYZE: this machine's PostgreSQL runs with autovacuum off, and a
@@ -44,13 +44,57 @@ describe.skipIf(!onPostgres)("the claim's plan on PostgreSQL", () => {
     it(`walks the claim index and updates by primary key ${analyzed ? "after" : "without"} ANALYZE`, async () => {
       if (analyzed) await sql`analyze tasks`;
       const plan = await claimPlan();
-      expect(plan).toContain("Index Scan using tasks_claim_idx");
+      expect(plan).toContain("Index Scan using tasks_ready_idx");
       expect(plan).toMatch(/Update on tasks[\s\S]*Index Scan using tasks_pkey/);
       expect(plan).not.toContain("Bitmap");
       expect(plan).not.toMatch(/Seq Scan on tasks/);
       expect(plan).not.toContain("JIT:");
     });
   }
+});
+
+// Tasks waiting for a dependency are not in the claim's walk: a claim
+// behind a large graph still reads only what it takes.
+describe.skipIf(!onPostgres)("the claim behind tasks waiting for a dependency", () => {
+  let tdb: TestDatabase;
+  let sql: postgres.Sql;
+  const plans: string[] = [];
+  const worker = "c0000000-0000-4000-8000-00000000000c";
+
+  beforeAll(async () => {
+    tdb = await createTestDatabase();
+    sql = noticeClient(tdb.url ?? "", plans);
+    await sql`insert into workers (id, capabilities, max_concurrency) values (${worker}, '{w}', 1000)`;
+    // 20,000 waiting tasks first (the oldest, so at the head of the claim
+    // order), then 10 that may run.
+    await sql`insert into tasks (id, workload, state, max_attempts, lease_seconds,
+        backoff_initial_ms, backoff_max_ms, backoff_multiplier, dependencies_pending,
+        not_before, created_at)
+      select gen_random_uuid(), 'w', 'PENDING', 3, 60, 1000, 300000, 2, 1, 'infinity',
+        now() - interval '1 hour'
+      from generate_series(1, 20000)`;
+    await sql`insert into tasks (id, workload, state, max_attempts, lease_seconds,
+        backoff_initial_ms, backoff_max_ms, backoff_multiplier)
+      select gen_random_uuid(), 'w', 'PENDING', 3, 60, 1000, 300000, 2
+      from generate_series(1, 10)`;
+    await explainEverything(sql, { nested: true, analyze: true, timing: false });
+  });
+  afterAll(async () => {
+    await sql?.end();
+    await tdb?.drop();
+  });
+
+  it("takes the 10 tasks that may run without stepping over the 20,000 that wait", async () => {
+    plans.length = 0;
+    const rows =
+      await sql`select id, dependencies_pending from meshwork_claim(${worker}, '{w}', '{}', 10, null)`;
+    expect(rows).toHaveLength(10);
+    expect(rows.every((r) => r.dependencies_pending === 0)).toBe(true);
+    const plan = plans.join("\n");
+    expect(plan).toContain("Index Scan using tasks_ready_idx");
+    // No scan of the claim read and dropped the waiting tasks.
+    expect(plan).not.toMatch(/Rows Removed by Filter: \d{3,}/);
+  });
 });
 
 // The trap the first test cannot see: a connection that claimed while the

@@ -184,9 +184,17 @@ export const tasks = pgTable(
       .on(t.priority.desc(), t.deadline.asc().nullsLast(), t.createdAt.asc())
       .where(sql`${t.state} = 'PENDING'`),
     // A share's PENDING tasks in its order (a claim's plan, queue positions).
+    // The claim's walks (leases/sql/claim.sql) go over the tasks that may
+    // run once due: a task waiting for its dependencies (not_before
+    // 'infinity') is not in them, so a claim behind a large waiting graph
+    // does not step over it (tasks_claim_idx still holds every PENDING
+    // task, for the counts and the waiting reasons).
+    index("tasks_ready_idx")
+      .on(t.priority.desc(), t.deadline.asc().nullsLast(), t.createdAt.asc())
+      .where(sql`${t.state} = 'PENDING' and ${t.dependenciesPending} = 0`),
     index("tasks_share_claim_idx")
       .on(t.share, t.priority.desc(), t.deadline.asc().nullsLast(), t.createdAt.asc())
-      .where(sql`${t.state} = 'PENDING'`),
+      .where(sql`${t.state} = 'PENDING' and ${t.dependenciesPending} = 0`),
     // The PENDING tasks of a rate key (the sweeper wakes their claims when its bucket refills).
     index("tasks_rate_idx")
       .on(t.rateKey, t.workload)

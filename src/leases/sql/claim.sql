@@ -49,8 +49,11 @@
 --   one matching row and chose a bitmap scan of every PENDING task plus a
 --   sort: each claim cost O(backlog), 10 ms at 20,000 pending tasks. With
 --   sorts and bitmap scans priced out, each source walks its index
---   (tasks_claim_idx, tasks_share_claim_idx, tasks_lease_expiry_idx) in
---   claim order and stops when the claim is full.
+--   (tasks_ready_idx, tasks_share_claim_idx, tasks_lease_expiry_idx) in
+--   claim order and stops when the claim is full. The first two hold only
+--   tasks with no dependency pending: a claim behind 20,000 tasks waiting
+--   for a dependency stepped over each of them (p50 9 → 25 ms per claim
+--   of 32; unchanged since).
 -- * Sequential scans are off too. The claim's plans are cached for the life
 --   of a connection (plpgsql keeps a generic plan after a few runs).
 --   Planned while the tasks table was small, a scan became sequential,
@@ -201,7 +204,7 @@ BEGIN
       ELSIF phase = 'plan' THEN
         share_name := plan->'shares'->>(share_at - 1);
         OPEN cur FOR SELECT t.* FROM tasks t
-          WHERE t.state = 'PENDING'
+          WHERE t.state = 'PENDING' AND t.dependencies_pending = 0
             AND t.share = share_name
             AND (t.not_before IS NULL OR t.not_before <= now())
             AND meshwork_claim_matches(t, caps, labels)
@@ -212,11 +215,11 @@ BEGIN
         share_curs[share_at] := cur;
       ELSIF phase = 'all' THEN
         OPEN cur FOR SELECT t.* FROM tasks t
-          WHERE t.state = 'PENDING'
+          WHERE t.state = 'PENDING' AND t.dependencies_pending = 0
             AND (t.not_before IS NULL OR t.not_before <= now())
             AND meshwork_claim_matches(t, caps, labels)
             AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
-          -- The claim order, as tasks_claim_idx stores it.
+          -- The claim order, as tasks_ready_idx stores it.
           ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
           FOR UPDATE OF t SKIP LOCKED;
       ELSE
@@ -293,7 +296,7 @@ BEGIN
   IF reserve_after_ms IS NOT NULL AND reserved IS NULL AND w.reserved_task_id IS NULL THEN
     SELECT x.id, x.resources INTO reserved, reserved_ask FROM (
       SELECT t.id, t.resources, t.not_before, t.created_at, t.concurrency_key, t.rate_key FROM tasks t
-      WHERE t.state = 'PENDING'
+      WHERE t.state = 'PENDING' AND t.dependencies_pending = 0
         AND (t.not_before IS NULL OR t.not_before <= now())
         AND meshwork_claim_matches(t, caps, labels)
       ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
