@@ -65,6 +65,10 @@
  *   throughout; then one worker's serial claims of 32 + CompleteTasks
  *   (BENCH_BACKLOG_CLAIMS, 200: claim p50/p99), and a 1b drain of
  *   BENCH_BACKLOG_DRAIN (10,000) tasks. Prints `show autovacuum`.
+ * - bloat (bench/bloat.ts, whose header says what it does): the claim
+ *   and 1b after BENCH_BLOAT (1,000,000) tasks went through, with the
+ *   coordinator's own vacuum and without; and while a transaction pins the
+ *   xmin horizon for BENCH_PIN_SECONDS (600) of a 1b drain.
  * - sweep (scenario 8, only when named): 1b drains (claim N +
  *   CompleteTasks) for workers 1, 4, 16, 64 × batch 1, 8, 32, 100, each on a
  *   fresh PostgreSQL coordinator, workers × batch × 10 tasks each (about 10
@@ -104,6 +108,7 @@ import {
   type StreamLeasesRequest,
   type StreamLeasesResponse,
 } from "../gen/meshwork/v1/lease_pb.js";
+import { bloatPinned, bloatThrough } from "./bloat.js";
 import {
   type Coordinator,
   clients,
@@ -148,7 +153,7 @@ const warmupTasks = Number(env.BENCH_WARMUP ?? 1000);
 const historyDone = Number(env.BENCH_HISTORY ?? 1_000_000);
 const parts = (
   env.BENCH_SCENARIOS ??
-  "graphile,peers,ceiling,postgres,leases,pglite,memory,backlog,history,scheduling"
+  "graphile,peers,ceiling,postgres,leases,pglite,memory,backlog,history,bloat,scheduling"
 )
   .split(",")
   .map((s) => s.trim());
@@ -162,6 +167,7 @@ const known = [
   "memory",
   "backlog",
   "history",
+  "bloat",
   "scheduling",
   "sweep",
 ];
@@ -946,6 +952,16 @@ async function part(name: string, body: () => Promise<void>) {
 }
 
 await part("graphile", graphile);
+await part("bloat", async () => {
+  for (const vacuum of ["on", "off"] as const) {
+    const r = await bloatThrough(vacuum);
+    figures[`bloat_${vacuum}_p50`] = r.after.p50 / r.fresh.p50;
+    figures[`bloat_${vacuum}_1b`] = r.fresh.drain / r.after.drain;
+  }
+  const p = await bloatPinned();
+  figures.pinned_p50 = p.lastP50 / p.firstP50;
+  figures.pinned_1b = p.firstRate / p.lastRate;
+});
 await part("peers", async () => {
   const results = [
     await pgBoss(tasks, workers),
@@ -1174,6 +1190,32 @@ const rows: Row[] = [
   {
     what: `1b tasks/s, fresh ÷ after ${historyDone} finished tasks`,
     value: ratio(f.history_fresh_1b, f.history_big_1b),
+    target: "≤ 1.5",
+    met: atMost(1.5),
+  },
+  {
+    what: "bloat: claim p50 after BENCH_BLOAT tasks went through ÷ fresh (--vacuum on)",
+    value: f.bloat_on_p50,
+    target: "≤ 1.5",
+    met: atMost(1.5),
+  },
+  {
+    what: "bloat: 1b fresh ÷ after BENCH_BLOAT tasks went through (--vacuum on)",
+    value: f.bloat_on_1b,
+    target: "≤ 1.5",
+    met: atMost(1.5),
+  },
+  info("bloat: the same claim p50 ratio with --vacuum off", f.bloat_off_p50),
+  info("bloat: the same 1b ratio with --vacuum off", f.bloat_off_1b),
+  {
+    what: "pinned horizon: claim p50, last tenth ÷ first tenth of the drain",
+    value: f.pinned_p50,
+    target: "≤ 1.5",
+    met: atMost(1.5),
+  },
+  {
+    what: "pinned horizon: 1b, first tenth ÷ last tenth of the drain",
+    value: f.pinned_1b,
     target: "≤ 1.5",
     met: atMost(1.5),
   },

@@ -53,7 +53,7 @@ export function databaseUrl(base: string, name: string): string {
  */
 export async function startCoordinator(
   database: "postgres" | "pglite",
-  options: { logsToStderr?: boolean } = {},
+  options: { logsToStderr?: boolean; args?: string[] } = {},
 ): Promise<Coordinator> {
   const port = await freePort();
   const dataDir = mkdtempSync(join(tmpdir(), "meshwork-bench-"));
@@ -80,6 +80,7 @@ export async function startCoordinator(
       `127.0.0.1:${port}`,
       "--data-dir",
       dataDir,
+      ...(options.args ?? []),
     ],
     {
       env: childEnv,
