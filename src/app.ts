@@ -176,19 +176,27 @@ export function createApp(
   let upkeepRunning: Promise<void> | undefined;
   let warnedAt = 0;
   const upkeepOnce = async () => {
-    const r = await upkeep.run();
-    upkeepReading = r;
-    for (const v of r.vacuumed) {
-      metrics.vacuums.inc({ table: v.table });
-      log.info(v, "vacuumed a table whose dead rows piled up");
-    }
-    const old = r.oldest;
+    // The figures are published before any vacuum: one may take minutes.
+    const reading = await upkeep.read();
+    upkeepReading = reading;
+    const old = reading.oldest;
     if (old && old.seconds >= 60 && Date.now() - warnedAt >= 60_000) {
       warnedAt = Date.now();
       log.warn(
         { ...old, seconds: Math.round(old.seconds) },
         "an open transaction keeps the database from removing dead rows: claims slow down while it stays open (end it, or set idle_in_transaction_session_timeout)",
       );
+    }
+    for (const v of await upkeep.vacuumDue(reading)) {
+      if (v.error !== undefined) {
+        log.warn({ err: v.error, table: v.table }, "vacuum failed; tried again later");
+      } else if (v.ran) {
+        metrics.vacuums.inc({ table: v.table });
+        log.info(
+          { table: v.table, removed: v.removed },
+          "vacuumed a table whose dead rows piled up",
+        );
+      }
     }
   };
   const runUpkeep = (): Promise<void> => {
@@ -255,6 +263,8 @@ export function createApp(
         scheduleTicker.start();
         retention.start();
         upkeepTimer = setInterval(() => {
+          // A vacuum may outlast the interval: one run at a time, each failure logged once.
+          if (upkeepRunning) return;
           runUpkeep().catch((error: unknown) => log.warn({ err: error }, "database upkeep failed"));
         }, 10_000);
         upkeepTimer.unref();
@@ -275,8 +285,8 @@ export function createApp(
       guard.stop();
       clearInterval(blobSweep);
       clearInterval(workerSweep);
+      // A vacuum under way is not waited for: closing the database ends it.
       clearInterval(upkeepTimer);
-      await upkeepRunning?.catch(() => {});
       await sweeper.stop();
       await dispatcher.stop();
       await scheduleTicker.stop();

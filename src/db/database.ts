@@ -246,7 +246,9 @@ async function openPostgres(
     max: 1,
     idle_timeout: 60,
     fetch_types: false,
-    connection: { application_name: "meshwork-upkeep" },
+    // Explicitly none: a role's or database's default statement_timeout
+    // would cancel the vacuum of a large table again and again.
+    connection: { application_name: "meshwork-upkeep", statement_timeout: 0 },
     ...quiet,
   });
   const upkeep = drizzlePostgres({

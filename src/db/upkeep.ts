@@ -1,5 +1,7 @@
-import { sql } from "drizzle-orm";
+import { getTableName, is, sql } from "drizzle-orm";
+import { PgTable } from "drizzle-orm/pg-core";
 import type { Db } from "./database.js";
+import * as schema from "./schema/index.js";
 import { asNumber, rowsOf } from "./values.js";
 
 // A queue's tables churn: every claim and completion leaves a dead version
@@ -11,11 +13,18 @@ import { asNumber, rowsOf } from "./values.js";
 // watches for what no vacuum can fix: an open transaction old enough to
 // hold every dead row since it began (the "xmin horizon").
 
+/** The coordinator's own tables (db/schema/), those it reads and vacuums: never another application's. */
+const ownTables = (Object.values(schema) as unknown[])
+  .flatMap((t) => (is(t, PgTable) ? [getTableName(t)] : []))
+  .join(",");
+
 /** A table's rows as PostgreSQL's statistics count them. */
 export interface TableRows {
   table: string;
   live: number;
   dead: number;
+  /** Vacuums of it so far (a vacuum skipped because another ran does not count). */
+  vacuums: number;
 }
 
 /** The oldest transaction of this database that holds dead rows from being removed. */
@@ -47,13 +56,13 @@ const backoffStartMs = 10_000;
 const backoffMaxMs = 300_000;
 
 /**
- * Reads the live and dead rows of this schema's tables and the oldest
- * transaction holding the horizon, and vacuums (`VACUUM (SKIP_LOCKED)`,
- * no ANALYZE) each table whose dead rows pass the threshold. A vacuum that
- * removed less than half of them (a transaction holds them) is not tried
- * again on that table for a while, doubling: each vacuum reads the whole
- * table. Replicas may run this side by side: SKIP_LOCKED makes a vacuum
- * a table is already under a no-op.
+ * Reads the live and dead rows of the coordinator's tables and the oldest
+ * transaction holding the horizon, and vacuums (`VACUUM (SKIP_LOCKED,
+ * TRUNCATE false)`, no ANALYZE) each table whose dead rows pass the
+ * threshold. A vacuum that removed less than half of them (a transaction
+ * holds them), or failed, is not tried again on that table for a while,
+ * doubling: each vacuum reads the whole table. Replicas may run this side
+ * by side: SKIP_LOCKED makes a vacuum a table is already under a no-op.
  *
  * `db` must run statements outside a transaction and without a statement
  * timeout: the database's `upkeep` handle.
@@ -66,15 +75,20 @@ export function createUpkeep(db: Db, options: UpkeepOptions) {
   const backoff = new Map<string, { until: number; nextMs: number }>();
 
   async function read(): Promise<UpkeepReading> {
-    const tables = await rowsOf<{ table: string; live: unknown; dead: unknown }>(
+    const tables = await rowsOf<{ table: string; live: unknown; dead: unknown; vacuums: unknown }>(
       db,
-      sql`SELECT relname AS "table", n_live_tup AS live, n_dead_tup AS dead
-        FROM pg_stat_user_tables WHERE schemaname = current_schema()
+      sql`SELECT relname AS "table", n_live_tup AS live, n_dead_tup AS dead,
+          vacuum_count + autovacuum_count AS vacuums
+        FROM pg_stat_user_tables
+        WHERE schemaname = current_schema() AND relname = ANY (string_to_array(${ownTables}, ','))
         ORDER BY n_dead_tup DESC, relname`,
     );
-    // Client backends of this database with a snapshot, ours excepted, and
-    // not a vacuum (which holds nobody's rows). The statement's text is
-    // never read out.
+    // Client backends of this database whose snapshot (backend_xmin) or
+    // transaction id (backend_xid: a transaction that wrote, even at READ
+    // COMMITTED and idle) holds back the rows vacuum may remove, ours
+    // excepted, and not a vacuum (which holds nobody's rows). The
+    // statement's text is never read out. Replication slots and prepared
+    // transactions hold rows back too; they are not named here.
     const [oldest] = await rowsOf<{
       pid: unknown;
       application: string | null;
@@ -86,15 +100,18 @@ export function createUpkeep(db: Db, options: UpkeepOptions) {
           extract(epoch FROM now() - xact_start)::float8 AS seconds
         FROM pg_stat_activity
         WHERE datname = current_database() AND pid <> pg_backend_pid()
-          AND backend_type = 'client backend' AND backend_xmin IS NOT NULL
-          AND xact_start IS NOT NULL AND query NOT ILIKE 'vacuum%'
-        ORDER BY age(backend_xmin) DESC, xact_start LIMIT 1`,
+          AND backend_type = 'client backend' AND xact_start IS NOT NULL
+          AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+          AND query NOT ILIKE 'vacuum%'
+        ORDER BY greatest(age(backend_xmin), age(backend_xid)) DESC NULLS LAST, xact_start
+        LIMIT 1`,
     );
     return {
       tables: tables.map((t) => ({
         table: t.table,
         live: asNumber(t.live),
         dead: asNumber(t.dead),
+        vacuums: asNumber(t.vacuums),
       })),
       oldest: oldest && {
         pid: asNumber(oldest.pid),
@@ -112,40 +129,63 @@ export function createUpkeep(db: Db, options: UpkeepOptions) {
     return !b || now() >= b.until;
   }
 
-  async function vacuum(t: TableRows): Promise<{ table: string; removed: number }> {
-    await db.execute(sql`VACUUM (SKIP_LOCKED) ${sql.identifier(t.table)}`);
-    const [after] = await rowsOf<{ dead: unknown }>(
-      db,
-      sql`SELECT n_dead_tup AS dead FROM pg_stat_user_tables
-        WHERE schemaname = current_schema() AND relname = ${t.table}`,
-    );
-    const left = asNumber(after?.dead);
-    if (left * 2 > t.dead) {
-      const nextMs = backoff.get(t.table)?.nextMs ?? backoffStartMs;
-      backoff.set(t.table, { until: now() + nextMs, nextMs: Math.min(2 * nextMs, backoffMaxMs) });
-    } else {
-      backoff.delete(t.table);
+  /** Not before another wait, doubling: after a vacuum that removed little, or one that failed. */
+  function wait(table: string) {
+    const nextMs = backoff.get(table)?.nextMs ?? backoffStartMs;
+    backoff.set(table, { until: now() + nextMs, nextMs: Math.min(2 * nextMs, backoffMaxMs) });
+  }
+
+  /**
+   * Vacuums `t`. TRUNCATE false: giving the table's empty end back to the
+   * system would take a lock that stops every claim for a moment. Skipped
+   * (`ran` false) when another vacuum holds the table.
+   */
+  async function vacuum(t: TableRows): Promise<Vacuumed> {
+    try {
+      await db.execute(sql`VACUUM (SKIP_LOCKED, TRUNCATE false) ${sql.identifier(t.table)}`);
+    } catch (error) {
+      wait(t.table);
+      return { table: t.table, ran: false, removed: 0, error };
     }
-    return { table: t.table, removed: Math.max(0, t.dead - left) };
+    const [after] = await rowsOf<{ dead: unknown; vacuums: unknown }>(
+      db,
+      sql`SELECT n_dead_tup AS dead, vacuum_count + autovacuum_count AS vacuums
+        FROM pg_stat_user_tables WHERE schemaname = current_schema() AND relname = ${t.table}`,
+    );
+    const ran = asNumber(after?.vacuums) > t.vacuums;
+    const left = ran ? asNumber(after?.dead) : t.dead;
+    if (ran && left * 2 > t.dead) wait(t.table);
+    else if (ran) backoff.delete(t.table);
+    return { table: t.table, ran, removed: Math.max(0, t.dead - left) };
   }
 
   return {
     read,
-    /** Reads, then vacuums the tables that are due, one after the other. */
-    async run(): Promise<UpkeepReading & { vacuumed: { table: string; removed: number }[] }> {
-      const reading = await read();
-      const vacuumed = [];
-      if (options.vacuum) {
-        for (const t of reading.tables.filter(due)) {
-          const v = await vacuum(t);
-          vacuumed.push(v);
-          // The figures say what the vacuum left.
-          t.dead -= v.removed;
-        }
+    /**
+     * Vacuums the tables of `reading` that are due, one after the other; a
+     * failure is returned with its table (the others still run), and that
+     * table waits before it is tried again. `reading`'s figures are updated
+     * with what each vacuum left.
+     */
+    async vacuumDue(reading: UpkeepReading): Promise<Vacuumed[]> {
+      if (!options.vacuum) return [];
+      const done: Vacuumed[] = [];
+      for (const t of reading.tables.filter(due)) {
+        const v = await vacuum(t);
+        done.push(v);
+        t.dead -= v.removed;
       }
-      return { ...reading, vacuumed };
+      return done;
     },
   };
+}
+
+/** What one vacuum did: whether it ran (not skipped, not failed), the dead rows it removed. */
+export interface Vacuumed {
+  table: string;
+  ran: boolean;
+  removed: number;
+  error?: unknown;
 }
 
 export type Upkeep = ReturnType<typeof createUpkeep>;

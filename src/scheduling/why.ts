@@ -107,7 +107,8 @@ export function createWaitingReasons(deps: {
           (select meshwork_rate_tokens(r) from rate_limits r where r.key = ${task.rateKey}) as tokens,
           (select per_second from rate_limits r where r.key = ${task.rateKey}) as per_second,
           greatest(0, extract(epoch from ${at(notBefore)}::timestamptz - now())) as not_before_seconds,
-          (select count(*) from tasks o where o.state = 'PENDING' and o.share = ${task.share}
+          (select count(*) from tasks o where o.state = 'PENDING' and o.dependencies_pending = 0
+            and o.share = ${task.share}
             and (o.priority > ${task.priority}
               or (o.priority = ${task.priority} and (
                 (o.deadline is not null and (${at(task.deadline)}::timestamptz is null or o.deadline < ${at(task.deadline)}::timestamptz))

@@ -117,6 +117,43 @@ describe("database upkeep, --vacuum on", () => {
   );
 });
 
+describe.runIf(onPostgres)("database upkeep, the oldest transaction", () => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await createHarness({ vacuum: false });
+  });
+  afterAll(() => h?.close());
+
+  it("names a transaction that wrote and was left idle at READ COMMITTED (no snapshot, an xid)", async () => {
+    const upkeep = createUpkeep(h.app.database.upkeep, { vacuum: false });
+    expect((await upkeep.read()).oldest).toBeUndefined();
+    const holder = postgres(h.db.url ?? "", {
+      max: 1,
+      onnotice: () => {},
+      connection: { application_name: "forgotten-begin" },
+    });
+    try {
+      const reserved = await holder.reserve();
+      await reserved`begin`;
+      // Any write gives the transaction an id, which holds every row dead since.
+      const [{ pid } = { pid: 0 }] = await reserved<
+        { pid: number }[]
+      >`select pg_backend_pid() as pid, txid_current()`;
+      const { oldest } = await upkeep.read();
+      expect(oldest).toMatchObject({
+        pid,
+        application: "forgotten-begin",
+        state: "idle in transaction",
+      });
+      await reserved`rollback`;
+      reserved.release();
+      expect((await upkeep.read()).oldest).toBeUndefined();
+    } finally {
+      await holder.end();
+    }
+  });
+});
+
 describe("database upkeep, --vacuum off", () => {
   let h: Harness;
   beforeAll(async () => {

@@ -13,7 +13,7 @@ const hashes: Record<number, string> = {
   3: "2b0643b16ab2a885871fa988c5976b8ba7e6500e817dff86db6f817a348aff1f",
   4: "8c866a19c29c61c78df2e88bce1aa4d01d191c239f94a6fd12dd6afef1566689",
   5: "ca8ad106f3d5c87a01b94fe19b4a6215f5c583377b82a2d38b5ec6499baa572f",
-  6: "a0a715e962fc0dd969b430efeb2b3aaea6f8e8f56c38357bd16bb0b0b05d8b3c",
+  6: "fc4ac543606537eabf597e685802f3815b4bed3b7197b13cfe242d8c44fc656a",
 };
 
 describe("database functions", () => {

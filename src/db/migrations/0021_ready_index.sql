@@ -1,3 +1,3 @@
-DROP INDEX "tasks_share_claim_idx";--> statement-breakpoint
 CREATE INDEX "tasks_ready_idx" ON "tasks" USING btree ("priority" DESC NULLS LAST,"deadline","created_at") WHERE "tasks"."state" = 'PENDING' and "tasks"."dependencies_pending" = 0;--> statement-breakpoint
+DROP INDEX "tasks_share_claim_idx";--> statement-breakpoint
 CREATE INDEX "tasks_share_claim_idx" ON "tasks" USING btree ("share","priority" DESC NULLS LAST,"deadline","created_at") WHERE "tasks"."state" = 'PENDING' and "tasks"."dependencies_pending" = 0;
