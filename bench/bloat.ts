@@ -23,6 +23,7 @@ import postgres from "postgres";
 import {
   type Coordinator,
   clients,
+  completionsOf,
   drain,
   enqueue,
   grpc,
@@ -52,12 +53,7 @@ async function probe(co: Coordinator, workerId: string, workload: string) {
     const { claims } = await c.leases.claimTasks({ workerId, maxTasks: 32 });
     ms.push(performance.now() - t0);
     await c.leases.completeTasks({
-      completions: claims.map((l) => ({
-        taskId: l.taskId,
-        workerId,
-        attempt: l.attempt,
-        leaseToken: l.leaseToken,
-      })),
+      completions: completionsOf(claims, workerId),
     });
   }
   ms.sort((a, b) => a - b);
@@ -188,12 +184,7 @@ export async function bloatPinned() {
           const slot = tenths[tenthOf()];
           slot?.claimMs.push(performance.now() - t0);
           await w.leases.completeTasks({
-            completions: claims.map((l) => ({
-              taskId: l.taskId,
-              workerId,
-              attempt: l.attempt,
-              leaseToken: l.leaseToken,
-            })),
+            completions: completionsOf(claims, workerId),
           });
           completed += claims.length;
           const end = tenths[tenthOf()];

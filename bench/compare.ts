@@ -112,8 +112,8 @@ import { bloatPinned, bloatThrough } from "./bloat.js";
 import {
   type Coordinator,
   clients,
+  completionsOf,
   cpuMeter,
-  databaseUrl,
   drain,
   drainScenario,
   drainWorkload,
@@ -121,12 +121,12 @@ import {
   grpc,
   grpcTo,
   latency,
-  pgUrl,
   print,
   quantile,
   round2,
   rssOf,
   startCoordinator,
+  withDatabase,
 } from "./lib.js";
 import { bullmq, pgBoss } from "./peers.js";
 import { scheduling } from "./scheduling.js";
@@ -187,11 +187,10 @@ const mib = (bytes: number) => Math.round((bytes / 1048576) * 10) / 10;
 // ---------------------------------------------------------------- graphile
 
 async function graphile() {
-  const name = `bench_graphile_${process.pid}`;
-  const admin = postgres(pgUrl, { max: 1, onnotice: () => {} });
-  await admin.unsafe(`drop database if exists ${name} with (force)`);
-  await admin.unsafe(`create database ${name}`);
-  const connectionString = databaseUrl(pgUrl, name);
+  await withDatabase("bench_graphile", graphileOn);
+}
+
+async function graphileOn(connectionString: string) {
   const sql = postgres(connectionString, { max: 1, onnotice: () => {} });
   try {
     // Errors only: graphile-worker logs every job otherwise.
@@ -284,17 +283,6 @@ async function graphile() {
     });
   } finally {
     await sql.end();
-    // graphile-worker's pool may close its last connections after stop():
-    // dropping the database under them would end them with an error it
-    // does not handle.
-    for (let i = 0; i < 100; i++) {
-      const [row] =
-        await admin`select count(*)::int as n from pg_stat_activity where datname = ${name}`;
-      if (row?.n === 0) break;
-      await sleep(50);
-    }
-    await admin.unsafe(`drop database if exists ${name} with (force)`);
-    await admin.end();
   }
 }
 
@@ -808,12 +796,7 @@ async function backlogAt(pending: number) {
       const t1 = performance.now();
       if (claims.length !== 32) throw new Error(`a claim got ${claims.length} tasks, not 32`);
       await c.leases.completeTasks({
-        completions: claims.map((l) => ({
-          taskId: l.taskId,
-          workerId,
-          attempt: l.attempt,
-          leaseToken: l.leaseToken,
-        })),
+        completions: completionsOf(claims, workerId),
       });
       claimMs.push(t1 - t0);
       completeMs.push(performance.now() - t1);

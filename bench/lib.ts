@@ -13,7 +13,7 @@ import { type Client, createClient, type Interceptor, type Transport } from "@co
 import { createGrpcTransport, type GrpcTransportOptions } from "@connectrpc/connect-node";
 import postgres from "postgres";
 import { FleetService } from "../gen/meshwork/v1/fleet_pb.js";
-import { LeaseService } from "../gen/meshwork/v1/lease_pb.js";
+import { type Claim, LeaseService } from "../gen/meshwork/v1/lease_pb.js";
 import { TaskService } from "../gen/meshwork/v1/task_pb.js";
 
 export const pgUrl = process.env.BENCH_PG_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
@@ -176,6 +176,16 @@ export async function enqueue(
   return n / ((performance.now() - started) / 1000);
 }
 
+/** The CompleteTasks entries that complete every claim of `workerId`, with its tokens. */
+export function completionsOf(claims: readonly Claim[], workerId: string) {
+  return claims.map((c) => ({
+    taskId: c.taskId,
+    workerId,
+    attempt: c.attempt,
+    leaseToken: c.leaseToken,
+  }));
+}
+
 export interface DrainOptions {
   /** max_tasks of each claim (and the workers' max_concurrency). */
   batch: number;
@@ -230,12 +240,7 @@ export async function drainWorkload(co: Coordinator, workload: string, o: DrainO
           }
         } else {
           const { results } = await c.leases.completeTasks({
-            completions: claims.map((claim) => ({
-              taskId: claim.taskId,
-              workerId,
-              attempt: claim.attempt,
-              leaseToken: claim.leaseToken,
-            })),
+            completions: completionsOf(claims, workerId),
           });
           if (results.some((r) => r.outcome.case !== "task"))
             throw new Error("a completion was refused");
@@ -356,4 +361,32 @@ export function rssOf(pid: number): number {
   const status = readFileSync(`/proc/${pid}/status`, "utf8");
   const kb = /VmRSS:\s+(\d+) kB/.exec(status)?.[1];
   return Number(kb ?? 0) * 1024;
+}
+
+/**
+ * A database of its own (`<prefix>_<pid>`, made anew) for `body`, dropped
+ * after it once its last connections left: a library's pool may close them
+ * after its stop(), and dropping the database under them would end them
+ * with an error it does not handle.
+ */
+export async function withDatabase<T>(
+  prefix: string,
+  body: (url: string) => Promise<T>,
+): Promise<T> {
+  const name = `${prefix}_${process.pid}`;
+  const admin = postgres(pgUrl, { max: 1, onnotice: () => {} });
+  await admin.unsafe(`drop database if exists ${name} with (force)`);
+  await admin.unsafe(`create database ${name}`);
+  try {
+    return await body(databaseUrl(pgUrl, name));
+  } finally {
+    for (let i = 0; i < 100; i++) {
+      const [row] =
+        await admin`select count(*)::int as n from pg_stat_activity where datname = ${name}`;
+      if (row?.n === 0) break;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    await admin.unsafe(`drop database if exists ${name} with (force)`);
+    await admin.end();
+  }
 }

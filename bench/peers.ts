@@ -14,8 +14,7 @@
 import { createPostgresBackend, Queue, Worker } from "bullmq";
 import { Redis } from "ioredis";
 import PgBoss from "pg-boss";
-import postgres from "postgres";
-import { cpuMeter, databaseUrl, pgUrl, round2 } from "./lib.js";
+import { cpuMeter, round2, withDatabase } from "./lib.js";
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -27,26 +26,6 @@ export interface PeerResult {
   drainPerS: number;
   drainSeconds: number;
   cpuMsPerJob: { peer: number; postgres?: number };
-}
-
-/** A database of its own for a peer, dropped after `body` (waiting for the peer's pool to leave). */
-async function withDatabase<T>(prefix: string, body: (url: string) => Promise<T>): Promise<T> {
-  const name = `${prefix}_${process.pid}`;
-  const admin = postgres(pgUrl, { max: 1, onnotice: () => {} });
-  await admin.unsafe(`drop database if exists ${name} with (force)`);
-  await admin.unsafe(`create database ${name}`);
-  try {
-    return await body(databaseUrl(pgUrl, name));
-  } finally {
-    for (let i = 0; i < 100; i++) {
-      const [row] =
-        await admin`select count(*)::int as n from pg_stat_activity where datname = ${name}`;
-      if (row?.n === 0) break;
-      await sleep(50);
-    }
-    await admin.unsafe(`drop database if exists ${name} with (force)`);
-    await admin.end();
-  }
 }
 
 /** pg-boss 10: insert() of 1,000 jobs; `concurrency` work() loops, each fetching 50 at a time. */
