@@ -149,7 +149,6 @@ export async function createTasks(db: Db, input: NewTask[]): Promise<TaskRow[]> 
     id: ids[i] as string,
     task: t,
     requestHash: t.idempotencyKey === null ? null : requestHash(t),
-    waits: t.dependsOn.length > 0,
   }));
   const unkeyed = input.every((t) => t.idempotencyKey === null);
   const waits = deps.some((d) => d.length > 0);

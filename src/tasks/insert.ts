@@ -16,8 +16,6 @@ export interface TaskInsert {
   id: string;
   task: NewTask;
   requestHash: string | null;
-  /** Inserted waiting for its dependencies (not_before 'infinity'); create.ts sets the counts. */
-  waits: boolean;
 }
 
 /** The recordset's columns: each as the JSON parameter names it, with its type. */
@@ -60,7 +58,7 @@ function statement(json: string, keyed: boolean) {
     RETURNING *`;
 }
 
-function record({ id, task: t, requestHash, waits }: TaskInsert) {
+function record({ id, task: t, requestHash }: TaskInsert) {
   return {
     id,
     name: t.name,
@@ -90,7 +88,8 @@ function record({ id, task: t, requestHash, waits }: TaskInsert) {
     rate_key: t.rateKey,
     run_at: t.runAt,
     delay_ms: t.delayMs,
-    waits,
+    // Inserted waiting for its dependencies (not_before 'infinity'); create.ts sets the counts.
+    waits: t.dependsOn.length > 0,
     ref: t.ref,
     dependency_policy: t.dependencyPolicy,
     timeout_seconds: t.timeoutSeconds,
