@@ -44,6 +44,50 @@ async function upkeepUntil(h: Harness, done: (metrics: string) => boolean): Prom
   throw new Error("the upkeep never got there");
 }
 
+/**
+ * Runs `body` while another session (`application`) holds a transaction
+ * open, begun by `begin` on it; `body` gets its pid. A failed assertion
+ * leaves the transaction open: the session is ended without waiting.
+ */
+async function whileHeld(
+  h: Harness,
+  application: string,
+  begin: (tx: postgres.ReservedSql) => Promise<unknown>,
+  body: (pid: number) => Promise<void>,
+) {
+  const holder = postgres(h.db.url ?? "", {
+    max: 1,
+    onnotice: () => {},
+    connection: { application_name: application },
+  });
+  try {
+    const reserved = await holder.reserve();
+    await begin(reserved);
+    const [{ pid } = { pid: 0 }] = await reserved<
+      { pid: number }[]
+    >`select pg_backend_pid() as pid`;
+    await body(pid);
+    await reserved`rollback`;
+    reserved.release();
+  } finally {
+    await holder.end({ timeout: 1 });
+  }
+}
+
+/**
+ * The upkeep's oldest transaction once it is `pid`'s (a statement of the
+ * app's own that was running already may come first for a moment), at
+ * most ~5 s; what it read last otherwise.
+ */
+async function oldestOnceHeldBy(upkeep: ReturnType<typeof createUpkeep>, pid: number) {
+  let oldest = (await upkeep.read()).oldest;
+  for (let i = 0; i < 50 && oldest?.pid !== pid; i++) {
+    await new Promise((r) => setTimeout(r, 100));
+    oldest = (await upkeep.read()).oldest;
+  }
+  return oldest;
+}
+
 describe("database upkeep, --vacuum on", () => {
   let h: Harness;
   beforeAll(async () => {
@@ -78,18 +122,11 @@ describe.runIf(onPostgres)("database upkeep, --vacuum on, behind an open transac
   afterAll(() => h?.close());
 
   it("names the open transaction that holds dead rows, and does not vacuum again and again behind it", async () => {
-    const holder = postgres(h.db.url ?? "", {
-      max: 1,
-      onnotice: () => {},
-      connection: { application_name: "report-tool" },
-    });
-    try {
-      const reserved = await holder.reserve();
-      await reserved`begin isolation level repeatable read`;
-      await reserved`select count(*) from tasks`;
-      const [{ pid } = { pid: 0 }] = await reserved<
-        { pid: number }[]
-      >`select pg_backend_pid() as pid`;
+    const begin = async (tx: postgres.ReservedSql) => {
+      await tx`begin isolation level repeatable read`;
+      await tx`select count(*) from tasks`;
+    };
+    await whileHeld(h, "report-tool", begin, async (pid) => {
       await churn(h, 3000);
       // The upkeep as the app runs it, with a low threshold, until its first
       // vacuum has run (PostgreSQL's statistics of the churn arrive within
@@ -112,24 +149,14 @@ describe.runIf(onPostgres)("database upkeep, --vacuum on, behind an open transac
       const text = await h.app.metrics.scrape();
       expect(metric(text, "meshwork_db_oldest_transaction_seconds")).toBeGreaterThan(0);
       // What its warning names: the holder's session, never its statement.
-      // (A statement of the app's own that was running already may come first for a moment.)
-      let oldest = (await upkeep.read()).oldest;
-      for (let i = 0; i < 50 && oldest?.pid !== pid; i++) {
-        await new Promise((r) => setTimeout(r, 100));
-        oldest = (await upkeep.read()).oldest;
-      }
+      const oldest = await oldestOnceHeldBy(upkeep, pid);
       expect(oldest).toMatchObject({
         pid,
         application: "report-tool",
         state: "idle in transaction",
       });
       expect(Object.keys(oldest ?? {}).sort()).toEqual(["application", "pid", "seconds", "state"]);
-      await reserved`rollback`;
-      reserved.release();
-    } finally {
-      // A failed assertion leaves the transaction open: end it without waiting.
-      await holder.end({ timeout: 1 });
-    }
+    });
   }, 90_000);
 });
 
@@ -142,37 +169,21 @@ describe.runIf(onPostgres)("database upkeep, the oldest transaction", () => {
 
   it("names a transaction that wrote and was left idle at READ COMMITTED (no snapshot, an xid)", async () => {
     const upkeep = createUpkeep(h.app.database.upkeep, { vacuum: false });
-    const holder = postgres(h.db.url ?? "", {
-      max: 1,
-      onnotice: () => {},
-      connection: { application_name: "forgotten-begin" },
-    });
-    try {
-      const reserved = await holder.reserve();
-      await reserved`begin`;
-      // Any write gives the transaction an id, which holds every row dead since.
-      const [{ pid } = { pid: 0 }] = await reserved<
-        { pid: number }[]
-      >`select pg_backend_pid() as pid, txid_current()`;
-      // The oldest: a statement of the app's own that was running already
-      // (a snapshot taken before) may come first for a moment.
-      let oldest = (await upkeep.read()).oldest;
-      for (let i = 0; i < 50 && oldest?.pid !== pid; i++) {
-        await new Promise((r) => setTimeout(r, 100));
-        oldest = (await upkeep.read()).oldest;
-      }
-      expect(oldest).toMatchObject({
+    let held = 0;
+    // Any write gives the transaction an id, which holds every row dead since.
+    const begin = async (tx: postgres.ReservedSql) => {
+      await tx`begin`;
+      await tx`select txid_current()`;
+    };
+    await whileHeld(h, "forgotten-begin", begin, async (pid) => {
+      held = pid;
+      expect(await oldestOnceHeldBy(upkeep, pid)).toMatchObject({
         pid,
         application: "forgotten-begin",
         state: "idle in transaction",
       });
-      await reserved`rollback`;
-      reserved.release();
-      expect((await upkeep.read()).oldest?.pid).not.toBe(pid);
-    } finally {
-      // A failed assertion leaves the transaction open: end it without waiting.
-      await holder.end({ timeout: 1 });
-    }
+    });
+    expect((await upkeep.read()).oldest?.pid).not.toBe(held);
   });
 });
 
