@@ -101,8 +101,39 @@ export function timeField(field: string, d: Date): Date {
  * request carrying one is refused before any statement sees it. Bytes
  * fields (Uint8Array) are not strings and may hold zeros. Iterative, so
  * that deeply nested JSON cannot exhaust the stack.
+ *
+ * Every request passes through here, most with no NUL anywhere: the walk
+ * looks first without naming where it is (a CreateTasks of 1,000 tasks
+ * would otherwise build a path string for each of its ~60,000 fields), and
+ * walks again with paths only when it found one.
  */
 export function nulPath(message: unknown): string | undefined {
+  return holdsNul(message) ? nulPathWalk(message) : undefined;
+}
+
+/** Whether any string or key in `message` holds U+0000. */
+function holdsNul(message: unknown): boolean {
+  const stack: unknown[] = [message];
+  while (stack.length > 0) {
+    const value = stack.pop();
+    if (typeof value === "string") {
+      if (value.includes("\u0000")) return true;
+    } else if (typeof value !== "object" || value === null || value instanceof Uint8Array) {
+      // numbers, booleans, bigints, bytes
+    } else if (Array.isArray(value)) {
+      for (let i = 0; i < value.length; i++) stack.push(value[i]);
+    } else {
+      const record = value as Record<string, unknown>;
+      for (const k of Object.keys(record)) {
+        if (k.includes("\u0000")) return true;
+        stack.push(record[k]);
+      }
+    }
+  }
+  return false;
+}
+
+function nulPathWalk(message: unknown): string | undefined {
   const stack: [unknown, string][] = [[message, ""]];
   for (let next = stack.pop(); next; next = stack.pop()) {
     const [value, path] = next;

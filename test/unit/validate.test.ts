@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { stringList, text } from "../../src/core/validate.js";
+import { nulPath, stringList, text } from "../../src/core/validate.js";
 
 // Connect JSON can carry a lone UTF-16 surrogate ("\ud800"), which has no
 // UTF-8 form: PostgreSQL's jsonb refuses it (a claim's capabilities travel
@@ -17,5 +17,22 @@ describe("text fields", () => {
   it("takes any well-formed text, pairs of surrogates included", () => {
     expect(text("name", "gpu-😀")).toBe("gpu-😀");
     expect(stringList("capabilities", ["a", "a", "ü"])).toEqual(["a", "ü"]);
+  });
+});
+
+// A request holding U+0000 is refused before any statement, naming where.
+describe("nulPath", () => {
+  it("names the string, element or key that holds U+0000", () => {
+    const tasks = [{ workload: "a" }, { workload: "b", parameters: { k: ["x", "y\u0000"] } }];
+    expect(nulPath({ tasks })).toBe("tasks[1].parameters.k[1]");
+    expect(nulPath({ labels: { "a\u0000": "v" } })).toBe("labels.a\u0000");
+    expect(nulPath("\u0000")).toBe("(message)");
+  });
+
+  it("passes text without it, and bytes, which may hold zeros", () => {
+    expect(nulPath({ tasks: [{ workload: "a", n: 1, ok: true, big: 2n, none: null }] })).toBe(
+      undefined,
+    );
+    expect(nulPath({ data: new Uint8Array([0, 0, 1]) })).toBe(undefined);
   });
 });
