@@ -141,3 +141,58 @@ describe.skipIf(!onPostgres)("the claim's plan on a connection that began on a s
     expect(Math.max(0, ...removed)).toBeLessThan(1000);
   });
 });
+
+// The counts a claim makes of a worker's leases (and of a concurrency
+// key's) are plpgsql functions, whose plans a connection keeps: whoever
+// calls them first, while the table is small, they must still count by
+// index once it has grown, unanalyzed (scheduling/sql/resources.sql).
+describe.skipIf(!onPostgres)(
+  "a worker's lease counts on a connection that began on a small table",
+  () => {
+    let tdb: TestDatabase;
+    let sql: postgres.Sql;
+    const plans: string[] = [];
+    const worker = "c0000000-0000-4000-8000-00000000000c";
+    const leased = (
+      n: number,
+      to: string | null,
+      key: string,
+    ) => sql`insert into tasks (id, workload,
+      state, attempt, max_attempts, lease_seconds, backoff_initial_ms, backoff_max_ms,
+      backoff_multiplier, lease_worker_id, lease_expires_at, concurrency_key)
+    select gen_random_uuid(), 'w', 'RUNNING', 1, 3, 60, 1000, 300000, 2,
+      coalesce(${to}::uuid, gen_random_uuid()), now() + interval '1 hour', ${key}
+    from generate_series(1, ${n}::int)`;
+    const counts = () => sql`select meshwork_slots_held(${worker}) as slots,
+      meshwork_allocated(${worker}) as allocated, meshwork_live_leases(${worker}) as live,
+      meshwork_key_running('k') as running`;
+
+    beforeAll(async () => {
+      tdb = await createTestDatabase();
+      sql = noticeClient(tdb.url ?? "", plans);
+      await sql`insert into workers (id, capabilities, max_concurrency) values (${worker}, '{w}', 100)`;
+    });
+    afterAll(async () => {
+      await sql?.end();
+      await tdb?.drop();
+    });
+
+    it("counts by index after the table grew from a handful of rows to 60,000", async () => {
+      await leased(40, worker, "k");
+      // Statistics that say the table is small (a fresh table is assumed 10 pages).
+      await sql`vacuum analyze tasks`;
+      // Called outside any claim, enough times for plpgsql to keep a generic plan.
+      for (let i = 0; i < 8; i++) await counts();
+      await leased(60_000, null, "other");
+      await explainEverything(sql, { nested: true, analyze: true });
+      plans.length = 0;
+      const [row] = await counts();
+      expect(row).toEqual({ slots: "40", allocated: { slots: 40 }, live: 40, running: 40 });
+      const plan = plans.join("\n");
+      expect(plan).toContain("tasks_lease_worker_idx");
+      expect(plan).not.toMatch(/Seq Scan on tasks/);
+      const removed = [...plan.matchAll(/Rows Removed by Filter: (\d+)/g)].map((m) => Number(m[1]));
+      expect(Math.max(0, ...removed)).toBeLessThan(1000);
+    });
+  },
+);

@@ -25,14 +25,20 @@ AS $$
 $$;
 
 -- The live leases a worker holds, pulled or pushed. `except_task` leaves
--- out a task being re-placed. One index lookup on tasks_lease_worker_idx.
+-- out a task being re-placed. One index lookup on tasks_lease_worker_idx;
+-- plpgsql, planned once per connection with the index (the counts of
+-- scheduling/sql/resources.sql say why).
 CREATE OR REPLACE FUNCTION meshwork_live_leases(worker uuid, except_task uuid DEFAULT NULL) RETURNS int
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
-  SELECT count(*)::int FROM tasks t
-  WHERE t.lease_worker_id = worker
-    AND meshwork_lease_live(t)
-    AND t.id IS DISTINCT FROM except_task
+BEGIN
+  RETURN (SELECT count(*)::int FROM tasks t
+    WHERE t.lease_worker_id = worker
+      AND meshwork_lease_live(t)
+      AND t.id IS DISTINCT FROM except_task);
+END;
 $$;
 
 -- The lease check: whether the request (attempt, worker, token; token ''

@@ -11,13 +11,19 @@
 -- path having to remember to.
 
 -- The live leases of tasks with `ck`, but `except_task`'s: one lookup on
--- tasks_concurrency_idx.
+-- tasks_concurrency_idx. plpgsql, planned once per connection with the
+-- index, as the counts of resources.sql (which say why).
 CREATE OR REPLACE FUNCTION meshwork_key_running(ck text, except_task uuid DEFAULT NULL) RETURNS int
-LANGUAGE sql STABLE AS $$
-  SELECT count(*)::int FROM tasks t
-  WHERE t.concurrency_key = ck AND t.concurrency_key <> ''
-    AND meshwork_lease_live(t)
-    AND t.id IS DISTINCT FROM except_task
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+BEGIN
+  RETURN (SELECT count(*)::int FROM tasks t
+    WHERE t.concurrency_key = ck AND t.concurrency_key <> ''
+      AND meshwork_lease_live(t)
+      AND t.id IS DISTINCT FROM except_task);
+END;
 $$;
 
 -- What a rate bucket holds now: its tokens, refilled at per_second since
