@@ -34,7 +34,9 @@
  *   (create→claim latency) on PostgreSQL, each drain with its CPU per task
  *   (workers, coordinator, every postgres process); then the floor under
  *   2b and 3: the same rows inserted by one SQL statement in process (1,000
- *   per statement: rows/s; one, serially: latency).
+ *   per statement: rows/s; one, serially: latency); and the floor under
+ *   1b: the same drain made by the coordinator's own lease store in this
+ *   process (its statements, no RPC).
  * - leases (scenario 4): 1b drains of BENCH_LEASE_TASKS (60,000: longer
  *   than a renewal period here) on one coordinator, without, with, and
  *   again without BENCH_HELD_LEASES held leases (another workload, claimed
@@ -108,6 +110,8 @@ import {
   type StreamLeasesRequest,
   type StreamLeasesResponse,
 } from "../gen/meshwork/v1/lease_pb.js";
+import { openDatabase } from "../src/db/database.js";
+import { createLeaseStore } from "../src/leases/store.js";
 import { bloatPinned, bloatThrough } from "./bloat.js";
 import {
   type Coordinator,
@@ -438,7 +442,75 @@ async function drains(co: Coordinator, prefix: string) {
     transport: "grpc-h2c",
     ...l,
   });
-  if (co.database === "postgres") await insertFloor(co);
+  if (co.database === "postgres") {
+    await insertFloor(co);
+    await drainFloor(co);
+  }
+}
+
+/**
+ * The floor under 1b: the same drain (BENCH_WORKERS workers, claims of
+ * BENCH_BATCH, each claim's tasks completed in one batch) made by the
+ * coordinator's own lease store (src/leases/store.ts) in this process, on
+ * the coordinator's database: the same prepared statements, the same group
+ * commit of concurrent claims, no RPC, no service layer. Claims go without
+ * a share plan (one share: the claim then takes the ready tasks in order,
+ * as the coordinator's does). CPU per task: this process and PostgreSQL.
+ */
+async function drainFloor(co: Coordinator) {
+  const setup = clients(grpc(co));
+  const workload = `floor-1b-${Date.now()}`;
+  await enqueue(setup, workload, tasks);
+  const ids = await Promise.all(
+    Array.from({ length: workers }, async () => {
+      const r = await setup.fleet.registerWorker({
+        capabilities: [workload],
+        maxConcurrency: batch,
+      });
+      return r.workerId;
+    }),
+  );
+  const database = await openDatabase({ url: co.databaseUrl, dataDir: "unused" });
+  try {
+    const store = createLeaseStore(database.db);
+    let completed = 0;
+    const cpu = cpuMeter(undefined, true);
+    const started = performance.now();
+    await Promise.all(
+      ids.map(async (id) => {
+        const worker = { id, capabilities: [workload], labels: {} };
+        while (completed < tasks) {
+          const { rows } = await store.claimCounted(worker, batch);
+          if (rows.length === 0) break;
+          const outcomes = await store.complete(
+            rows.map((r) => ({
+              taskId: r.id,
+              workerId: id,
+              attempt: r.attempt,
+              token: r.leaseToken ?? "",
+              result: null,
+              summary: "",
+              metrics: {},
+            })),
+          );
+          if (outcomes.some((o) => "error" in o)) throw new Error("a completion was refused");
+          completed += rows.length;
+        }
+      }),
+    );
+    const seconds = (performance.now() - started) / 1000;
+    figures.drainFloor = completed / seconds;
+    print({
+      scenario: "1b-floor-lease-store-in-process",
+      database: "postgres",
+      tasks: completed,
+      workers,
+      tasks_per_s: Math.round(figures.drainFloor),
+      cpu_ms_per_task: cpu(completed),
+    });
+  } finally {
+    await database.close();
+  }
 }
 
 /**
@@ -1076,6 +1148,13 @@ const rows: Row[] = [
       f.graphile,
     ),
   ),
+  {
+    what: "1b ÷ its floor (the lease store in process, no RPC)",
+    value: ratio(f.pg1b, f.drainFloor),
+    target: "≥ 0.8",
+    met: atLeast(0.8),
+  },
+  info("1b floor ÷ graphile-worker", ratio(f.drainFloor, f.graphile)),
   info("2b floor: the same insert in SQL ÷ add_jobs", ratio(f.insertFloor, f.graphileAdd)),
   info("bare transport CPU ms per call", f.ceilingCpu),
   info(
