@@ -14,7 +14,7 @@ const hashes: Record<number, string> = {
   4: "8c866a19c29c61c78df2e88bce1aa4d01d191c239f94a6fd12dd6afef1566689",
   5: "ca8ad106f3d5c87a01b94fe19b4a6215f5c583377b82a2d38b5ec6499baa572f",
   6: "fc4ac543606537eabf597e685802f3815b4bed3b7197b13cfe242d8c44fc656a",
-  7: "05b43c1dce75a16570d16d1413f9ad7d4bc4c780a81457b86b751c9d834bdc38",
+  7: "07b1f2a293a8ba1f38c24cafdcc46a056f41724db3b869740eee7fa57f6dbc50",
 };
 
 describe("database functions", () => {

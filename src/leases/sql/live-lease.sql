@@ -26,7 +26,7 @@ $$;
 
 -- The live leases a worker holds, pulled or pushed. `except_task` leaves
 -- out a task being re-placed. One index lookup on tasks_lease_worker_idx;
--- plpgsql, planned once per connection with the index (the counts of
+-- plpgsql, planned once per connection, with an index scan (the counts of
 -- scheduling/sql/resources.sql say why).
 CREATE OR REPLACE FUNCTION meshwork_live_leases(worker uuid, except_task uuid DEFAULT NULL) RETURNS int
 LANGUAGE plpgsql STABLE

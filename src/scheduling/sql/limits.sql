@@ -11,8 +11,8 @@
 -- path having to remember to.
 
 -- The live leases of tasks with `ck`, but `except_task`'s: one lookup on
--- tasks_concurrency_idx. plpgsql, planned once per connection with the
--- index, as the counts of resources.sql (which say why).
+-- tasks_concurrency_idx. plpgsql, planned once per connection, with an
+-- index scan, as the counts of resources.sql (which say why).
 CREATE OR REPLACE FUNCTION meshwork_key_running(ck text, except_task uuid DEFAULT NULL) RETURNS int
 LANGUAGE plpgsql STABLE
 SET enable_seqscan = off

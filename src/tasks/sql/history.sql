@@ -26,8 +26,8 @@
 -- Sends the ready counts. A payload too long for NOTIFY (over ~7,900 bytes,
 -- counted in bytes: very many or very long workload names at once) is sent
 -- empty, which wakes every parked claim. plpgsql: a SQL function called by
--- PERFORM is planned again at each call (20 µs, three times per claim and
--- completion).
+-- PERFORM is planned again at each call (23 µs against 3.5 µs, measured
+-- over 2,000 claims and completions: three calls each).
 CREATE OR REPLACE FUNCTION meshwork_notify_ready(ready text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
