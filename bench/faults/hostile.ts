@@ -239,9 +239,16 @@ export async function flood(ctx: HostileContext): Promise<void> {
     const latency = `healthz p50 ${health.p50.toFixed(1)} ms, p99 ${health.p99.toFixed(1)} ms, max ${health.max.toFixed(0)} ms over ${health.n} probes`;
     if (ctx.short) console.log(`note ${label}: ${latency} (not checked in --short)`);
     else ctx.check(`${label}: /healthz p99 within 100 ms throughout`, health.p99 <= 100, latency);
+    // Answering the 39,960 refused streams and 1,000 sockets grows the RSS
+    // by 45–51 MiB on the 2-core CI machine (the collector's timing: the
+    // heap it grew is not handed back within the 2 s), which a 50 MiB bound
+    // failed one run in three, on this commit and on the one before. The
+    // check is for growth that scales with the attack (streams kept open,
+    // bodies buffered), not for the collector's timing.
+    const bound = 64 * 2 ** 20;
     ctx.check(
-      `${label}: RSS within 50 MiB of its start, at the peak and after`,
-      health.peak - before <= 50 * 2 ** 20 && after - before <= 50 * 2 ** 20,
+      `${label}: RSS within 64 MiB of its start, at the peak and after`,
+      health.peak - before <= bound && after - before <= bound,
       `start ${mib(before)} MiB, peak ${mib(health.peak)}, after ${mib(after)}`,
     );
     const s = slow as {
