@@ -104,8 +104,8 @@ export function timeField(field: string, d: Date): Date {
  *
  * Every request passes through here, most with no NUL anywhere: the walk
  * looks first without naming where it is (a CreateTasks of 1,000 tasks
- * would otherwise build a path string for each of its ~60,000 fields), and
- * walks again with paths only when it found one.
+ * would otherwise build a path string for each of its 21,000 fields or
+ * more), and walks again with paths only when it found one.
  */
 export function nulPath(message: unknown): string | undefined {
   return holdsNul(message) ? nulPathWalk(message) : undefined;
