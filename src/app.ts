@@ -13,7 +13,7 @@ import { createDispatcher } from "./fleet/dispatch.js";
 import { createDispatchStore } from "./fleet/dispatch-store.js";
 import { createHeartbeatBuffer } from "./fleet/heartbeats.js";
 import { createBatcher } from "./leases/batcher.js";
-import type { Completion } from "./leases/store.js";
+import type { Completion, ExpirySweep } from "./leases/store.js";
 import { createSweeper } from "./leases/sweeper.js";
 import { createClaimWakeups, readyCounts } from "./leases/wakeup.js";
 import type { Logger } from "./log.js";
@@ -53,7 +53,10 @@ export function createApp(
     config,
     log,
   });
-  const stores = createStores(database.db, config, shareBook);
+  // How far the sweeper has expired leases: claims look for expired ones
+  // from there on (leases/claim.ts, ExpirySweep).
+  const sweep: ExpirySweep = { sweptTo: null };
+  const stores = createStores(database.db, config, shareBook, sweep);
   const waitingReasons = createWaitingReasons({
     db: database.db,
     heartbeatIntervalSeconds: config.heartbeatIntervalSeconds,
@@ -86,9 +89,9 @@ export function createApp(
   // The sweeper's stores use the database's housekeeping handle (its own
   // connection on PostgreSQL), so it keeps running while requests exhaust
   // the pool. Buffered heartbeats are written by the sweeper: the same.
-  const housekeeping = createStores(database.housekeeping, config);
+  const housekeeping = createStores(database.housekeeping, config, undefined, sweep);
   // Renewals, stream messages, completions and the fleet's status on the pool's urgent lane.
-  const urgent = createStores(database.urgent, config, shareBook);
+  const urgent = createStores(database.urgent, config, shareBook, sweep);
   const heartbeats = createHeartbeatBuffer(housekeeping.fleet);
   // Read on the urgent lane: every claim, renewal and completion of a worker token asks it.
   const workerCache = createWorkerCache(urgent.fleet);

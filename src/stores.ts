@@ -4,7 +4,7 @@ import type { Config } from "./config.js";
 import type { Db, WithTx } from "./db/database.js";
 import { createFleetStore } from "./fleet/store.js";
 import { createKnowledgeStore } from "./knowledge/store.js";
-import type { ClaimScheduling } from "./leases/claim.js";
+import type { ClaimScheduling, ExpirySweep } from "./leases/claim.js";
 import { createLeaseStore } from "./leases/store.js";
 import { createScheduleStore } from "./schedules/store.js";
 import { createSchedulingStore } from "./scheduling/store.js";
@@ -20,11 +20,12 @@ export function createStores(
   db: Db,
   config: Pick<Config, "heartbeatIntervalSeconds">,
   scheduling?: ClaimScheduling,
+  sweep?: ExpirySweep,
 ) {
   return {
     fleet: createFleetStore(db, config.heartbeatIntervalSeconds),
     tasks: createTaskStore(db),
-    leases: createLeaseStore(db, scheduling),
+    leases: createLeaseStore(db, scheduling, sweep),
     scheduling: createSchedulingStore(db, config.heartbeatIntervalSeconds),
     artifacts: createArtifactStore(db),
     placement: createPlacementStore(db, config.heartbeatIntervalSeconds),

@@ -7,7 +7,7 @@ import { asNumber, rowsOf } from "./values.js";
 // A queue's tables churn: every claim and completion leaves a dead version
 // of a task row, and of its entries in the claim and lease indexes. Until a
 // vacuum removes them, every claim walks past them (the head of
-// tasks_claim_idx, a worker's entries in tasks_lease_worker_idx). Where
+// tasks_ready_idx, the expired entries of tasks_lease_expiry_idx). Where
 // autovacuum is off, or behind a burst, or on the embedded database (PGlite
 // runs no autovacuum), the coordinator vacuums its own tables; and it
 // watches for what no vacuum can fix: an open transaction old enough to

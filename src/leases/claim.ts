@@ -35,6 +35,26 @@ export interface ClaimAnswer {
 }
 
 /**
+ * Where claims look for expired leases from (claim.sql, `expired_from`):
+ * the database time at which the sweeper began its last pass that left no
+ * expired lease behind, less `sweepMargin`. One per process, shared by the
+ * sweeper's lease store, which moves it, and the claims' (app.ts). Null
+ * until a pass has run: claims then look through every expired entry.
+ *
+ * The margin is for leases moved into the past by hand (tests and
+ * operators set lease_expires_at = now() - 1 second to expire one at once):
+ * a claim still takes such a lease, though the sweeper passed a moment
+ * before. A lease that expired before the mark and is still there is the
+ * sweeper's at its next pass: nothing is lost, only taken a pass later.
+ */
+export interface ExpirySweep {
+  sweptTo: string | null;
+}
+
+/** How far before its pass began the sweeper's mark is set. */
+export const sweepMargin = "5 seconds";
+
+/**
  * Claims, several in one statement: `meshwork_claim_batch`
  * (sql/claim-batch.sql) runs each through `meshwork_claim` (sql/claim.sql),
  * the single SQL text that says which tasks a
@@ -46,7 +66,7 @@ export interface ClaimAnswer {
  * Claims go by worker id, so that batches take worker locks in one order.
  * Prepared once per store: building a Drizzle query costs more than the query.
  */
-export function createClaimStatement(db: Db, scheduling?: ClaimScheduling) {
+export function createClaimStatement(db: Db, scheduling?: ClaimScheduling, sweep?: ExpirySweep) {
   const columns = getTableColumns(tasks);
   // The function's rows under the table's name, so that Drizzle maps the
   // task's columns to TaskRow exactly as it maps a select from the table.
@@ -89,6 +109,7 @@ export function createClaimStatement(db: Db, scheduling?: ClaimScheduling) {
             concurrency: worker.maxConcurrency ?? null,
             plan: plans?.[n] ?? null,
             reserveAfterMs: scheduling?.reserveAfterMs(worker.id) ?? null,
+            expiredFrom: sweep?.sweptTo ?? null,
           };
         }),
       ),
@@ -117,8 +138,8 @@ export interface Slots {
 
 /**
  * A worker's free slots, counted now as the claim counts them (the slots
- * its live leases hold, meshwork_allocated: one index lookup on
- * tasks_lease_worker_idx): what a claim response reports after its
+ * its live leases hold, meshwork_allocated: one range of
+ * tasks_lease_worker_expiry_idx): what a claim response reports after its
  * claims. An unknown worker has none. Prepared once per store.
  */
 export function createSlotsStatement(db: Db) {

@@ -1,4 +1,5 @@
 import { createHash } from "node:crypto";
+import { sql } from "drizzle-orm";
 import { canonicalJson } from "../core/canonical-json.js";
 import { DomainError, notFound } from "../core/errors.js";
 import { type Judged, judged, leaseParams, leaseRefusal } from "../core/lease-check.js";
@@ -13,11 +14,13 @@ import {
   type ClaimScheduling,
   createClaimStatement,
   createSlotsStatement,
+  type ExpirySweep,
+  sweepMargin,
 } from "./claim.js";
 import { rateRefillsByWorkload } from "./sql/retries.js";
 import { createTransitions, releaseWorker } from "./transitions.js";
 
-export type { ClaimAnswer, ClaimingWorker, Slots } from "./claim.js";
+export type { ClaimAnswer, ClaimingWorker, ExpirySweep, Slots } from "./claim.js";
 
 /**
  * Whether the database answered a statement with an error (a SQLSTATE):
@@ -98,7 +101,7 @@ async function retryOnce<T>(again: (error: unknown) => boolean, fn: () => Promis
  * releases, expiry. The statements are prepared once per store (claim.ts,
  * transitions.ts); a refused request costs one more read, to name why.
  */
-export function createLeaseStore(db: Db, scheduling?: ClaimScheduling) {
+export function createLeaseStore(db: Db, scheduling?: ClaimScheduling, sweep?: ExpirySweep) {
   // Claims made while one is in flight go together in the next statement
   // (group commit, as completions do). When the database refuses that
   // statement (it answered with an error, so nothing was leased: a
@@ -107,7 +110,7 @@ export function createLeaseStore(db: Db, scheduling?: ClaimScheduling) {
   // others. A failure with no answer (the connection lost) is not run
   // again: leases may have been granted, and would sit leased to nobody
   // while more were taken; for that, the callers retry.
-  const claimStatement = createClaimStatement(db, scheduling);
+  const claimStatement = createClaimStatement(db, scheduling, sweep);
   const claim = createBatcher(
     async (items: { worker: ClaimingWorker; max: number }[]): Promise<(ClaimAnswer | Error)[]> => {
       try {
@@ -205,10 +208,21 @@ export function createLeaseStore(db: Db, scheduling?: ClaimScheduling) {
     /**
      * Returns expired ASSIGNED/RUNNING tasks to PENDING, or FAILED with
      * LEASE_EXPIRED when their attempts are used up; never overwrites a
-     * completion that committed first.
+     * completion that committed first. A pass that left none behind (fewer
+     * than `limit`) moves `sweep` to the database time it began at, less
+     * the margin (claim.ts, ExpirySweep).
      */
-    expireLeases(limit: number): Promise<{ id: string; state: string }[]> {
-      return q.expire().execute({ limit });
+    async expireLeases(limit: number): Promise<{ id: string; state: string }[]> {
+      // ISO 8601 whatever the session's DateStyle (JSON's form of a timestamptz).
+      const [began] = sweep
+        ? await rowsOf<{ t: string }>(
+            db,
+            sql`select to_json(now() - ${sweepMargin}::interval) #>> '{}' as t`,
+          )
+        : [];
+      const rows = await q.expire().execute({ limit });
+      if (sweep && began && rows.length < limit) sweep.sweptTo = began.t;
+      return rows;
     },
 
     /**

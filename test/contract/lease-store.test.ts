@@ -1,7 +1,12 @@
-import { eq } from "drizzle-orm";
+import { eq, sql } from "drizzle-orm";
 import { beforeAll, describe, expect, it } from "vitest";
 import { tasks } from "../../src/db/schema/index.js";
-import { type Completion, createLeaseStore, type LeaseStore } from "../../src/leases/store.js";
+import {
+  type Completion,
+  createLeaseStore,
+  type ExpirySweep,
+  type LeaseStore,
+} from "../../src/leases/store.js";
 import { createTaskStore, type TaskStore } from "../../src/tasks/store.js";
 import { describeEachEngine } from "../support/engines.js";
 import { endBackoff, expireLease, insertWorker, newTask } from "../support/fixtures.js";
@@ -417,6 +422,52 @@ describeEachEngine("lease store", (db) => {
         .where(eq(tasks.id, row.id));
       await leases.expireLeases(1000);
       expect((await taskStore.get(row.id)).state).toBe("SUCCEEDED");
+    });
+  });
+
+  // Claims look for expired leases from where the sweeper's last full pass
+  // began, less a margin (leases/claim.ts, ExpirySweep): a lease expired
+  // before that is the sweeper's next pass's, never lost.
+  describe("claims after a sweeper pass", () => {
+    it("take a lease that expired a moment ago at once, and one that expired before the pass after the next pass", async () => {
+      const sweep: ExpirySweep = { sweptTo: null };
+      const store = createLeaseStore(tdb.database.db, undefined, sweep);
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload }), newTask({ workload })]);
+      const [a] = await store.claim(worker(workerA, [workload]), 1);
+      const [b] = await store.claim(worker(workerA, [workload]), 1);
+      if (!a || !b) throw new Error("nothing claimed");
+      await store.expireLeases(1000);
+      expect(sweep.sweptTo).not.toBeNull();
+      await expireLease(tdb.database.db, a.id); // a second ago
+      await tdb.database.db
+        .update(tasks)
+        .set({ leaseExpiresAt: sql`now() - interval '1 hour'` })
+        .where(eq(tasks.id, b.id));
+      const first = await store.claim(worker(workerB, [workload]), 2);
+      expect(first.map((t) => t.id)).toContain(a.id);
+      expect(first.find((t) => t.id === a.id)?.attempt).toBe(2);
+      await store.expireLeases(1000);
+      const second = await store.claim(worker(workerB, [workload]), 2);
+      const taken = [...first, ...second].map((t) => t.id).sort();
+      expect(taken).toEqual([a.id, b.id].sort());
+      for (const id of [a.id, b.id]) {
+        expect(await taskStore.get(id)).toMatchObject({ state: "RUNNING", leaseWorkerId: workerB });
+      }
+    });
+
+    it("do not start later than a pass that stopped at its limit", async () => {
+      const sweep: ExpirySweep = { sweptTo: null };
+      const store = createLeaseStore(tdb.database.db, undefined, sweep);
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload }), newTask({ workload })]);
+      for (const row of await store.claim(worker(workerA, [workload]), 2)) {
+        await expireLease(tdb.database.db, row.id);
+      }
+      expect(await store.expireLeases(1)).toHaveLength(1);
+      expect(sweep.sweptTo).toBeNull();
+      await store.expireLeases(1000);
+      expect(sweep.sweptTo).not.toBeNull();
     });
   });
 });

@@ -191,10 +191,93 @@ describe.skipIf(!onPostgres)(
       const [row] = await counts();
       expect(row).toEqual({ slots: "40", allocated: { slots: 40 }, live: 40, running: 40 });
       const plan = plans.join("\n");
-      expect(plan).toContain("tasks_lease_worker_idx");
+      expect(plan).toContain("tasks_lease_worker_expiry_idx");
       expect(plan).not.toMatch(/Seq Scan on tasks/);
       const removed = [...plan.matchAll(/Rows Removed by Filter: (\d+)/g)].map((m) => Number(m[1]));
       expect(Math.max(0, ...removed)).toBeLessThan(1000);
     });
   },
 );
+
+// While a transaction is held open nothing can be vacuumed: every lease
+// granted since, completed or not, leaves an entry in the lease indexes
+// that a vacuum would have removed. A claim reads neither those of leases
+// that expired before the sweeper's last pass (claim.sql, expired_from) nor
+// a worker's leases that ran out (tasks_lease_worker_expiry_idx).
+describe.skipIf(!onPostgres)("the claim behind a transaction held open", () => {
+  let tdb: TestDatabase;
+  let sql: postgres.Sql;
+  let holder: postgres.Sql;
+  const worker = "d0000000-0000-4000-8000-00000000000d";
+  const other = "e0000000-0000-4000-8000-00000000000e";
+
+  beforeAll(async () => {
+    tdb = await createTestDatabase();
+    sql = noticeClient(tdb.url ?? "", []);
+    holder = noticeClient(tdb.url ?? "", []);
+    await sql`insert into workers (id, capabilities, max_concurrency) values
+      (${worker}, '{w}', 100), (${other}, '{w}', 100)`;
+    await holder`begin isolation level repeatable read`;
+    await holder`select count(*) from workers`;
+    // 3,000 leases of the worker, expired 10 to 5 minutes ago, then
+    // finished: dead versions the held snapshot keeps in both lease indexes.
+    await sql`insert into tasks (id, workload, state, attempt, max_attempts, lease_seconds,
+        backoff_initial_ms, backoff_max_ms, backoff_multiplier, lease_worker_id, lease_expires_at)
+      select gen_random_uuid(), 'gone', 'RUNNING', 1, 3, 60, 1000, 300000, 2, ${worker},
+        now() - interval '10 minutes' + i * interval '100 milliseconds'
+      from generate_series(1, 3000) as i`;
+    await sql`update tasks set state = 'SUCCEEDED', finished_at = now(), lease_expires_at = null
+      where workload = 'gone'`;
+    // Ten tasks to claim, and one lease of another worker that expired a second ago.
+    await sql`insert into tasks (id, workload, state, max_attempts, lease_seconds,
+        backoff_initial_ms, backoff_max_ms, backoff_multiplier)
+      select gen_random_uuid(), 'w', 'PENDING', 3, 60, 1000, 300000, 2
+      from generate_series(1, 10)`;
+    await sql`insert into tasks (id, workload, state, attempt, max_attempts, lease_seconds,
+        backoff_initial_ms, backoff_max_ms, backoff_multiplier, lease_worker_id, lease_expires_at,
+        created_at)
+      values ('f0000000-0000-4000-8000-00000000000f', 'w', 'RUNNING', 1, 3, 60, 1000, 300000, 2,
+        ${other}, now() - interval '1 second', now() - interval '1 hour')`;
+  });
+  afterAll(async () => {
+    if (holder) await holder`rollback`.catch(() => {});
+    await holder?.end();
+    await sql?.end();
+    await tdb?.drop();
+  });
+
+  /** A claim of 11 in its own transaction (rolled back), and the index entries it read. */
+  async function claimReading(expiredFrom: string | null) {
+    let read = { expiry: 0, worker: 0 };
+    let ids: string[] = [];
+    await sql
+      .begin(async (tx) => {
+        const rows = await tx`select id from meshwork_claim(${worker}, '{w}', '{}', 11, null,
+          null, null, ${expiredFrom}::timestamptz)`;
+        ids = rows.map((r) => r.id as string);
+        const [r] = await tx`select
+          pg_stat_get_xact_tuples_returned('tasks_lease_expiry_idx'::regclass)::int as expiry,
+          pg_stat_get_xact_tuples_returned('tasks_lease_worker_expiry_idx'::regclass)::int as worker`;
+        read = { expiry: Number(r?.expiry), worker: Number(r?.worker) };
+        throw new Error("roll back");
+      })
+      .catch((e: Error) => {
+        if (e.message !== "roll back") throw e;
+      });
+    return { ids, read };
+  }
+
+  it("reads no entry of a lease that expired before the sweeper's pass, and still takes one that expired a moment ago", async () => {
+    const [row] = await sql`select (now() - interval '5 seconds')::text as mark`;
+    const marked = await claimReading(String(row?.mark));
+    expect(marked.ids).toHaveLength(11);
+    expect(marked.ids[0]).toBe("f0000000-0000-4000-8000-00000000000f");
+    expect(marked.read.expiry).toBeLessThan(100);
+    // The worker's slot counts read only its leases expiring after now().
+    expect(marked.read.worker).toBeLessThan(100);
+    // Without a pass to start from, the claim reads every dead entry.
+    const unmarked = await claimReading(null);
+    expect(unmarked.ids).toEqual(marked.ids);
+    expect(unmarked.read.expiry).toBeGreaterThanOrEqual(3000);
+  });
+});

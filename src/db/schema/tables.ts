@@ -207,8 +207,12 @@ export const tasks = pgTable(
     index("tasks_lease_expiry_idx")
       .on(t.leaseExpiresAt)
       .where(sql`${t.state} in ('ASSIGNED', 'RUNNING')`),
-    index("tasks_lease_worker_idx")
-      .on(t.leaseWorkerId)
+    // A worker's live leases (its slot counts): by expiry within the worker,
+    // so that a count starts at now() and never reads the entries of leases
+    // that ran out, which stay in the index until a vacuum can remove them
+    // (a transaction held open keeps every one the worker ever held).
+    index("tasks_lease_worker_expiry_idx")
+      .on(t.leaseWorkerId, t.leaseExpiresAt)
       .where(sql`${t.state} in ('ASSIGNED', 'RUNNING')`),
     index("tasks_deadline_idx")
       .on(t.deadline)

@@ -5,11 +5,12 @@
 -- ClaimTasks answer takes one round trip instead of two.
 --
 -- `claims` is a JSON array of {"worker", "caps", "labels", "max",
--- "concurrency", "plan", "reserveAfterMs"} (concurrency null: the
--- registered max_concurrency; plan and reserveAfterMs as meshwork_claim
--- takes them, null when not given). The slots counted are the `slots`
--- resource: the cap less what the worker's live leases hold. Rows:
--- the claimed tasks of claim 0 in claim order (free and cap null), then one
+-- "concurrency", "plan", "reserveAfterMs", "expiredFrom"} (concurrency
+-- null: the registered max_concurrency; plan, reserveAfterMs and
+-- expiredFrom as meshwork_claim takes them, null when not given). The
+-- slots counted are the `slots` resource: the cap less what the worker's
+-- live leases hold. Rows: the claimed tasks of claim 0 in claim order
+-- (free and cap null), then one
 -- row for claim 0 with its free slots and cap (task null; none for an
 -- unknown worker), then claim 1, and so on.
 --
@@ -47,7 +48,8 @@ BEGIN
         (c->>'max')::int,
         k,
         CASE WHEN jsonb_typeof(c->'plan') = 'object' THEN c->'plan' END,
-        (c->>'reserveAfterMs')::int) AS t;
+        (c->>'reserveAfterMs')::int,
+        (c->>'expiredFrom')::timestamptz) AS t;
     RETURN QUERY
       SELECT i,
         greatest(0, coalesce(k, x.max_concurrency) - meshwork_slots_held(x.id)::int),

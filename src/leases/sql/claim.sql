@@ -78,9 +78,20 @@
 --   the statement: 1.1 s per claim.
 -- * A claim examines at most 8 × max_tasks + 32 candidates: a worker whose
 --   tasks are held by limits does not walk the whole backlog each time.
+-- * Expired leases are looked for from `expired_from` on, when given: the
+--   database time when the coordinator's sweeper began its last pass that
+--   left no expired lease behind (leases/store.ts). An entry of
+--   tasks_lease_expiry_idx stays until a vacuum removes it, and while a
+--   transaction is held open none can be: every lease granted since then,
+--   completed or not, leaves one that expires in turn, and a claim walked
+--   each of them to learn that none was live. A live lease that expired
+--   before `expired_from` and is still there (the sweeper skipped it while
+--   another transaction held it) is the sweeper's at its next pass.
+DROP FUNCTION IF EXISTS meshwork_claim(uuid, text[], jsonb, int, int, jsonb, int);
 CREATE OR REPLACE FUNCTION meshwork_claim(
   worker uuid, caps text[], labels jsonb, max_tasks int, concurrency int,
-  plan jsonb DEFAULT NULL, reserve_after_ms int DEFAULT NULL)
+  plan jsonb DEFAULT NULL, reserve_after_ms int DEFAULT NULL,
+  expired_from timestamptz DEFAULT NULL)
 RETURNS SETOF tasks
 LANGUAGE plpgsql VOLATILE
 SET enable_sort = off
@@ -196,6 +207,7 @@ BEGIN
       IF phase = 'expired' THEN
         OPEN cur FOR SELECT t.* FROM tasks t
           WHERE meshwork_lease_expired(t)
+            AND t.lease_expires_at >= coalesce(expired_from, '-infinity')
             AND t.failures < t.max_attempts
             AND meshwork_claim_matches(t, caps, labels)
             AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))

@@ -24,8 +24,8 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- What a worker's live leases hold (live-lease.sql), summed per resource;
--- `except_task` leaves out a task being re-placed. One index lookup on
--- tasks_lease_worker_idx, as meshwork_live_leases.
+-- `except_task` leaves out a task being re-placed. One range of
+-- tasks_lease_worker_expiry_idx, as meshwork_live_leases.
 --
 -- These counts are plpgsql, not SQL functions: a SQL function whose body
 -- reads a table is not inlined, and PostgreSQL (before 18) plans its body
@@ -46,8 +46,7 @@ BEGIN
     FROM (
       SELECT e.key, sum(e.value::bigint) AS total
       FROM tasks t, jsonb_each_text(t.resources) AS e
-      WHERE t.lease_worker_id = worker
-        AND meshwork_lease_live(t)
+      WHERE meshwork_lease_live_on(t, worker)
         AND t.id IS DISTINCT FROM except_task
       GROUP BY e.key
     ) r);
@@ -56,7 +55,7 @@ $$;
 
 -- The slots a worker's live leases hold: what a claim's answer reports and
 -- all a worker that offers nothing but slots needs (cheaper than the whole
--- map of meshwork_allocated). One index lookup on tasks_lease_worker_idx;
+-- map of meshwork_allocated). One range of tasks_lease_worker_expiry_idx;
 -- plpgsql, as meshwork_allocated.
 CREATE OR REPLACE FUNCTION meshwork_slots_held(worker uuid) RETURNS bigint
 LANGUAGE plpgsql STABLE
@@ -65,7 +64,7 @@ SET enable_bitmapscan = off
 AS $$
 BEGIN
   RETURN (SELECT coalesce(sum((t.resources->>'slots')::bigint), 0) FROM tasks t
-    WHERE t.lease_worker_id = worker AND meshwork_lease_live(t));
+    WHERE meshwork_lease_live_on(t, worker));
 END;
 $$;
 
