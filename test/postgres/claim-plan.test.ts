@@ -228,6 +228,14 @@ describe.skipIf(!onPostgres)("the claim behind a transaction held open", () => {
       from generate_series(1, 3000) as i`;
     await sql`update tasks set state = 'SUCCEEDED', finished_at = now(), lease_expires_at = null
       where workload = 'gone'`;
+    // 3,000 tasks claimed and finished: dead entries at the head of the claim order.
+    await sql`insert into tasks (id, workload, state, max_attempts, lease_seconds,
+        backoff_initial_ms, backoff_max_ms, backoff_multiplier, created_at)
+      select gen_random_uuid(), 'w', 'PENDING', 3, 60, 1000, 300000, 2,
+        now() - interval '1 day' + i * interval '1 millisecond'
+      from generate_series(1, 3000) as i`;
+    await sql`update tasks set state = 'SUCCEEDED', finished_at = now()
+      where workload = 'w' and state = 'PENDING'`;
     // Ten tasks to claim, and one lease of another worker that expired a second ago.
     await sql`insert into tasks (id, workload, state, max_attempts, lease_seconds,
         backoff_initial_ms, backoff_max_ms, backoff_multiplier)
@@ -246,19 +254,31 @@ describe.skipIf(!onPostgres)("the claim behind a transaction held open", () => {
     await tdb?.drop();
   });
 
+  /**
+   * The index entries returned to this session so far, not flushed to the
+   * statistics yet (an earlier transaction's may still be in): compare two
+   * readings in one transaction.
+   */
+  const entriesRead = (tx: postgres.TransactionSql) => tx`select
+    pg_stat_get_xact_tuples_returned('tasks_lease_expiry_idx'::regclass)::int as expiry,
+    pg_stat_get_xact_tuples_returned('tasks_lease_worker_expiry_idx'::regclass)::int as worker,
+    pg_stat_get_xact_tuples_returned('tasks_ready_idx'::regclass)::int as ready`;
+
   /** A claim of 11 in its own transaction (rolled back), and the index entries it read. */
   async function claimReading(expiredFrom: string | null) {
     let read = { expiry: 0, worker: 0 };
     let ids: string[] = [];
     await sql
       .begin(async (tx) => {
+        const [before] = await entriesRead(tx);
         const rows = await tx`select id from meshwork_claim(${worker}, '{w}', '{}', 11, null,
           null, null, ${expiredFrom}::timestamptz)`;
         ids = rows.map((r) => r.id as string);
-        const [r] = await tx`select
-          pg_stat_get_xact_tuples_returned('tasks_lease_expiry_idx'::regclass)::int as expiry,
-          pg_stat_get_xact_tuples_returned('tasks_lease_worker_expiry_idx'::regclass)::int as worker`;
-        read = { expiry: Number(r?.expiry), worker: Number(r?.worker) };
+        const [after] = await entriesRead(tx);
+        read = {
+          expiry: Number(after?.expiry) - Number(before?.expiry),
+          worker: Number(after?.worker) - Number(before?.worker),
+        };
         throw new Error("roll back");
       })
       .catch((e: Error) => {
@@ -279,5 +299,39 @@ describe.skipIf(!onPostgres)("the claim behind a transaction held open", () => {
     const unmarked = await claimReading(null);
     expect(unmarked.ids).toEqual(marked.ids);
     expect(unmarked.read.expiry).toBeGreaterThanOrEqual(3000);
+  });
+
+  it("walks the dead entries at the head of the claim order once per batch of claims, not once per claim", async () => {
+    const batch = Array.from(
+      { length: 8 },
+      (_, i) => `d0000000-0000-4000-8000-0000000001${String(i).padStart(2, "0")}`,
+    );
+    for (const id of batch) {
+      await sql`insert into workers (id, capabilities, max_concurrency) values (${id}, '{w}', 1)`;
+    }
+    const claims = batch.map((id) => ({ worker: id, caps: ["w"], labels: {}, max: 1 }));
+    let taken: string[] = [];
+    let read = 0;
+    await sql
+      .begin(async (tx) => {
+        const [before] = await entriesRead(tx);
+        const rows = await tx`select (b.task).id as id
+          from meshwork_claim_batch(${JSON.stringify(claims)}::text::jsonb) as b
+          where (b.task).id is not null`;
+        taken = rows.map((r) => r.id as string);
+        const [after] = await entriesRead(tx);
+        read = Number(after?.ready) - Number(before?.ready);
+        throw new Error("roll back");
+      })
+      .catch((e: Error) => {
+        if (e.message !== "roll back") throw e;
+      });
+    // One claim took the lease expired a second ago; seven took the oldest PENDING tasks.
+    expect(taken).toHaveLength(8);
+    expect(new Set(taken).size).toBe(8);
+    expect(taken).toContain("f0000000-0000-4000-8000-00000000000f");
+    // Once by the batch (3,000 and the live ones), not 8 × 3,000.
+    expect(read).toBeGreaterThanOrEqual(3000);
+    expect(read).toBeLessThan(2 * 3000);
   });
 });

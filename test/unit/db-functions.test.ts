@@ -16,6 +16,7 @@ const hashes: Record<number, string> = {
   6: "fc4ac543606537eabf597e685802f3815b4bed3b7197b13cfe242d8c44fc656a",
   7: "07b1f2a293a8ba1f38c24cafdcc46a056f41724db3b869740eee7fa57f6dbc50",
   8: "6a9ff3418ade1774f67ee3db73def242bad1a4895171a46c6026556fb666cf8c",
+  9: "a0bbb322365fc546aabef9881daa518dee647561e4258034b60c94bb7abc52ab",
 };
 
 describe("database functions", () => {

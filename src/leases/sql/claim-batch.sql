@@ -29,13 +29,29 @@ RETURNS TABLE (claim int, free int, cap int, task tasks)
 LANGUAGE plpgsql VOLATILE
 SET jit = off
 SET lock_timeout = '2s'
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET enable_seqscan = off
 AS $$
 DECLARE
   c jsonb;
   i int := 0;
   w uuid;
   k int;
+  head_priority int;
+  head_deadline timestamptz;
+  head_created timestamptz;
 BEGIN
+  -- The claim-order key of the first ready task, read once for the batch
+  -- (locked or not, due or not): each claim looks from there first
+  -- (claim.sql, ready_*), and the batch walks the dead entries at the head
+  -- of tasks_ready_idx once instead of once per claim. A task that becomes
+  -- ready with an earlier key while the batch runs is the next batch's.
+  SELECT t.priority, t.deadline, t.created_at INTO head_priority, head_deadline, head_created
+    FROM tasks t
+    WHERE t.state = 'PENDING' AND t.dependencies_pending = 0
+    ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+    LIMIT 1;
   FOR c IN SELECT e FROM jsonb_array_elements(claims) AS e LOOP
     w := (c->>'worker')::uuid;
     k := (c->>'concurrency')::int;
@@ -49,7 +65,8 @@ BEGIN
         k,
         CASE WHEN jsonb_typeof(c->'plan') = 'object' THEN c->'plan' END,
         (c->>'reserveAfterMs')::int,
-        (c->>'expiredFrom')::timestamptz) AS t;
+        (c->>'expiredFrom')::timestamptz,
+        head_priority, head_deadline, head_created) AS t;
     RETURN QUERY
       SELECT i,
         greatest(0, coalesce(k, x.max_concurrency) - meshwork_slots_held(x.id)::int),

@@ -87,11 +87,21 @@
 --   each of them to learn that none was live. A live lease that expired
 --   before `expired_from` and is still there (the sweeper skipped it while
 --   another transaction held it) is the sweeper's at its next pass.
+-- * PENDING tasks are looked for first from `ready_*`, when given: the
+--   claim-order key (priority, deadline, created_at) of the first ready
+--   task, read once by the batch the claim is part of (claim-batch.sql).
+--   The head of tasks_ready_idx holds an entry for every task claimed
+--   since the last vacuum, and while a transaction is held open none can
+--   be removed: each claim of a batch walked all of them. From the key
+--   on, within its priority and deadline, the walk starts past them; when
+--   that runs out, the claim walks from the head as before (source 4).
 DROP FUNCTION IF EXISTS meshwork_claim(uuid, text[], jsonb, int, int, jsonb, int);
+DROP FUNCTION IF EXISTS meshwork_claim(uuid, text[], jsonb, int, int, jsonb, int, timestamptz);
 CREATE OR REPLACE FUNCTION meshwork_claim(
   worker uuid, caps text[], labels jsonb, max_tasks int, concurrency int,
   plan jsonb DEFAULT NULL, reserve_after_ms int DEFAULT NULL,
-  expired_from timestamptz DEFAULT NULL)
+  expired_from timestamptz DEFAULT NULL, ready_priority int DEFAULT NULL,
+  ready_deadline timestamptz DEFAULT NULL, ready_created timestamptz DEFAULT NULL)
 RETURNS SETOF tasks
 LANGUAGE plpgsql VOLATILE
 SET enable_sort = off
@@ -115,7 +125,7 @@ DECLARE
   reserved_ask jsonb;
   cur refcursor;
   c tasks;
-  phase text := 'expired';    -- expired, plan, all, deferred
+  phase text := 'expired';    -- expired, plan, from, all, deferred
   phase_cur refcursor;        -- the cursor of the phase (not the plan's)
   share_curs refcursor[] := '{}';  -- the plan's cursors, by share
   share_done boolean[] := '{}';
@@ -186,7 +196,7 @@ BEGIN
       phase := 'deferred';
     END IF;
     IF phase = 'plan' AND (plan IS NULL OR step >= jsonb_array_length(plan->'seq')) THEN
-      phase := 'all';
+      phase := CASE WHEN ready_created IS NULL THEN 'all' ELSE 'from' END;
     END IF;
     IF phase = 'deferred' AND cardinality(deferred) = 0 THEN
       EXIT;
@@ -226,6 +236,28 @@ BEGIN
           ORDER BY t.share, t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
           FOR UPDATE OF t SKIP LOCKED;
         share_curs[share_at] := cur;
+      ELSIF phase = 'from' AND ready_deadline IS NULL THEN
+        -- The first ready task's priority, without a deadline, from its age on.
+        OPEN cur FOR SELECT t.* FROM tasks t
+          WHERE t.state = 'PENDING' AND t.dependencies_pending = 0
+            AND t.priority = ready_priority AND t.deadline IS NULL
+            AND t.created_at >= ready_created
+            AND (t.not_before IS NULL OR t.not_before <= now())
+            AND meshwork_claim_matches(t, caps, labels)
+            AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
+          ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+          FOR UPDATE OF t SKIP LOCKED;
+      ELSIF phase = 'from' THEN
+        -- The first ready task's priority and deadline, from its age on.
+        OPEN cur FOR SELECT t.* FROM tasks t
+          WHERE t.state = 'PENDING' AND t.dependencies_pending = 0
+            AND t.priority = ready_priority AND t.deadline = ready_deadline
+            AND t.created_at >= ready_created
+            AND (t.not_before IS NULL OR t.not_before <= now())
+            AND meshwork_claim_matches(t, caps, labels)
+            AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
+          ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+          FOR UPDATE OF t SKIP LOCKED;
       ELSIF phase = 'all' THEN
         OPEN cur FOR SELECT t.* FROM tasks t
           WHERE t.state = 'PENDING' AND t.dependencies_pending = 0
@@ -255,7 +287,8 @@ BEGIN
         step := step + 1;
       ELSE
         phase_cur := NULL;
-        phase := CASE phase WHEN 'expired' THEN 'plan' WHEN 'all' THEN 'deferred' ELSE 'done' END;
+        phase := CASE phase WHEN 'expired' THEN 'plan' WHEN 'from' THEN 'all'
+          WHEN 'all' THEN 'deferred' ELSE 'done' END;
         EXIT WHEN phase = 'done';
       END IF;
       CONTINUE;
