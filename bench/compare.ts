@@ -69,7 +69,8 @@
  *   BENCH_BACKLOG_DRAIN (10,000) tasks. Prints `show autovacuum`.
  * - bloat (bench/bloat.ts, whose header says what it does): the claim
  *   and 1b after BENCH_BLOAT (1,000,000) tasks went through, with the
- *   coordinator's own vacuum and without; and while a transaction pins the
+ *   coordinator's own vacuum and without.
+ * - pinned (bench/bloat.ts): the claim and 1b while a transaction pins the
  *   xmin horizon for BENCH_PIN_SECONDS (600) of a 1b drain.
  * - sweep (scenario 8, only when named): 1b drains (claim N +
  *   CompleteTasks) for workers 1, 4, 16, 64 × batch 1, 8, 32, 100, each on a
@@ -158,7 +159,7 @@ const warmupTasks = Number(env.BENCH_WARMUP ?? 1000);
 const historyDone = Number(env.BENCH_HISTORY ?? 1_000_000);
 const parts = (
   env.BENCH_SCENARIOS ??
-  "graphile,peers,ceiling,postgres,leases,pglite,memory,backlog,history,bloat,scheduling"
+  "graphile,peers,ceiling,postgres,leases,pglite,memory,backlog,history,bloat,pinned,scheduling"
 )
   .split(",")
   .map((s) => s.trim());
@@ -173,6 +174,7 @@ const known = [
   "backlog",
   "history",
   "bloat",
+  "pinned",
   "scheduling",
   "sweep",
 ];
@@ -1023,6 +1025,8 @@ await part("bloat", async () => {
     figures[`bloat_${vacuum}_p50`] = r.after.p50 / r.fresh.p50;
     figures[`bloat_${vacuum}_1b`] = r.fresh.drain / r.after.drain;
   }
+});
+await part("pinned", async () => {
   const p = await bloatPinned();
   figures.pinned_p50 = p.lastP50 / p.firstP50;
   figures.pinned_1b = p.firstRate / p.lastRate;
