@@ -44,8 +44,10 @@ export interface ClaimAnswer {
  * The margin is for leases moved into the past by hand (tests and
  * operators set lease_expires_at = now() - 1 second to expire one at once):
  * a claim still takes such a lease, though the sweeper passed a moment
- * before. A lease that expired before the mark and is still there is the
- * sweeper's at its next pass: nothing is lost, only taken a pass later.
+ * before. The sweeper's own passes start at the mark too, but once a
+ * minute it makes a whole one (leases/sweeper.ts, wholePassMs): a lease
+ * that expired before the mark and is still there is put back then.
+ * Nothing is lost, only taken up to a minute later.
  */
 export interface ExpirySweep {
   sweptTo: string | null;

@@ -211,8 +211,15 @@ export function createLeaseStore(db: Db, scheduling?: ClaimScheduling, sweep?: E
      * completion that committed first. A pass that left none behind (fewer
      * than `limit`) moves `sweep` to the database time it began at, less
      * the margin (claim.ts, ExpirySweep).
+     *
+     * `fromMark`: only leases that expired since `sweep`'s mark, the pass
+     * the sweeper makes most seconds (leases/sweeper.ts). Behind a
+     * transaction held open, a pass from the first walked the index entry
+     * of every lease granted since, each of them; from the mark it walks
+     * the last few seconds'. A lease that expired before the mark and is
+     * still there is the next whole pass's.
      */
-    async expireLeases(limit: number): Promise<{ id: string; state: string }[]> {
+    async expireLeases(limit: number, fromMark = false): Promise<{ id: string; state: string }[]> {
       // ISO 8601 whatever the session's DateStyle (JSON's form of a timestamptz).
       const [began] = sweep
         ? await rowsOf<{ t: string }>(
@@ -220,7 +227,8 @@ export function createLeaseStore(db: Db, scheduling?: ClaimScheduling, sweep?: E
             sql`select to_json(now() - ${sweepMargin}::interval) #>> '{}' as t`,
           )
         : [];
-      const rows = await q.expire().execute({ limit });
+      const from = fromMark ? (sweep?.sweptTo ?? null) : null;
+      const rows = await q.expire().execute({ limit, from });
       if (sweep && began && rows.length < limit) sweep.sweptTo = began.t;
       return rows;
     },

@@ -15,6 +15,15 @@ export interface SweeperDeps {
 }
 
 /**
+ * How often the sweeper's lease expiry looks through every expired lease.
+ * Its other passes start at the mark of the last pass that left none behind
+ * (leases/claim.ts, ExpirySweep): a lease expired before it and still there
+ * (skipped while another transaction held its row, or moved into the past
+ * by hand) waits for the next whole pass, at most this long.
+ */
+export const wholePassMs = 60_000;
+
+/**
  * The once-a-second housekeeping every replica runs: writes buffered
  * heartbeats, returns expired leases to PENDING (or FAILED when attempts are
  * used up), fails the attempts past their timeout (TIMEOUT, as a retryable
@@ -27,10 +36,16 @@ export interface SweeperDeps {
 export function createSweeper(deps: SweeperDeps, intervalMs: number) {
   let timer: NodeJS.Timeout | undefined;
   let running: Promise<void> | undefined;
+  let passes = 0;
+  const wholePassEvery = Math.max(1, Math.round(wholePassMs / intervalMs));
 
   async function sweep(): Promise<void> {
     await deps.heartbeats.flush();
-    const expired = await deps.leases.expireLeases(1000);
+    // A whole pass once a minute, else from the mark of the last pass
+    // that left none behind (leases/store.ts, expireLeases).
+    const whole = passes % wholePassEvery === 0;
+    passes += 1;
+    const expired = await deps.leases.expireLeases(1000, !whole);
     for (const r of expired) {
       deps.metrics.leaseExpiries.inc({ outcome: r.state === "PENDING" ? "retry" : "failed" });
     }

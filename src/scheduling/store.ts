@@ -9,7 +9,6 @@ export interface HeldByShare {
   running: number;
 }
 
-/** A key's concurrency limit, with what runs and waits under it. */
 /** Which keys a listing reads: one `key`, or up to `size` after `after` (all by default). */
 export interface KeyRange {
   key?: string | undefined;
@@ -17,6 +16,7 @@ export interface KeyRange {
   size?: number | undefined;
 }
 
+/** A key's concurrency limit, with what runs and waits under it. */
 export interface LimitRow {
   key: string;
   maxRunning: number;
@@ -32,6 +32,27 @@ export interface RateRow {
   tokens: number;
   refilledAt: Date;
 }
+
+/**
+ * The share paths with PENDING tasks that wait for no dependency (what a
+ * claim could take once due): a skip over tasks_share_claim_idx, one index
+ * probe per share, whatever the backlog.
+ *
+ * The skip goes backwards, from the last share, and each probe lands on the
+ * end of a share's range, the last task in its claim order. The entries of
+ * the tasks claimed since the last vacuum are at the start of their share's
+ * range; while a transaction is held open no vacuum can remove them, and a
+ * probe from the start walked every one (test/postgres/claim-plan.test.ts).
+ */
+export const sharesWithPendingText = `with recursive s(share) as (
+    (select t.share from tasks t where t.state = 'PENDING' and t.dependencies_pending = 0
+      order by t.share desc limit 1)
+    union all
+    select (select t.share from tasks t
+      where t.state = 'PENDING' and t.dependencies_pending = 0 and t.share < s.share
+      order by t.share desc limit 1)
+    from s where s.share is not null)
+  select share from s where share is not null`;
 
 /**
  * The scheduling tables (shares, share_usage, concurrency_limits,
@@ -78,24 +99,9 @@ export function createSchedulingStore(db: Db, heartbeatIntervalSeconds: number) 
       return out;
     },
 
-    /**
-     * The share paths with PENDING tasks that wait for no dependency (what
-     * a claim could take once due): a skip over tasks_share_claim_idx, one
-     * index probe per share, whatever the backlog.
-     */
+    /** The share paths with PENDING tasks that wait for no dependency (sharesWithPendingText). */
     async sharesWithPending(): Promise<string[]> {
-      const rows = await rowsOf<{ share: string }>(
-        db,
-        sql`with recursive s(share) as (
-            (select t.share from tasks t where t.state = 'PENDING' and t.dependencies_pending = 0
-              order by t.share limit 1)
-            union all
-            select (select t.share from tasks t
-              where t.state = 'PENDING' and t.dependencies_pending = 0 and t.share > s.share
-              order by t.share limit 1)
-            from s where s.share is not null)
-          select share from s where share is not null`,
-      );
+      const rows = await rowsOf<{ share: string }>(db, sql.raw(sharesWithPendingText));
       return rows.map((r) => r.share);
     },
 

@@ -456,6 +456,28 @@ describeEachEngine("lease store", (db) => {
       }
     });
 
+    it("a pass from the mark leaves a lease that expired before it to the next whole pass", async () => {
+      const sweep: ExpirySweep = { sweptTo: null };
+      const store = createLeaseStore(tdb.database.db, undefined, sweep);
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload }), newTask({ workload })]);
+      const [a] = await store.claim(worker(workerA, [workload]), 1);
+      const [b] = await store.claim(worker(workerA, [workload]), 1);
+      if (!a || !b) throw new Error("nothing claimed");
+      // From the first, with no mark yet.
+      expect(await store.expireLeases(1000, true)).toEqual([]);
+      expect(sweep.sweptTo).not.toBeNull();
+      await expireLease(tdb.database.db, a.id); // a second ago: after the mark
+      await tdb.database.db
+        .update(tasks)
+        .set({ leaseExpiresAt: sql`now() - interval '1 hour'` })
+        .where(eq(tasks.id, b.id));
+      expect(await store.expireLeases(1000, true)).toEqual([{ id: a.id, state: "PENDING" }]);
+      expect(await taskStore.get(b.id)).toMatchObject({ state: "RUNNING", leaseWorkerId: workerA });
+      expect(await store.expireLeases(1000)).toEqual([{ id: b.id, state: "PENDING" }]);
+      expect(await taskStore.get(b.id)).toMatchObject({ state: "PENDING" });
+    });
+
     it("do not start later than a pass that stopped at its limit", async () => {
       const sweep: ExpirySweep = { sweptTo: null };
       const store = createLeaseStore(tdb.database.db, undefined, sweep);

@@ -1,5 +1,6 @@
 import type postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { sharesWithPendingText } from "../../src/scheduling/store.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
 import { explainEverything, noticeClient } from "../support/plans.js";
 
@@ -333,5 +334,21 @@ describe.skipIf(!onPostgres)("the claim behind a transaction held open", () => {
     // Once by the batch (3,000 and the live ones), not 8 × 3,000.
     expect(read).toBeGreaterThanOrEqual(3000);
     expect(read).toBeLessThan(2 * 3000);
+  });
+
+  it("finds the shares with work without reading the entries of the tasks claimed since", async () => {
+    let shares: string[] = [];
+    let read = 0;
+    await sql.begin(async (tx) => {
+      const before = await tx`select
+        pg_stat_get_xact_tuples_returned('tasks_share_claim_idx'::regclass)::int as n`;
+      shares = (await tx.unsafe(sharesWithPendingText)).map((r) => r.share as string);
+      const after = await tx`select
+        pg_stat_get_xact_tuples_returned('tasks_share_claim_idx'::regclass)::int as n`;
+      read = Number(after[0]?.n) - Number(before[0]?.n);
+    });
+    // The ten live tasks are in the default share, behind the 3,000 claimed.
+    expect(shares).toEqual(["default"]);
+    expect(read).toBeLessThan(100);
   });
 });

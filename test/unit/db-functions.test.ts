@@ -17,6 +17,7 @@ const hashes: Record<number, string> = {
   7: "07b1f2a293a8ba1f38c24cafdcc46a056f41724db3b869740eee7fa57f6dbc50",
   8: "6a9ff3418ade1774f67ee3db73def242bad1a4895171a46c6026556fb666cf8c",
   9: "a0bbb322365fc546aabef9881daa518dee647561e4258034b60c94bb7abc52ab",
+  10: "4a33bbe5e262beb74fe09249b366985f38c1ad2c92ed279b761130ecd45b4562",
 };
 
 describe("database functions", () => {

@@ -86,7 +86,8 @@
 --   completed or not, leaves one that expires in turn, and a claim walked
 --   each of them to learn that none was live. A live lease that expired
 --   before `expired_from` and is still there (the sweeper skipped it while
---   another transaction held it) is the sweeper's at its next pass.
+--   another transaction held it) is the sweeper's at its next whole pass
+--   (once a minute: leases/sweeper.ts).
 -- * PENDING tasks are looked for first from `ready_*`, when given: the
 --   claim-order key (priority, deadline, created_at) of the first ready
 --   task, read once by the batch the claim is part of (claim-batch.sql).

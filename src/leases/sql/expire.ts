@@ -12,12 +12,22 @@ const expiredLease = sql`meshwork_lease_expired(${tasks})`;
  * Expired leases back to PENDING, or FAILED when attempts are used up.
  * The UPDATE re-checks the expiry on the locked row, so a completion
  * that committed first is never overwritten.
+ *
+ * `from` (null: from the first): only leases that expired at or after it.
+ * The walk of tasks_lease_expiry_idx then starts there, past the entries
+ * of every lease that ended before, which no vacuum can remove while a
+ * transaction is held open (leases/store.ts, expireLeases).
  */
 export function expireStatement(db: Db) {
   const due = db
     .select({ id: tasks.id })
     .from(tasks)
-    .where(expiredLease)
+    .where(
+      and(
+        expiredLease,
+        sql`${tasks.leaseExpiresAt} >= coalesce(${p("from")}::timestamptz, '-infinity')`,
+      ),
+    )
     .orderBy(tasks.leaseExpiresAt)
     .limit(p("limit"))
     .for("update", { skipLocked: true });
