@@ -101,12 +101,33 @@ describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
       if (analyzed) await client`analyze tasks`;
       let rows: unknown[] = [];
       const plan = await planOf(async () => {
-        rows = await transitions.expire().execute({ limit: 1000 });
+        rows = await transitions.expire().execute({ limit: 1000, from: null });
       });
       expect(rows).toHaveLength(1000);
       expect(plan).toMatch(/Update on tasks[\s\S]*Index Scan (using|on) tasks_pkey/);
       expect(plan).not.toContain("Hash Join");
       expect(pkeyRows(plan)).toBe(1000);
+      expect(plan).not.toMatch(/Seq Scan on tasks/);
+      await client`delete from tasks where lease_expires_at is not null`;
+    });
+
+    it(`expires from the sweeper's mark without reading the leases that expired before it ${when} ANALYZE`, async () => {
+      // 20,000 that expired an hour ago (a whole pass's), 500 a second ago.
+      await client.unsafe(`insert into tasks (${columns}, attempt, lease_expires_at)
+        select gen_random_uuid(), 'w', 'RUNNING', 3, 60, 1000, 300000, 2, 1,
+          now() - case when i <= 500 then interval '1 second' else interval '1 hour' end
+        from generate_series(1, 20500) as i`);
+      if (analyzed) await client`analyze tasks`;
+      const [mark] = await client`select now() - interval '5 seconds' as t`;
+      let rows: unknown[] = [];
+      const plan = await planOf(async () => {
+        rows = await transitions.expire().execute({ limit: 1000, from: mark?.t });
+      });
+      expect(rows).toHaveLength(500);
+      const expiry = /Index Scan (?:using|on) tasks_lease_expiry_idx[^\n]*actual rows=(\d+)/.exec(
+        plan,
+      );
+      expect(Number(expiry?.[1] ?? -1)).toBe(500);
       expect(plan).not.toMatch(/Seq Scan on tasks/);
       await client`delete from tasks where lease_expires_at is not null`;
     });

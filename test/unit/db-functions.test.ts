@@ -18,6 +18,7 @@ const hashes: Record<number, string> = {
   8: "6a9ff3418ade1774f67ee3db73def242bad1a4895171a46c6026556fb666cf8c",
   9: "a0bbb322365fc546aabef9881daa518dee647561e4258034b60c94bb7abc52ab",
   10: "4a33bbe5e262beb74fe09249b366985f38c1ad2c92ed279b761130ecd45b4562",
+  11: "8733605f0ee1db51d7a62fa33266ee28d6fcb4bc39d25db45177edbf51bd8e72",
 };
 
 describe("database functions", () => {

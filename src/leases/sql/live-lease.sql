@@ -66,12 +66,21 @@ $$;
 -- task, 12 ms per CompleteTasks at 30,000 rows instead of 2.4 ms by the
 -- primary key. Every lease-bound UPDATE has it in its WHERE, so a refused
 -- request changes nothing.
+--
+-- The live test and the worker test are `IS TRUE`, which no index can
+-- serve: every caller names the task, and must reach it by primary key.
+-- As plain tests, `lease_worker_id = worker AND lease_expires_at > now()`
+-- matched tasks_lease_worker_expiry_idx and `lease_expires_at > now()`
+-- tasks_lease_expiry_idx, and on a table without statistics a completion
+-- of 32 was planned over the worker's live leases, or every worker's: all
+-- of them read per statement, and behind a transaction held open every
+-- lease granted in the last lease_seconds (test/postgres/lease-plan.test.ts).
 CREATE OR REPLACE FUNCTION meshwork_lease_held(t tasks, attempt int, worker uuid, token text) RETURNS boolean
 LANGUAGE sql STABLE
 AS $$
-  SELECT meshwork_lease_live(t)
+  SELECT meshwork_lease_live(t) IS TRUE
      AND t.attempt = attempt
-     AND t.lease_worker_id = worker
+     AND (t.lease_worker_id = worker) IS TRUE
      AND (token = '' OR t.lease_token = token)
 $$;
 
