@@ -53,6 +53,15 @@ export interface ExpirySweep {
   sweptTo: string | null;
 }
 
+/**
+ * How long a claim batch's hint of the first ready task is used, by
+ * default, before a batch looks from the head of the claim order again
+ * (sql/claim-batch.sql): the longest a task made ready out of the ready
+ * epoch's sight (a transaction that moved it committed after a batch's
+ * snapshot) waits behind later ones.
+ */
+export const readyHintMs = 1000;
+
 /** How far before its pass began the sweeper's mark is set. */
 export const sweepMargin = "5 seconds";
 
@@ -68,13 +77,19 @@ export const sweepMargin = "5 seconds";
  * Claims go by worker id, so that batches take worker locks in one order.
  * Prepared once per store: building a Drizzle query costs more than the query.
  */
-export function createClaimStatement(db: Db, scheduling?: ClaimScheduling, sweep?: ExpirySweep) {
+export function createClaimStatement(
+  db: Db,
+  scheduling?: ClaimScheduling,
+  sweep?: ExpirySweep,
+  hintMs = readyHintMs,
+) {
   const columns = getTableColumns(tasks);
   // The function's rows under the table's name, so that Drizzle maps the
   // task's columns to TaskRow exactly as it maps a select from the table.
   const answered = new Subquery(
     sql`select b.claim as claim_index, b.free as claim_free, b.cap as claim_cap, b.ord as claim_ord, (b.task).*
-      from meshwork_claim_batch(${p("claims")}::jsonb) with ordinality as b(claim, free, cap, task, ord)`,
+      from meshwork_claim_batch(${p("claims")}::jsonb, ${p("hint")}::jsonb)
+        with ordinality as b(claim, free, cap, task, ord)`,
     columns,
     "tasks",
   );
@@ -88,6 +103,9 @@ export function createClaimStatement(db: Db, scheduling?: ClaimScheduling, sweep
     .from(asTable(answered, tasks))
     .orderBy(sql`tasks.claim_ord`)
     .prepare("meshwork_claim_batch");
+  // The first ready task the last batch found (sql/claim-batch.sql, hint),
+  // and when a batch last found it from the head of the claim order.
+  let hint: { text: string; since: number } | undefined;
   return async (
     claims: readonly { worker: ClaimingWorker; max: number }[],
   ): Promise<ClaimAnswer[]> => {
@@ -99,7 +117,10 @@ export function createClaimStatement(db: Db, scheduling?: ClaimScheduling, sweep
         return x < y ? -1 : x > y ? 1 : a - b;
       });
     const plans = scheduling?.plans(order.map((i) => claims[i]?.max ?? 0));
+    const sent = performance.now();
+    if (hint && sent - hint.since >= hintMs) hint = undefined;
     const rows = await statement.execute({
+      hint: hint?.text ?? null,
       claims: JSON.stringify(
         order.map((i, n) => {
           const { worker, max } = claims[i] as { worker: ClaimingWorker; max: number };
@@ -117,7 +138,12 @@ export function createClaimStatement(db: Db, scheduling?: ClaimScheduling, sweep
       ),
     });
     const answers: ClaimAnswer[] = claims.map(() => ({ rows: [], slots: undefined }));
+    let next: string | undefined;
     for (const row of rows) {
+      if (row.claimIndex === -1) {
+        next = row.progressMessage;
+        continue;
+      }
       const answer = answers[order[row.claimIndex] ?? -1];
       if (!answer) continue;
       // The row as it is, with its three extra fields (a copy without them
@@ -125,6 +151,12 @@ export function createClaimStatement(db: Db, scheduling?: ClaimScheduling, sweep
       if (row.claimFree === null || row.claimCap === null) answer.rows.push(row);
       else answer.slots = { free: row.claimFree, maxConcurrency: row.claimCap };
     }
+    // A hint found from the head starts a new second; one found from the
+    // hint before keeps the second of that one.
+    if (next === undefined) hint = undefined;
+    else if (!hint || (JSON.parse(next) as { head?: boolean }).head)
+      hint = { text: next, since: sent };
+    else hint = { text: next, since: hint.since };
     scheduling?.granted(answers.flatMap((a) => a.rows));
     return answers;
   };

@@ -100,8 +100,15 @@ async function retryOnce<T>(again: (error: unknown) => boolean, fn: () => Promis
  * Every lease transition: claims, renewals, completions, failures,
  * releases, expiry. The statements are prepared once per store (claim.ts,
  * transitions.ts); a refused request costs one more read, to name why.
+ * `readyHintMs`: how long a claim batch's hint of the first ready task is
+ * used (claim.ts, readyHintMs; tests set it).
  */
-export function createLeaseStore(db: Db, scheduling?: ClaimScheduling, sweep?: ExpirySweep) {
+export function createLeaseStore(
+  db: Db,
+  scheduling?: ClaimScheduling,
+  sweep?: ExpirySweep,
+  readyHintMs?: number,
+) {
   // Claims made while one is in flight go together in the next statement
   // (group commit, as completions do). When the database refuses that
   // statement (it answered with an error, so nothing was leased: a
@@ -110,7 +117,7 @@ export function createLeaseStore(db: Db, scheduling?: ClaimScheduling, sweep?: E
   // others. A failure with no answer (the connection lost) is not run
   // again: leases may have been granted, and would sit leased to nobody
   // while more were taken; for that, the callers retry.
-  const claimStatement = createClaimStatement(db, scheduling, sweep);
+  const claimStatement = createClaimStatement(db, scheduling, sweep, readyHintMs);
   const claim = createBatcher(
     async (items: { worker: ClaimingWorker; max: number }[]): Promise<(ClaimAnswer | Error)[]> => {
       try {
@@ -171,6 +178,9 @@ export function createLeaseStore(db: Db, scheduling?: ClaimScheduling, sweep?: E
   async function dueRetries(windowMs: number): Promise<Map<string, number>> {
     const rows = await q.retriesDueByWorkload().execute({ ms: Math.round(windowMs) });
     const due = new Map(rows.map((r) => [r.workload, r.n]));
+    // Tasks that fell due keep their place in the claim order, maybe ahead
+    // of the first ready task a claim batch found (sql/claim-batch.sql).
+    if (rows.length > 0) await rowsOf(db, sql`select nextval('meshwork_ready_epoch')`);
     // And the rate-limited tasks whose bucket just refilled.
     for (const r of await rowsOf<{ workload: string; n: number | string }>(
       db,

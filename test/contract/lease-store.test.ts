@@ -1,13 +1,14 @@
 import { eq, sql } from "drizzle-orm";
 import { beforeAll, describe, expect, it } from "vitest";
 import { tasks } from "../../src/db/schema/index.js";
+import { rowsOf } from "../../src/db/values.js";
 import {
   type Completion,
   createLeaseStore,
   type ExpirySweep,
   type LeaseStore,
 } from "../../src/leases/store.js";
-import { createTaskStore, type TaskStore } from "../../src/tasks/store.js";
+import { createTaskStore, type NewTask, type TaskStore } from "../../src/tasks/store.js";
 import { describeEachEngine } from "../support/engines.js";
 import { endBackoff, expireLease, insertWorker, newTask } from "../support/fixtures.js";
 import { uniqueWorkload } from "../support/harness.js";
@@ -422,6 +423,77 @@ describeEachEngine("lease store", (db) => {
         .where(eq(tasks.id, row.id));
       await leases.expireLeases(1000);
       expect((await taskStore.get(row.id)).state).toBe("SUCCEEDED");
+    });
+  });
+
+  // A claim batch looks for the first ready task from where the last batch
+  // of the same store found it, while the ready epoch has not moved
+  // (sql/claim-batch.sql): whatever becomes ready ahead of it moves the
+  // epoch, and is taken first.
+  describe("claims from the first ready task the last batch found", () => {
+    /** A store whose hints last a minute unless said, and tasks created one call each (each its own created_at). */
+    function setup(hintMs = 60_000) {
+      const store = createLeaseStore(tdb.database.db, undefined, undefined, hintMs);
+      const workload = uniqueWorkload();
+      const next = async () => (await store.claim(worker(workerA, [workload]), 1)).map((t) => t.id);
+      const one = async (fields: Partial<NewTask> = {}) => {
+        const [row] = await taskStore.create([newTask({ workload, ...fields })]);
+        if (!row) throw new Error("not created");
+        return row;
+      };
+      return { store, workload, next, one };
+    }
+
+    it("still take first what became ready ahead of it: a lease back to PENDING, a task fallen due, a higher priority", async () => {
+      const { store, workload, next, one } = setup();
+      const a = await one();
+      const late = await one({ delayMs: 1000 });
+      const b = await one();
+      const c = await one();
+      const d = await one();
+      const e = await one();
+      expect(await next()).toEqual([a.id]);
+      expect(await next()).toEqual([b.id]);
+      // a's lease ran out and the sweeper put it back: older than c.
+      await expireLease(tdb.database.db, a.id);
+      expect(await store.expireLeases(1000)).toContainEqual({ id: a.id, state: "PENDING" });
+      expect(await next()).toEqual([a.id]);
+      expect(await next()).toEqual([c.id]);
+      // A task created without a priority comes after the others.
+      const fresh = await one();
+      // `late` falls due: older than d, it is taken first once the sweeper
+      // has seen it fall due.
+      await new Promise((r) => setTimeout(r, 1100));
+      expect((await store.dueRetries(5000)).get(workload)).toBe(1);
+      expect(await next()).toEqual([late.id]);
+      expect(await next()).toEqual([d.id]);
+      // Created after, with a priority.
+      const high = await one({ priority: 5 });
+      expect(await next()).toEqual([high.id]);
+      expect(await next()).toEqual([e.id]);
+      expect(await next()).toEqual([fresh.id]);
+    });
+
+    it("take a task made ready out of the ready epoch's sight once the hint has lasted its time", async () => {
+      const { next, one } = setup(300);
+      const a = await one();
+      const b = await one();
+      const c = await one();
+      expect(await next()).toEqual([a.id]);
+      // As if created by a transaction that began before b was created and
+      // committed after a claim found b: nothing moves the epoch.
+      const [old] = await rowsOf<{ id: string }>(
+        tdb.database.db,
+        sql`insert into tasks (id, workload, state, max_attempts, lease_seconds,
+            backoff_initial_ms, backoff_max_ms, backoff_multiplier, created_at)
+          values (gen_random_uuid(), ${a.workload}, 'PENDING', 3, 60, 1000, 300000, 2,
+            now() - interval '1 hour')
+          returning id`,
+      );
+      await new Promise((r) => setTimeout(r, 350));
+      expect(await next()).toEqual([old?.id]);
+      expect(await next()).toEqual([b.id]);
+      expect(await next()).toEqual([c.id]);
     });
   });
 

@@ -336,6 +336,72 @@ describe.skipIf(!onPostgres)("the claim behind a transaction held open", () => {
     expect(read).toBeLessThan(2 * 3000);
   });
 
+  it("finds the first ready task from the last batch's hint, past the entries of the tasks claimed before", async () => {
+    const claims = [{ worker, caps: ["w"], labels: {}, max: 2 }];
+    /** A batch of one claim in its own transaction (rolled back): what it took, its hint, the entries it read. */
+    async function batch(hint: string | null) {
+      let taken: string[] = [];
+      let next: string | null = null;
+      let read = 0;
+      await sql
+        .begin(async (tx) => {
+          const [before] = await entriesRead(tx);
+          const rows = await tx`select b.claim, (b.task).id as id, (b.task).progress_message as hint
+            from meshwork_claim_batch(${JSON.stringify(claims)}::text::jsonb, ${hint}::text::jsonb) as b`;
+          const [after] = await entriesRead(tx);
+          read = Number(after?.ready) - Number(before?.ready);
+          taken = rows.filter((r) => r.claim === 0 && r.id).map((r) => r.id as string);
+          next = (rows.find((r) => r.claim === -1)?.hint as string | undefined) ?? null;
+          throw new Error("roll back");
+        })
+        .catch((e: Error) => {
+          if (e.message !== "roll back") throw e;
+        });
+      return { taken, hint: next, read };
+    }
+    const first = await batch(null);
+    expect(first.read).toBeGreaterThanOrEqual(3000);
+    expect(first.hint).not.toBeNull();
+    expect(JSON.parse(first.hint ?? "{}")).toMatchObject({
+      priority: 0,
+      deadline: null,
+      head: true,
+    });
+    const second = await batch(first.hint);
+    expect(second.taken).toEqual(first.taken);
+    expect(second.read).toBeLessThan(100);
+    expect(JSON.parse(second.hint ?? "{}")).toMatchObject({ head: false });
+    // Once the ready epoch moves, the hint is not used.
+    await sql`select nextval('meshwork_ready_epoch')`;
+    const third = await batch(first.hint);
+    expect(third.taken).toEqual(first.taken);
+    expect(third.read).toBeGreaterThanOrEqual(3000);
+  });
+
+  it("looks for a task to reserve from the first ready task's key, not from the head", async () => {
+    let read = 0;
+    let taken = 0;
+    await sql
+      .begin(async (tx) => {
+        const [head] = await tx`select priority, deadline, created_at from tasks
+          where state = 'PENDING' and dependencies_pending = 0
+          order by priority desc nulls last, deadline asc nulls last, created_at asc limit 1`;
+        const [before] = await entriesRead(tx);
+        // With reserve_after_ms (0: any large task waiting would do).
+        const rows = await tx`select id from meshwork_claim(${worker}, '{w}', '{}', 2, null,
+          null, 0, now() - interval '5 seconds', ${head?.priority}, ${head?.deadline}, ${head?.created_at})`;
+        taken = rows.length;
+        const [after] = await entriesRead(tx);
+        read = Number(after?.ready) - Number(before?.ready);
+        throw new Error("roll back");
+      })
+      .catch((e: Error) => {
+        if (e.message !== "roll back") throw e;
+      });
+    expect(taken).toBe(2);
+    expect(read).toBeLessThan(100);
+  });
+
   it("finds the shares with work without reading the entries of the tasks claimed since", async () => {
     let shares: string[] = [];
     let read = 0;

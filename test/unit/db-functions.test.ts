@@ -19,6 +19,7 @@ const hashes: Record<number, string> = {
   9: "a0bbb322365fc546aabef9881daa518dee647561e4258034b60c94bb7abc52ab",
   10: "4a33bbe5e262beb74fe09249b366985f38c1ad2c92ed279b761130ecd45b4562",
   11: "8733605f0ee1db51d7a62fa33266ee28d6fcb4bc39d25db45177edbf51bd8e72",
+  12: "be6a5094c57ca0fcd3107d690cda776ff95bec2953fc973288136c26cbff0d87",
 };
 
 describe("database functions", () => {

@@ -1,3 +1,8 @@
+-- The ready epoch: a number every change that may put a task ahead of the
+-- first ready one moves (history.sql, and the sweeper when a not_before
+-- passes). A sequence: not versioned, so that reading it costs the same
+-- behind a transaction held open, and seen by every replica at once.
+CREATE SEQUENCE IF NOT EXISTS meshwork_ready_epoch;
 -- Claims that arrive together go to the database together: one statement
 -- runs each through meshwork_claim (claim.sql: the rules and plan choices
 -- are all there) and answers, after each claim, the worker's cap and the
@@ -12,7 +17,9 @@
 -- live leases hold. Rows: the claimed tasks of claim 0 in claim order
 -- (free and cap null), then one
 -- row for claim 0 with its free slots and cap (task null; none for an
--- unknown worker), then claim 1, and so on.
+-- unknown worker), then claim 1, and so on; last, when a task was ready,
+-- one row with claim -1 whose task.progress_message is the batch's `hint`
+-- for the next one (below), never a task given to anyone.
 --
 -- One transaction holds every worker lock it takes until it ends. The
 -- caller orders the claims by worker id, so that two batches (on two
@@ -24,7 +31,26 @@
 -- the batch (55P03), its claims are made again one by one (leases/store.ts)
 -- and only the claim for the locked worker waits and fails (`unavailable`).
 -- Without it, one lock held long would hold every claim of the replica.
-CREATE OR REPLACE FUNCTION meshwork_claim_batch(claims jsonb)
+--
+-- The first ready task. Each claim looks from its key (priority, deadline,
+-- created_at) first (claim.sql, ready_*), so the batch finds it once: the
+-- head of tasks_ready_idx holds an entry for every task claimed since the
+-- last vacuum, and while a transaction is held open none can be removed.
+-- It is found from `hint` when it can be: {"priority", "deadline",
+-- "created", "epoch", "head"}, the first ready task a batch of this
+-- replica found before, with the ready epoch it read first (and whether it
+-- was found from the head). While the epoch has not
+-- moved, no task has become ready ahead of that one but new tasks of
+-- priority 0 without a deadline, which come after it (a hint of a
+-- negative priority is not used, for that reason): the batch looks
+-- from the hint within its priority and deadline, past the entries of the
+-- tasks claimed before it, and from the head only when that runs out.
+-- The caller drops a hint after a second (leases/claim.ts): a task made
+-- ready by a transaction that moved the epoch before this batch read it
+-- but committed after its snapshot, or created by a transaction that began
+-- before the hint's task was created, is found by then.
+DROP FUNCTION IF EXISTS meshwork_claim_batch(jsonb);
+CREATE OR REPLACE FUNCTION meshwork_claim_batch(claims jsonb, hint jsonb DEFAULT NULL)
 RETURNS TABLE (claim int, free int, cap int, task tasks)
 LANGUAGE plpgsql VOLATILE
 SET jit = off
@@ -38,20 +64,42 @@ DECLARE
   i int := 0;
   w uuid;
   k int;
-  head_priority int;
-  head_deadline timestamptz;
-  head_created timestamptz;
+  epoch bigint;
+  head tasks;
+  found_head boolean := false;
+  from_hint boolean := false;
 BEGIN
-  -- The claim-order key of the first ready task, read once for the batch
-  -- (locked or not, due or not): each claim looks from there first
-  -- (claim.sql, ready_*), and the batch walks the dead entries at the head
-  -- of tasks_ready_idx once instead of once per claim. A task that becomes
-  -- ready with an earlier key while the batch runs is the next batch's.
-  SELECT t.priority, t.deadline, t.created_at INTO head_priority, head_deadline, head_created
-    FROM tasks t
-    WHERE t.state = 'PENDING' AND t.dependencies_pending = 0
-    ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
-    LIMIT 1;
+  -- Read before the head: a change that moves it after this is seen by the next batch.
+  SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END INTO epoch FROM meshwork_ready_epoch s;
+  IF hint IS NOT NULL AND (hint->>'epoch')::bigint = epoch AND (hint->>'priority')::int >= 0 THEN
+    IF hint->>'deadline' IS NULL THEN
+      SELECT t.* INTO head FROM tasks t
+        WHERE t.state = 'PENDING' AND t.dependencies_pending = 0
+          AND t.priority = (hint->>'priority')::int AND t.deadline IS NULL
+          AND t.created_at >= (hint->>'created')::timestamptz
+          AND (t.not_before IS NULL OR t.not_before <= now())
+        ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+        LIMIT 1;
+    ELSE
+      SELECT t.* INTO head FROM tasks t
+        WHERE t.state = 'PENDING' AND t.dependencies_pending = 0
+          AND t.priority = (hint->>'priority')::int AND t.deadline = (hint->>'deadline')::timestamptz
+          AND t.created_at >= (hint->>'created')::timestamptz
+          AND (t.not_before IS NULL OR t.not_before <= now())
+        ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+        LIMIT 1;
+    END IF;
+    found_head := FOUND;
+    from_hint := FOUND;
+  END IF;
+  IF NOT found_head THEN
+    SELECT t.* INTO head FROM tasks t
+      WHERE t.state = 'PENDING' AND t.dependencies_pending = 0
+        AND (t.not_before IS NULL OR t.not_before <= now())
+      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+      LIMIT 1;
+    found_head := FOUND;
+  END IF;
   FOR c IN SELECT e FROM jsonb_array_elements(claims) AS e LOOP
     w := (c->>'worker')::uuid;
     k := (c->>'concurrency')::int;
@@ -66,7 +114,7 @@ BEGIN
         CASE WHEN jsonb_typeof(c->'plan') = 'object' THEN c->'plan' END,
         (c->>'reserveAfterMs')::int,
         (c->>'expiredFrom')::timestamptz,
-        head_priority, head_deadline, head_created) AS t;
+        head.priority, head.deadline, head.created_at) AS t;
     RETURN QUERY
       SELECT i,
         greatest(0, coalesce(k, x.max_concurrency) - meshwork_slots_held(x.id)::int),
@@ -76,5 +124,11 @@ BEGIN
       WHERE x.id = w;
     i := i + 1;
   END LOOP;
+  IF found_head THEN
+    RETURN QUERY SELECT -1, NULL::int, NULL::int,
+      jsonb_populate_record(NULL::tasks, jsonb_build_object('progress_message',
+        jsonb_build_object('priority', head.priority, 'deadline', head.deadline,
+          'created', head.created_at, 'epoch', epoch, 'head', NOT from_hint)::text));
+  END IF;
 END;
 $$;

@@ -339,14 +339,49 @@ BEGIN
 
   -- A large task that keeps losing to smaller ones: reserve the worker for
   -- it. Looked for among the first 200 tasks the worker could run, best
-  -- first (a bounded walk, whatever the backlog).
+  -- first (a bounded walk, whatever the backlog): from the first ready
+  -- task's key within its priority and deadline (`ready_*`, as source 4
+  -- does), then the lower priorities (a later deadline of the same
+  -- priority is not looked at), or from the head when no key is given.
+  -- Walked from the head each time, it read every entry the claims had
+  -- left there behind a transaction held open, up to once a second per
+  -- worker.
   IF reserve_after_ms IS NOT NULL AND reserved IS NULL AND w.reserved_task_id IS NULL THEN
     SELECT x.id, x.resources INTO reserved, reserved_ask FROM (
-      SELECT t.id, t.resources, t.not_before, t.created_at, t.concurrency_key, t.rate_key FROM tasks t
-      WHERE t.state = 'PENDING' AND t.dependencies_pending = 0
+      (SELECT t.id, t.resources, t.not_before, t.created_at, t.concurrency_key, t.rate_key FROM tasks t
+      WHERE ready_created IS NOT NULL AND ready_deadline IS NULL
+        AND t.state = 'PENDING' AND t.dependencies_pending = 0
+        AND t.priority = ready_priority AND t.deadline IS NULL AND t.created_at >= ready_created
         AND (t.not_before IS NULL OR t.not_before <= now())
         AND meshwork_claim_matches(t, caps, labels)
       ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+      LIMIT 200)
+      UNION ALL
+      (SELECT t.id, t.resources, t.not_before, t.created_at, t.concurrency_key, t.rate_key FROM tasks t
+      WHERE ready_created IS NOT NULL AND ready_deadline IS NOT NULL
+        AND t.state = 'PENDING' AND t.dependencies_pending = 0
+        AND t.priority = ready_priority AND t.deadline = ready_deadline AND t.created_at >= ready_created
+        AND (t.not_before IS NULL OR t.not_before <= now())
+        AND meshwork_claim_matches(t, caps, labels)
+      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+      LIMIT 200)
+      UNION ALL
+      (SELECT t.id, t.resources, t.not_before, t.created_at, t.concurrency_key, t.rate_key FROM tasks t
+      WHERE ready_created IS NOT NULL
+        AND t.state = 'PENDING' AND t.dependencies_pending = 0
+        AND t.priority < ready_priority
+        AND (t.not_before IS NULL OR t.not_before <= now())
+        AND meshwork_claim_matches(t, caps, labels)
+      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+      LIMIT 200)
+      UNION ALL
+      (SELECT t.id, t.resources, t.not_before, t.created_at, t.concurrency_key, t.rate_key FROM tasks t
+      WHERE ready_created IS NULL
+        AND t.state = 'PENDING' AND t.dependencies_pending = 0
+        AND (t.not_before IS NULL OR t.not_before <= now())
+        AND meshwork_claim_matches(t, caps, labels)
+      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+      LIMIT 200)
       LIMIT 200
     ) x
     WHERE x.resources <> '{"slots": 1}'

@@ -22,6 +22,10 @@
 -- a task with a concurrency_key that ends counts too: it frees a place
 -- under the key's limit (scheduling/sql/limits.sql) for a task of the same
 -- kind, which a parked claim may now take.
+--
+-- Both move the ready epoch (claim-batch.sql) when a task may have become
+-- ready ahead of the first ready one: created with a priority or a
+-- deadline, back to PENDING, or released by its dependencies.
 
 -- Sends the ready counts. A payload too long for NOTIFY (over ~7,900 bytes,
 -- counted in bytes: very many or very long workload names at once) is sent
@@ -51,6 +55,12 @@ BEGIN
     FROM (SELECT workload, count(*) AS n FROM new_rows
       WHERE state = 'PENDING' AND (not_before IS NULL OR not_before <= now())
       GROUP BY workload) c));
+  -- A new task of priority 0 without a deadline comes after every ready
+  -- one (claim-batch.sql, hint); any other may come ahead.
+  IF EXISTS (SELECT 1 FROM new_rows
+      WHERE state = 'PENDING' AND (priority <> 0 OR deadline IS NOT NULL)) THEN
+    PERFORM nextval('meshwork_ready_epoch');
+  END IF;
   RETURN NULL;
 END;
 $$;
@@ -65,6 +75,7 @@ DECLARE
   ready text;
   finished uuid[];
   reopened uuid[];
+  ahead boolean;
 BEGIN
   WITH changed AS (
     SELECT n.id, n.state, n.attempt, n.workload, n.not_before, o.state AS old_state,
@@ -97,9 +108,17 @@ BEGIN
         AND old_state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELED')),
     ARRAY(SELECT id FROM changed
       WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELED')
-        AND old_state IN ('SUCCEEDED', 'FAILED', 'CANCELED'))
-  INTO ready, finished, reopened;
+        AND old_state IN ('SUCCEEDED', 'FAILED', 'CANCELED')),
+    -- Back to PENDING, or released (its not_before moved): it keeps its
+    -- place in the claim order, maybe ahead of the first ready task.
+    EXISTS (SELECT 1 FROM changed
+      WHERE state = 'PENDING'
+        AND (old_state IS DISTINCT FROM 'PENDING' OR old_not_before IS DISTINCT FROM not_before))
+  INTO ready, finished, reopened, ahead;
   PERFORM meshwork_notify_ready(ready);
+  IF ahead THEN
+    PERFORM nextval('meshwork_ready_epoch');
+  END IF;
   IF cardinality(finished) > 0 OR cardinality(reopened) > 0 THEN
     PERFORM meshwork_dependencies_settle(finished, reopened);
   END IF;
