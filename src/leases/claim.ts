@@ -119,8 +119,9 @@ export function createClaimStatement(
     const plans = scheduling?.plans(order.map((i) => claims[i]?.max ?? 0));
     const sent = performance.now();
     if (hint && sent - hint.since >= hintMs) hint = undefined;
+    const used = hint;
     const rows = await statement.execute({
-      hint: hint?.text ?? null,
+      hint: used?.text ?? null,
       claims: JSON.stringify(
         order.map((i, n) => {
           const { worker, max } = claims[i] as { worker: ClaimingWorker; max: number };
@@ -152,11 +153,11 @@ export function createClaimStatement(
       else answer.slots = { free: row.claimFree, maxConcurrency: row.claimCap };
     }
     // A hint found from the head starts a new second; one found from the
-    // hint before keeps the second of that one.
+    // hint sent keeps that one's second.
     if (next === undefined) hint = undefined;
-    else if (!hint || (JSON.parse(next) as { head?: boolean }).head)
+    else if (!used || (JSON.parse(next) as { head?: boolean }).head)
       hint = { text: next, since: sent };
-    else hint = { text: next, since: hint.since };
+    else hint = { text: next, since: used.since };
     scheduling?.granted(answers.flatMap((a) => a.rows));
     return answers;
   };

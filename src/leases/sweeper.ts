@@ -15,7 +15,9 @@ export interface SweeperDeps {
 }
 
 /**
- * How often the sweeper's lease expiry looks through every expired lease.
+ * How often the sweeper's lease expiry looks through every expired lease:
+ * every this many milliseconds' worth of passes at its interval (a pass
+ * skipped while the last still runs does not count).
  * Its other passes start at the mark of the last pass that left none behind
  * (leases/claim.ts, ExpirySweep): a lease expired before it and still there
  * (skipped while another transaction held its row, or moved into the past

@@ -474,6 +474,34 @@ describeEachEngine("lease store", (db) => {
       expect(await next()).toEqual([fresh.id]);
     });
 
+    it("still reserve the worker for a large task of the same priority with a later deadline", async () => {
+      const { workload, one } = setup();
+      const small = "c1000000-0000-4000-8000-0000000000c1";
+      await insertWorker(tdb.database.db, small, false, 2);
+      const soon = new Date(Date.now() + 86_400_000);
+      const first = await one({ deadline: soon });
+      await one({ deadline: soon });
+      const large = await one({
+        deadline: new Date(soon.getTime() + 86_400_000),
+        resources: { slots: 2 },
+      });
+      // A claim of one from the first task's key, looking for a task to
+      // reserve (reserve_after_ms 0): it takes the first, and the large
+      // task no longer fits what it leaves.
+      const taken = await rowsOf<{ id: string }>(
+        tdb.database.db,
+        sql`select id from meshwork_claim(${small}::uuid, ARRAY[${workload}]::text[], '{}'::jsonb, 1, null,
+          null, 0, null, 0, ${first.deadline?.toISOString()}::timestamptz,
+          ${first.createdAt.toISOString()}::timestamptz)`,
+      );
+      expect(taken.map((r) => r.id)).toEqual([first.id]);
+      const [w] = await rowsOf<{ reserved: string | null }>(
+        tdb.database.db,
+        sql`select reserved_task_id as reserved from workers where id = ${small}::uuid`,
+      );
+      expect(w?.reserved).toBe(large.id);
+    });
+
     it("take a task made ready out of the ready epoch's sight once the hint has lasted its time", async () => {
       const { next, one } = setup(300);
       const a = await one();

@@ -20,6 +20,7 @@ const hashes: Record<number, string> = {
   10: "4a33bbe5e262beb74fe09249b366985f38c1ad2c92ed279b761130ecd45b4562",
   11: "8733605f0ee1db51d7a62fa33266ee28d6fcb4bc39d25db45177edbf51bd8e72",
   12: "be6a5094c57ca0fcd3107d690cda776ff95bec2953fc973288136c26cbff0d87",
+  13: "e1e34fbca6492d623fde7f91198e3fd185c1e326be4f753506d7b4be30f093be",
 };
 
 describe("database functions", () => {

@@ -42,7 +42,9 @@ CREATE SEQUENCE IF NOT EXISTS meshwork_ready_epoch;
 -- was found from the head). While the epoch has not
 -- moved, no task has become ready ahead of that one but new tasks of
 -- priority 0 without a deadline, which come after it (a hint of a
--- negative priority is not used, for that reason): the batch looks
+-- negative priority is not used, for that reason), and tasks whose
+-- not_before passed since the sweeper last looked (it moves the epoch
+-- within a second of that): the batch looks
 -- from the hint within its priority and deadline, past the entries of the
 -- tasks claimed before it, and from the head only when that runs out.
 -- The caller drops a hint after a second (leases/claim.ts): a task made

@@ -90,7 +90,8 @@
 --   (once a minute: leases/sweeper.ts).
 -- * PENDING tasks are looked for first from `ready_*`, when given: the
 --   claim-order key (priority, deadline, created_at) of the first ready
---   task, read once by the batch the claim is part of (claim-batch.sql).
+--   task that is due, found once by the batch the claim is part of, from
+--   the hint of the batch before when it can (claim-batch.sql).
 --   The head of tasks_ready_idx holds an entry for every task claimed
 --   since the last vacuum, and while a transaction is held open none can
 --   be removed: each claim of a batch walked all of them. From the key
@@ -339,13 +340,13 @@ BEGIN
 
   -- A large task that keeps losing to smaller ones: reserve the worker for
   -- it. Looked for among the first 200 tasks the worker could run, best
-  -- first (a bounded walk, whatever the backlog): from the first ready
-  -- task's key within its priority and deadline (`ready_*`, as source 4
-  -- does), then the lower priorities (a later deadline of the same
-  -- priority is not looked at), or from the head when no key is given.
-  -- Walked from the head each time, it read every entry the claims had
-  -- left there behind a transaction held open, up to once a second per
-  -- worker.
+  -- first (a bounded walk, whatever the backlog), in claim order from the
+  -- first ready task's key (`ready_*`, as source 4 starts): its priority
+  -- and deadline from its age on, the later deadlines of its priority,
+  -- none last, then the lower priorities; from the head when no key is
+  -- given. Each part is a range of tasks_ready_idx. Walked from the head
+  -- each time, it read every entry the claims had left there behind a
+  -- transaction held open, up to once a second per worker.
   IF reserve_after_ms IS NOT NULL AND reserved IS NULL AND w.reserved_task_id IS NULL THEN
     SELECT x.id, x.resources INTO reserved, reserved_ask FROM (
       (SELECT t.id, t.resources, t.not_before, t.created_at, t.concurrency_key, t.rate_key FROM tasks t
@@ -361,6 +362,24 @@ BEGIN
       WHERE ready_created IS NOT NULL AND ready_deadline IS NOT NULL
         AND t.state = 'PENDING' AND t.dependencies_pending = 0
         AND t.priority = ready_priority AND t.deadline = ready_deadline AND t.created_at >= ready_created
+        AND (t.not_before IS NULL OR t.not_before <= now())
+        AND meshwork_claim_matches(t, caps, labels)
+      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+      LIMIT 200)
+      UNION ALL
+      (SELECT t.id, t.resources, t.not_before, t.created_at, t.concurrency_key, t.rate_key FROM tasks t
+      WHERE ready_created IS NOT NULL AND ready_deadline IS NOT NULL
+        AND t.state = 'PENDING' AND t.dependencies_pending = 0
+        AND t.priority = ready_priority AND t.deadline > ready_deadline
+        AND (t.not_before IS NULL OR t.not_before <= now())
+        AND meshwork_claim_matches(t, caps, labels)
+      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+      LIMIT 200)
+      UNION ALL
+      (SELECT t.id, t.resources, t.not_before, t.created_at, t.concurrency_key, t.rate_key FROM tasks t
+      WHERE ready_created IS NOT NULL AND ready_deadline IS NOT NULL
+        AND t.state = 'PENDING' AND t.dependencies_pending = 0
+        AND t.priority = ready_priority AND t.deadline IS NULL
         AND (t.not_before IS NULL OR t.not_before <= now())
         AND meshwork_claim_matches(t, caps, labels)
       ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
