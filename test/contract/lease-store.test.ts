@@ -525,11 +525,18 @@ describeEachEngine("lease store", (db) => {
     });
   });
 
-  // Claims look for expired leases from where the sweeper's last full pass
-  // began, less a margin (leases/claim.ts, ExpirySweep): a lease expired
-  // before that is the sweeper's next pass's, never lost.
+  // Claims, and the sweeper's passes but one a minute, look for expired
+  // leases from where the sweeper's last pass that left none behind began,
+  // less a margin (leases/claim.ts, ExpirySweep): a lease expired before
+  // that is the next whole pass's, never lost.
   describe("claims after a sweeper pass", () => {
-    it("take a lease that expired a moment ago at once, and one that expired before the pass after the next pass", async () => {
+    /**
+     * Two leases of workerA, a pass of the sweeper's store that sets the
+     * mark (`fromMark` as given: none is set yet either way), then `a`'s
+     * lease moved a second into the past (after the mark) and `b`'s an
+     * hour (before it).
+     */
+    async function leasesAroundTheMark(fromMark: boolean) {
       const sweep: ExpirySweep = { sweptTo: null };
       const store = createLeaseStore(tdb.database.db, undefined, sweep);
       const workload = uniqueWorkload();
@@ -537,13 +544,18 @@ describeEachEngine("lease store", (db) => {
       const [a] = await store.claim(worker(workerA, [workload]), 1);
       const [b] = await store.claim(worker(workerA, [workload]), 1);
       if (!a || !b) throw new Error("nothing claimed");
-      await store.expireLeases(1000);
+      expect(await store.expireLeases(1000, fromMark)).toEqual([]);
       expect(sweep.sweptTo).not.toBeNull();
-      await expireLease(tdb.database.db, a.id); // a second ago
+      await expireLease(tdb.database.db, a.id);
       await tdb.database.db
         .update(tasks)
         .set({ leaseExpiresAt: sql`now() - interval '1 hour'` })
         .where(eq(tasks.id, b.id));
+      return { store, workload, a, b };
+    }
+
+    it("take a lease that expired a moment ago at once, and one that expired before the pass after the next pass", async () => {
+      const { store, workload, a, b } = await leasesAroundTheMark(false);
       const first = await store.claim(worker(workerB, [workload]), 2);
       expect(first.map((t) => t.id)).toContain(a.id);
       expect(first.find((t) => t.id === a.id)?.attempt).toBe(2);
@@ -557,21 +569,8 @@ describeEachEngine("lease store", (db) => {
     });
 
     it("a pass from the mark leaves a lease that expired before it to the next whole pass", async () => {
-      const sweep: ExpirySweep = { sweptTo: null };
-      const store = createLeaseStore(tdb.database.db, undefined, sweep);
-      const workload = uniqueWorkload();
-      await taskStore.create([newTask({ workload }), newTask({ workload })]);
-      const [a] = await store.claim(worker(workerA, [workload]), 1);
-      const [b] = await store.claim(worker(workerA, [workload]), 1);
-      if (!a || !b) throw new Error("nothing claimed");
-      // From the first, with no mark yet.
-      expect(await store.expireLeases(1000, true)).toEqual([]);
-      expect(sweep.sweptTo).not.toBeNull();
-      await expireLease(tdb.database.db, a.id); // a second ago: after the mark
-      await tdb.database.db
-        .update(tasks)
-        .set({ leaseExpiresAt: sql`now() - interval '1 hour'` })
-        .where(eq(tasks.id, b.id));
+      // The first pass from the mark, with no mark yet, looks from the first.
+      const { store, a, b } = await leasesAroundTheMark(true);
       expect(await store.expireLeases(1000, true)).toEqual([{ id: a.id, state: "PENDING" }]);
       expect(await taskStore.get(b.id)).toMatchObject({ state: "RUNNING", leaseWorkerId: workerA });
       expect(await store.expireLeases(1000)).toEqual([{ id: b.id, state: "PENDING" }]);
