@@ -336,6 +336,48 @@ describe.skipIf(!onPostgres)("the claim behind a transaction held open", () => {
     expect(read).toBeLessThan(2 * 3000);
   });
 
+  it("counts a worker's slots once per claim of a batch: its answer is that count and what the claim took", async () => {
+    const busy = "d0000000-0000-4000-8000-0000000002aa";
+    await sql`insert into workers (id, capabilities, max_concurrency) values (${busy}, '{w}', 100)`;
+    // 3,000 leases granted to it in the last minute and finished, one still
+    // live: the dead versions sit in its range of live expiries, which each
+    // count walks.
+    await sql`insert into tasks (id, workload, state, attempt, max_attempts, lease_seconds,
+        backoff_initial_ms, backoff_max_ms, backoff_multiplier, lease_worker_id, lease_expires_at)
+      select gen_random_uuid(), 'done', 'RUNNING', 1, 3, 60, 1000, 300000, 2, ${busy},
+        now() + interval '1 minute' - i * interval '10 milliseconds'
+      from generate_series(1, 3001) as i`;
+    await sql`update tasks set state = 'SUCCEEDED', finished_at = now()
+      where id in (select id from tasks where workload = 'done' order by lease_expires_at limit 3000)`;
+    const claims = [{ worker: busy, caps: ["w"], labels: {}, max: 3 }];
+    let answer: { taken: number; free: number | null; cap: number | null } | undefined;
+    let read = 0;
+    await sql
+      .begin(async (tx) => {
+        const [before] = await entriesRead(tx);
+        const rows = await tx`select b.claim, b.free, b.cap, (b.task).id as id
+          from meshwork_claim_batch(${JSON.stringify(claims)}::text::jsonb) as b
+          where b.claim = 0`;
+        const [after] = await entriesRead(tx);
+        read = Number(after?.worker) - Number(before?.worker);
+        const counted = rows.find((r) => r.id === null);
+        answer = {
+          taken: rows.filter((r) => r.id !== null).length,
+          free: counted?.free ?? null,
+          cap: counted?.cap ?? null,
+        };
+        throw new Error("roll back");
+      })
+      .catch((e: Error) => {
+        if (e.message !== "roll back") throw e;
+      });
+    // 100 less the live lease and the three taken.
+    expect(answer).toEqual({ taken: 3, free: 96, cap: 100 });
+    // One walk of its 3,001 entries, not one before the claim and one after.
+    expect(read).toBeGreaterThanOrEqual(3000);
+    expect(read).toBeLessThan(2 * 3000);
+  });
+
   it("finds the first ready task from the last batch's hint, past the entries of the tasks claimed before", async () => {
     const claims = [{ worker, caps: ["w"], labels: {}, max: 2 }];
     /** A batch of one claim in its own transaction (rolled back): what it took, its hint, the entries it read. */

@@ -21,6 +21,7 @@ const hashes: Record<number, string> = {
   11: "8733605f0ee1db51d7a62fa33266ee28d6fcb4bc39d25db45177edbf51bd8e72",
   12: "be6a5094c57ca0fcd3107d690cda776ff95bec2953fc973288136c26cbff0d87",
   13: "e1e34fbca6492d623fde7f91198e3fd185c1e326be4f753506d7b4be30f093be",
+  14: "d7c4d3864ca58be69d99429d4d86296745f8bc674371d0e49b3d3e929ac508c5",
 };
 
 describe("database functions", () => {

@@ -6,8 +6,14 @@ CREATE SEQUENCE IF NOT EXISTS meshwork_ready_epoch;
 -- Claims that arrive together go to the database together: one statement
 -- runs each through meshwork_claim (claim.sql: the rules and plan choices
 -- are all there) and answers, after each claim, the worker's cap and the
--- slots it has left, counted as the claim counts them, so that a
--- ClaimTasks answer takes one round trip instead of two.
+-- slots it has left, so that a ClaimTasks answer takes one round trip
+-- instead of two. The slots are counted once per claim, under the
+-- worker's lock, before it: the claim starts from that count, and the
+-- answer is that count and the slots of the tasks it took. Counted again
+-- after the claim, as it was, the count walked the worker's index entries
+-- a second time: every lease it was granted in the last lease_seconds,
+-- dead versions included, which behind a transaction held open is most
+-- of what a claim reads.
 --
 -- `claims` is a JSON array of {"worker", "caps", "labels", "max",
 -- "concurrency", "plan", "reserveAfterMs", "expiredFrom"} (concurrency
@@ -68,6 +74,10 @@ DECLARE
   k int;
   epoch bigint;
   head tasks;
+  got tasks;
+  registered int;             -- the worker's max_concurrency
+  held bigint;                -- the slots its live leases hold before the claim
+  took bigint;                -- the slots of the tasks the claim took
   found_head boolean := false;
   from_hint boolean := false;
 BEGIN
@@ -105,9 +115,14 @@ BEGIN
   FOR c IN SELECT e FROM jsonb_array_elements(claims) AS e LOOP
     w := (c->>'worker')::uuid;
     k := (c->>'concurrency')::int;
-    RETURN QUERY
-      SELECT i, NULL::int, NULL::int, t
-      FROM meshwork_claim(
+    -- The worker's lock (the claim takes it again, at no cost) and its
+    -- slots, counted once: the claim starts from them, and the answer is
+    -- them and what the claim took.
+    SELECT x.max_concurrency INTO registered FROM workers x WHERE x.id = w FOR NO KEY UPDATE;
+    held := CASE WHEN FOUND THEN meshwork_slots_held(w) END;
+    took := 0;
+    FOR got IN
+      SELECT * FROM meshwork_claim(
         w,
         ARRAY(SELECT jsonb_array_elements_text(c->'caps')),
         c->'labels',
@@ -116,14 +131,23 @@ BEGIN
         CASE WHEN jsonb_typeof(c->'plan') = 'object' THEN c->'plan' END,
         (c->>'reserveAfterMs')::int,
         (c->>'expiredFrom')::timestamptz,
-        head.priority, head.deadline, head.created_at) AS t;
-    RETURN QUERY
-      SELECT i,
-        greatest(0, coalesce(k, x.max_concurrency) - meshwork_slots_held(x.id)::int),
-        coalesce(k, x.max_concurrency),
-        NULL::tasks
-      FROM workers x
-      WHERE x.id = w;
+        head.priority, head.deadline, head.created_at,
+        held)
+    LOOP
+      claim := i;
+      free := NULL;
+      cap := NULL;
+      task := got;
+      RETURN NEXT;
+      took := took + coalesce((got.resources->>'slots')::bigint, 0);
+    END LOOP;
+    IF held IS NOT NULL THEN
+      claim := i;
+      cap := coalesce(k, registered);
+      free := greatest(0, cap - (held + took));
+      task := NULL;
+      RETURN NEXT;
+    END IF;
     i := i + 1;
   END LOOP;
   IF found_head THEN

@@ -99,11 +99,13 @@
 --   that runs out, the claim walks from the head as before (source 4).
 DROP FUNCTION IF EXISTS meshwork_claim(uuid, text[], jsonb, int, int, jsonb, int);
 DROP FUNCTION IF EXISTS meshwork_claim(uuid, text[], jsonb, int, int, jsonb, int, timestamptz);
+DROP FUNCTION IF EXISTS meshwork_claim(uuid, text[], jsonb, int, int, jsonb, int, timestamptz, int, timestamptz, timestamptz);
 CREATE OR REPLACE FUNCTION meshwork_claim(
   worker uuid, caps text[], labels jsonb, max_tasks int, concurrency int,
   plan jsonb DEFAULT NULL, reserve_after_ms int DEFAULT NULL,
   expired_from timestamptz DEFAULT NULL, ready_priority int DEFAULT NULL,
-  ready_deadline timestamptz DEFAULT NULL, ready_created timestamptz DEFAULT NULL)
+  ready_deadline timestamptz DEFAULT NULL, ready_created timestamptz DEFAULT NULL,
+  slots_held bigint DEFAULT NULL)
 RETURNS SETOF tasks
 LANGUAGE plpgsql VOLATILE
 SET enable_sort = off
@@ -143,9 +145,10 @@ BEGIN
     RETURN;
   END IF;
   total := meshwork_capacity(w, concurrency);
-  -- A worker that offers nothing but slots needs only its slots counted.
+  -- A worker that offers nothing but slots needs only its slots counted
+  -- (`slots_held`, when the caller counted them under the same lock).
   free := CASE WHEN w.capacity = '{}'::jsonb
-    THEN jsonb_build_object('slots', (total->>'slots')::bigint - meshwork_slots_held(worker))
+    THEN jsonb_build_object('slots', (total->>'slots')::bigint - coalesce(slots_held, meshwork_slots_held(worker)))
     ELSE meshwork_minus(total, meshwork_allocated(worker)) END;
   IF (free->>'slots')::bigint < 1 THEN
     RETURN;
