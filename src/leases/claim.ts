@@ -30,7 +30,7 @@ const p = sql.placeholder;
 /** What one claim got: its tasks, best first, and the worker's slots after them. */
 export interface ClaimAnswer {
   rows: TaskRow[];
-  /** Counted in the same statement after the claim; undefined for an unknown worker. */
+  /** Counted in the same statement (before the claim, plus what it took); undefined for an unknown worker. */
   slots: Slots | undefined;
 }
 
@@ -58,9 +58,27 @@ export interface ExpirySweep {
  * default, before a batch looks from the head of the claim order again
  * (sql/claim-batch.sql): the longest a task made ready out of the ready
  * epoch's sight (a transaction that moved it committed after a batch's
- * snapshot) waits behind later ones.
+ * snapshot) waits behind later ones, while looking from the head is cheap.
  */
 export const readyHintMs = 1000;
+
+/**
+ * A hint is kept for up to `headLookFactor` times as long as the look from
+ * the head that found it took (but `readyHintMaxMs` at most), so that
+ * those looks take at most a fiftieth of the time between them. They are cheap
+ * (well under a millisecond) until dead index entries pile up at the head
+ * of the claim order: behind a transaction that pins the xmin horizon,
+ * every task claimed since it began leaves one there, and the look walks
+ * them all (a second and more after ten minutes of a busy drain). A task
+ * out of the epoch's sight then waits up to a minute behind later ones.
+ */
+export const headLookFactor = 50;
+export const readyHintMaxMs = 60_000;
+
+/** How long a hint found by a look from the head that took `headMs` is kept (at least `leastMs`). */
+export function hintLife(headMs: number, leastMs = readyHintMs): number {
+  return Math.max(leastMs, Math.min(headLookFactor * headMs, readyHintMaxMs));
+}
 
 /** How far before its pass began the sweeper's mark is set. */
 export const sweepMargin = "5 seconds";
@@ -71,7 +89,7 @@ export const sweepMargin = "5 seconds";
  * the single SQL text that says which tasks a
  * worker may take, in which order, and the lease each gets, with the plan
  * decisions that keep it O(claimed) whatever the backlog and the
- * statistics; after each claim it counts the worker's slots left. Rows come
+ * statistics; with each claim it answers the worker's slots left. Rows come
  * back in the function's order (`with ordinality`).
  *
  * Claims go by worker id, so that batches take worker locks in one order.
@@ -105,7 +123,7 @@ export function createClaimStatement(
     .prepare("meshwork_claim_batch");
   // The first ready task the last batch found (sql/claim-batch.sql, hint),
   // and when a batch last found it from the head of the claim order.
-  let hint: { text: string; since: number } | undefined;
+  let hint: { text: string; since: number; life: number } | undefined;
   return async (
     claims: readonly { worker: ClaimingWorker; max: number }[],
   ): Promise<ClaimAnswer[]> => {
@@ -118,7 +136,7 @@ export function createClaimStatement(
       });
     const plans = scheduling?.plans(order.map((i) => claims[i]?.max ?? 0));
     const sent = performance.now();
-    if (hint && sent - hint.since >= hintMs) hint = undefined;
+    if (hint && sent - hint.since >= hint.life) hint = undefined;
     const used = hint;
     const rows = await statement.execute({
       hint: used?.text ?? null,
@@ -152,12 +170,16 @@ export function createClaimStatement(
       if (row.claimFree === null || row.claimCap === null) answer.rows.push(row);
       else answer.slots = { free: row.claimFree, maxConcurrency: row.claimCap };
     }
-    // A hint found from the head starts a new second; one found from the
-    // hint sent keeps that one's second.
+    // A hint found from the head starts a new life, as long as the look
+    // allows; one found from the hint sent keeps that one's.
     if (next === undefined) hint = undefined;
-    else if (!used || (JSON.parse(next) as { head?: boolean }).head)
-      hint = { text: next, since: sent };
-    else hint = { text: next, since: used.since };
+    else {
+      const found = JSON.parse(next) as { head?: boolean; headMs?: number };
+      if (!used || found.head) {
+        const life = hintLife(found.headMs ?? 0, hintMs);
+        hint = { text: next, since: sent, life };
+      } else hint = { text: next, since: used.since, life: used.life };
+    }
     scheduling?.granted(answers.flatMap((a) => a.rows));
     return answers;
   };

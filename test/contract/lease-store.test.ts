@@ -1,5 +1,5 @@
 import { eq, sql } from "drizzle-orm";
-import { beforeAll, describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it, vi } from "vitest";
 import { tasks } from "../../src/db/schema/index.js";
 import { rowsOf } from "../../src/db/values.js";
 import {
@@ -522,6 +522,49 @@ describeEachEngine("lease store", (db) => {
       expect(await next()).toEqual([old?.id]);
       expect(await next()).toEqual([b.id]);
       expect(await next()).toEqual([c.id]);
+    });
+
+    it("keep a hint longer when the look from the head that found it was slow", async () => {
+      const { next, one } = setup(300);
+      // The clock the store reads, moved by hand; and every look from the
+      // head reported as taking 100 ms (as behind a transaction held open:
+      // claim-batch.sql, headMs), which keeps its hint 5 s (claim.ts, hintLife).
+      const realNow = performance.now.bind(performance);
+      let later = 0;
+      const clock = vi.spyOn(performance, "now").mockImplementation(() => realNow() + later);
+      const realParse = JSON.parse;
+      const parse = vi.spyOn(JSON, "parse").mockImplementation((text: string) => {
+        const value = realParse(text);
+        if (value && typeof value === "object" && "epoch" in value && value.head)
+          value.headMs = 100;
+        return value;
+      });
+      try {
+        // The first ready task must be this test's: tasks other tests left are canceled.
+        await tdb.database.db.execute(
+          sql`update tasks set state = 'CANCELED', finished_at = now() where state = 'PENDING'`,
+        );
+        const a = await one();
+        const b = await one();
+        expect(await next()).toEqual([a.id]);
+        const [old] = await rowsOf<{ id: string }>(
+          tdb.database.db,
+          sql`insert into tasks (id, workload, state, max_attempts, lease_seconds,
+              backoff_initial_ms, backoff_max_ms, backoff_multiplier, created_at)
+            values (gen_random_uuid(), ${a.workload}, 'PENDING', 3, 60, 1000, 300000, 2,
+              now() - interval '1 hour')
+            returning id`,
+        );
+        // Past the 300 ms a quick look would allow, within the 5 s: the hint holds.
+        later = 1000;
+        expect(await next()).toEqual([b.id]);
+        // Past the 5 s: the look from the head finds the older task.
+        later = 6000;
+        expect(await next()).toEqual([old?.id]);
+      } finally {
+        parse.mockRestore();
+        clock.mockRestore();
+      }
     });
   });
 

@@ -22,6 +22,7 @@ const hashes: Record<number, string> = {
   12: "be6a5094c57ca0fcd3107d690cda776ff95bec2953fc973288136c26cbff0d87",
   13: "e1e34fbca6492d623fde7f91198e3fd185c1e326be4f753506d7b4be30f093be",
   14: "d7c4d3864ca58be69d99429d4d86296745f8bc674371d0e49b3d3e929ac508c5",
+  15: "6bdc2eb7f9ee22c457bac09bfde6f1bc37726747c6343769e2c6214c5814f91e",
 };
 
 describe("database functions", () => {

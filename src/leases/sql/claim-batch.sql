@@ -43,9 +43,10 @@ CREATE SEQUENCE IF NOT EXISTS meshwork_ready_epoch;
 -- head of tasks_ready_idx holds an entry for every task claimed since the
 -- last vacuum, and while a transaction is held open none can be removed.
 -- It is found from `hint` when it can be: {"priority", "deadline",
--- "created", "epoch", "head"}, the first ready task a batch of this
--- replica found before, with the ready epoch it read first (and whether it
--- was found from the head). While the epoch has not
+-- "created", "epoch", "head", "headMs"}, the first ready task a batch of
+-- this replica found before, with the ready epoch it read first (and
+-- whether it was found from the head, and how long that took; the batch
+-- reads neither "head" nor "headMs"). While the epoch has not
 -- moved, no task has become ready ahead of that one but new tasks of
 -- priority 0 without a deadline, which come after it (a hint of a
 -- negative priority is not used, for that reason), and tasks whose
@@ -56,7 +57,12 @@ CREATE SEQUENCE IF NOT EXISTS meshwork_ready_epoch;
 -- The caller drops a hint after a second (leases/claim.ts): a task made
 -- ready by a transaction that moved the epoch before this batch read it
 -- but committed after its snapshot, or created by a transaction that began
--- before the hint's task was created, is found by then.
+-- before the hint's task was created, is found by then. The hint says how
+-- long the look from the head took (`headMs`): behind a transaction held
+-- open that look walks the entry of every task claimed since it began,
+-- and the caller then keeps a hint longer (at most 50 times that look, up
+-- to a minute), so that looking from the head takes at most a fiftieth of
+-- the time between two looks.
 DROP FUNCTION IF EXISTS meshwork_claim_batch(jsonb);
 CREATE OR REPLACE FUNCTION meshwork_claim_batch(claims jsonb, hint jsonb DEFAULT NULL)
 RETURNS TABLE (claim int, free int, cap int, task tasks)
@@ -80,6 +86,8 @@ DECLARE
   took bigint;                -- the slots of the tasks the claim took
   found_head boolean := false;
   from_hint boolean := false;
+  looked timestamptz;
+  head_ms numeric;            -- how long the look from the head took
 BEGIN
   -- Read before the head: a change that moves it after this is seen by the next batch.
   SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END INTO epoch FROM meshwork_ready_epoch s;
@@ -105,12 +113,14 @@ BEGIN
     from_hint := FOUND;
   END IF;
   IF NOT found_head THEN
+    looked := clock_timestamp();
     SELECT t.* INTO head FROM tasks t
       WHERE t.state = 'PENDING' AND t.dependencies_pending = 0
         AND (t.not_before IS NULL OR t.not_before <= now())
       ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
       LIMIT 1;
     found_head := FOUND;
+    head_ms := extract(epoch FROM clock_timestamp() - looked) * 1000;
   END IF;
   FOR c IN SELECT e FROM jsonb_array_elements(claims) AS e LOOP
     w := (c->>'worker')::uuid;
@@ -154,7 +164,8 @@ BEGIN
     RETURN QUERY SELECT -1, NULL::int, NULL::int,
       jsonb_populate_record(NULL::tasks, jsonb_build_object('progress_message',
         jsonb_build_object('priority', head.priority, 'deadline', head.deadline,
-          'created', head.created_at, 'epoch', epoch, 'head', NOT from_hint)::text));
+          'created', head.created_at, 'epoch', epoch, 'head', NOT from_hint,
+          'headMs', round(head_ms, 3))::text));
   END IF;
 END;
 $$;
