@@ -63,14 +63,17 @@ export interface ExpirySweep {
 export const readyHintMs = 1000;
 
 /**
- * A hint is kept for up to `headLookFactor` times as long as the look from
- * the head that found it took (but `readyHintMaxMs` at most), so that
- * those looks take at most a fiftieth of the time between them. They are cheap
- * (well under a millisecond) until dead index entries pile up at the head
- * of the claim order: behind a transaction that pins the xmin horizon,
- * every task claimed since it began leaves one there, and the look walks
- * them all (a second and more after ten minutes of a busy drain). A task
- * out of the epoch's sight then waits up to a minute behind later ones.
+ * A hint is kept for up to `headLookFactor` times as long as the quickest
+ * of the last three looks from the head took (but `readyHintMaxMs` at
+ * most), so that those looks take at most a fiftieth of the time, or one
+ * a minute. They are cheap (well under a millisecond) until entries pile
+ * up at the head of the claim order: behind a transaction that pins the
+ * xmin horizon, every task claimed since it began leaves a dead one there,
+ * and the look walks them all (a second and more after ten minutes of a
+ * busy drain); many delayed tasks ahead of the first ready one slow it
+ * too. A task out of the epoch's sight then waits up to a minute behind
+ * later ones. The quickest of three, so that one slow look (a lock, a
+ * stall) does not stretch the hint.
  */
 export const headLookFactor = 50;
 export const readyHintMaxMs = 60_000;
@@ -124,6 +127,8 @@ export function createClaimStatement(
   // The first ready task the last batch found (sql/claim-batch.sql, hint),
   // and when a batch last found it from the head of the claim order.
   let hint: { text: string; since: number; life: number } | undefined;
+  // How long the last three looks from the head took, newest last.
+  const looks: number[] = [];
   return async (
     claims: readonly { worker: ClaimingWorker; max: number }[],
   ): Promise<ClaimAnswer[]> => {
@@ -176,7 +181,9 @@ export function createClaimStatement(
     else {
       const found = JSON.parse(next) as { head?: boolean; headMs?: number };
       if (!used || found.head) {
-        const life = hintLife(found.headMs ?? 0, hintMs);
+        looks.push(found.headMs ?? 0);
+        if (looks.length > 3) looks.shift();
+        const life = hintLife(Math.min(...looks), hintMs);
         hint = { text: next, since: sent, life };
       } else hint = { text: next, since: used.since, life: used.life };
     }

@@ -2,6 +2,7 @@ import { eq, sql } from "drizzle-orm";
 import { beforeAll, describe, expect, it, vi } from "vitest";
 import { tasks } from "../../src/db/schema/index.js";
 import { rowsOf } from "../../src/db/values.js";
+import { readyHintMaxMs } from "../../src/leases/claim.js";
 import {
   type Completion,
   createLeaseStore,
@@ -431,6 +432,12 @@ describeEachEngine("lease store", (db) => {
   // (sql/claim-batch.sql): whatever becomes ready ahead of it moves the
   // epoch, and is taken first.
   describe("claims from the first ready task the last batch found", () => {
+    /** The clock the store reads (performance.now), `ms` ahead until restored. */
+    function movedClock(ms: number) {
+      const realNow = performance.now.bind(performance);
+      return vi.spyOn(performance, "now").mockImplementation(() => realNow() + ms);
+    }
+
     /** A store whose hints last a minute unless said, and tasks created one call each (each its own created_at). */
     function setup(hintMs = 60_000) {
       const store = createLeaseStore(tdb.database.db, undefined, undefined, hintMs);
@@ -518,10 +525,15 @@ describeEachEngine("lease store", (db) => {
             now() - interval '1 hour')
           returning id`,
       );
-      await new Promise((r) => setTimeout(r, 350));
-      expect(await next()).toEqual([old?.id]);
-      expect(await next()).toEqual([b.id]);
-      expect(await next()).toEqual([c.id]);
+      // Past the longest a hint is kept (a minute), on the clock the store reads.
+      const clock = movedClock(readyHintMaxMs + 1000);
+      try {
+        expect(await next()).toEqual([old?.id]);
+        expect(await next()).toEqual([b.id]);
+        expect(await next()).toEqual([c.id]);
+      } finally {
+        clock.mockRestore();
+      }
     });
 
     it("keep a hint longer when the look from the head that found it was slow", async () => {

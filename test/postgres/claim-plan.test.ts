@@ -378,6 +378,26 @@ describe.skipIf(!onPostgres)("the claim behind a transaction held open", () => {
     expect(read).toBeLessThan(2 * 3000);
   });
 
+  it("answers a drained worker's slots without waiting for its row's lock", async () => {
+    const drained = "d0000000-0000-4000-8000-0000000002bb";
+    await sql`insert into workers (id, capabilities, max_concurrency, drained) values (${drained}, '{w}', 4, true)`;
+    const locker = noticeClient(tdb.url ?? "", []);
+    try {
+      // Its row locked as a heartbeat or a drain toggle locks it, for longer than a batch waits (2 s).
+      await locker`begin`;
+      await locker`select id from workers where id = ${drained} for no key update`;
+      const claims = [{ worker: drained, caps: ["w"], labels: {}, max: 2 }];
+      const rows = await sql`select b.claim, b.free, b.cap, (b.task).id as id
+        from meshwork_claim_batch(${JSON.stringify(claims)}::text::jsonb) as b where b.claim = 0`;
+      expect(rows.map((r) => ({ free: r.free, cap: r.cap, id: r.id }))).toEqual([
+        { free: 4, cap: 4, id: null },
+      ]);
+    } finally {
+      await locker`rollback`.catch(() => {});
+      await locker.end();
+    }
+  });
+
   it("finds the first ready task from the last batch's hint, past the entries of the tasks claimed before", async () => {
     const claims = [{ worker, caps: ["w"], labels: {}, max: 2 }];
     /** A batch of one claim in its own transaction (rolled back): what it took, its hint, the entries it read. */

@@ -114,6 +114,18 @@ describe("ClaimTasks reports the cap that bounded it", () => {
     });
   });
 
+  it("counts the slots each claimed task asks: a task of 2 and one of 1 leave 2 of 5", async () => {
+    const workload = uniqueWorkload();
+    const { workerId } = await h.fleet.registerWorker({
+      capabilities: [workload],
+      maxConcurrency: 5,
+    });
+    await h.tasks.createTask({ workload, resources: { slots: 2n } });
+    await h.tasks.createTask({ workload });
+    expect(await claim(workerId, 5)).toMatchObject({ claims: 2, freeSlots: 2, maxConcurrency: 5 });
+    expect(await claim(workerId, 5)).toMatchObject({ claims: 0, freeSlots: 2, maxConcurrency: 5 });
+  });
+
   it("still reports the slots of a drained worker, which gets no claims", async () => {
     const { workerId } = await setUp(2, 3);
     await h.fleet.drainWorker({ workerId, drained: true });

@@ -23,6 +23,7 @@ const hashes: Record<number, string> = {
   13: "e1e34fbca6492d623fde7f91198e3fd185c1e326be4f753506d7b4be30f093be",
   14: "d7c4d3864ca58be69d99429d4d86296745f8bc674371d0e49b3d3e929ac508c5",
   15: "6bdc2eb7f9ee22c457bac09bfde6f1bc37726747c6343769e2c6214c5814f91e",
+  16: "079f191956ca523d0bee72779a1565a82933ab16316558bdf6c639874d288a2f",
 };
 
 describe("database functions", () => {

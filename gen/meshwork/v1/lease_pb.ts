@@ -259,14 +259,15 @@ export type ClaimTasksResponse = Message<"meshwork.v1.ClaimTasksResponse"> & {
 
   /**
    * free_slots is how many more live leases the worker may hold under
-   * max_concurrency (below), counted when the response is made, after its
-   * claims: max_concurrency minus the live leases it holds (ASSIGNED or
-   * RUNNING under it and unexpired, claimed or placed, these claims
-   * included), never below 0. After a long poll (wait_seconds) it is counted
-   * at the end of the wait. 0 with no claims means the worker is at its cap:
-   * finish or release a lease before claiming again. Also set when claims is
-   * empty; a drained worker gets no claims whatever its free_slots. A count,
-   * not a reservation: leases that end or are placed afterwards change it.
+   * max_concurrency (below), once these claims are made: max_concurrency
+   * minus the slots of the live leases it held when the claim began
+   * (ASSIGNED or RUNNING under it and unexpired, claimed or placed) and of
+   * these claims, never below 0. After a long poll (wait_seconds) it is
+   * counted at the end of the wait. 0 with no claims means the worker is at
+   * its cap: finish or release a lease before claiming again. Also set when
+   * claims is empty; a drained worker gets no claims whatever its
+   * free_slots. A count, not a reservation: leases that end while the claim
+   * runs, or end or are placed afterwards, change it.
    * Optional (explicit presence) so that JSON shows a 0 instead of leaving
    * the field out: it is set in every answer but one where tasks were
    * leased and the count that follows failed (the claims are answered

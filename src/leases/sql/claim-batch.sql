@@ -8,12 +8,14 @@ CREATE SEQUENCE IF NOT EXISTS meshwork_ready_epoch;
 -- are all there) and answers, after each claim, the worker's cap and the
 -- slots it has left, so that a ClaimTasks answer takes one round trip
 -- instead of two. The slots are counted once per claim, under the
--- worker's lock, before it: the claim starts from that count, and the
--- answer is that count and the slots of the tasks it took. Counted again
--- after the claim, as it was, the count walked the worker's index entries
--- a second time: every lease it was granted in the last lease_seconds,
--- dead versions included, which behind a transaction held open is most
--- of what a claim reads.
+-- worker's lock, before it: the claim starts from that count (a worker
+-- that offers more than slots has its whole allocation counted by the
+-- claim as well), and the answer is that count and the slots of the tasks
+-- it took; a lease that ends while the claim runs shows in the next
+-- answer. Counted again after the claim, as it was, the count walked the
+-- worker's index entries a second time: every lease it was granted in the
+-- last lease_seconds, dead versions included, which behind a transaction
+-- held open is most of what a claim reads.
 --
 -- `claims` is a JSON array of {"worker", "caps", "labels", "max",
 -- "concurrency", "plan", "reserveAfterMs", "expiredFrom"} (concurrency
@@ -59,10 +61,11 @@ CREATE SEQUENCE IF NOT EXISTS meshwork_ready_epoch;
 -- but committed after its snapshot, or created by a transaction that began
 -- before the hint's task was created, is found by then. The hint says how
 -- long the look from the head took (`headMs`): behind a transaction held
--- open that look walks the entry of every task claimed since it began,
--- and the caller then keeps a hint longer (at most 50 times that look, up
--- to a minute), so that looking from the head takes at most a fiftieth of
--- the time between two looks.
+-- open that look walks the entry of every task claimed since it began
+-- (and many delayed tasks ahead of the first ready one slow it too), and
+-- the caller then keeps a hint longer (50 times the quickest of the last
+-- three looks, up to a minute), so that looking from the head takes at
+-- most a fiftieth of the time, or one look a minute.
 DROP FUNCTION IF EXISTS meshwork_claim_batch(jsonb);
 CREATE OR REPLACE FUNCTION meshwork_claim_batch(claims jsonb, hint jsonb DEFAULT NULL)
 RETURNS TABLE (claim int, free int, cap int, task tasks)
@@ -127,8 +130,13 @@ BEGIN
     k := (c->>'concurrency')::int;
     -- The worker's lock (the claim takes it again, at no cost) and its
     -- slots, counted once: the claim starts from them, and the answer is
-    -- them and what the claim took.
-    SELECT x.max_concurrency INTO registered FROM workers x WHERE x.id = w FOR NO KEY UPDATE;
+    -- them and what the claim took. A drained worker, which the claim
+    -- leaves alone, is counted without its lock.
+    SELECT x.max_concurrency INTO registered FROM workers x
+      WHERE x.id = w AND NOT x.drained FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+      SELECT x.max_concurrency INTO registered FROM workers x WHERE x.id = w;
+    END IF;
     held := CASE WHEN FOUND THEN meshwork_slots_held(w) END;
     took := 0;
     FOR got IN
