@@ -35,7 +35,26 @@ export interface ShareSnapshot {
 }
 
 /**
- * One replica's view of the share tree, for its claims: every second it
+ * How often the book reads its tables: every second while reads are quick,
+ * and at most once every `readBudgetFactor` times as long as the quickest
+ * of the last three reads took (up to `readMaxIntervalMs`), so that reading
+ * takes at most a twentieth of the time. A read sums what every live lease
+ * holds; behind a transaction that pins the xmin horizon it also walks the
+ * dead entry of every lease granted in the last lease_seconds (300 ms and
+ * more after ten minutes of a busy drain, on two parallel workers), and
+ * read each second it took a third of a core. Between reads this replica's
+ * own grants and ends count at once; other replicas' count later.
+ */
+export const readBudgetFactor = 20;
+export const readMaxIntervalMs = 10_000;
+
+/** The time from one read to the next, after reads that took `readMs` at the quickest (at least `leastMs`). */
+export function readInterval(readMs: number, leastMs = 1000): number {
+  return Math.max(leastMs, Math.min(readBudgetFactor * readMs, readMaxIntervalMs));
+}
+
+/**
+ * One replica's view of the share tree, for its claims: every second (less often while its reads are slow: readInterval) it
  * reads what the fleet offers, what each share's live leases hold, which
  * shares have PENDING tasks, the weights and the decayed usage (and moves
  * the usage on to now), then ranks the shares with work by their key
@@ -58,6 +77,7 @@ export function createShareBook(deps: {
   let order: PlanShare[] = [];
   let refreshing: Promise<void> | undefined;
   let timer: NodeJS.Timeout | undefined;
+  let stopped = false;
   const lastReserveLook = new Map<string, number>();
 
   /** A task's cost in a share: what its running tasks hold on average, else one slot's worth. */
@@ -217,19 +237,30 @@ export function createShareBook(deps: {
       return { fleet, tree, order };
     },
 
-    /** Reads now, then every `intervalMs`; a failed read is logged and tried again next time. */
+    /**
+     * Reads now, then every `intervalMs`, or less often while reads are
+     * slow (readInterval); a failed read is logged and tried again next time.
+     */
     start(intervalMs = 1000): void {
-      const tick = () =>
-        this.refresh().catch((error: unknown) =>
+      const took: number[] = [];
+      const tick = async () => {
+        const began = performance.now();
+        await this.refresh().catch((error: unknown) =>
           deps.log.warn({ err: error }, "reading the share tree failed"),
         );
+        took.push(performance.now() - began);
+        if (took.length > 3) took.shift();
+        if (stopped) return;
+        timer = setTimeout(tick, readInterval(Math.min(...took), intervalMs));
+        timer.unref();
+      };
+      stopped = false;
       void tick();
-      timer = setInterval(tick, intervalMs);
-      timer.unref();
     },
 
     async stop(): Promise<void> {
-      clearInterval(timer);
+      stopped = true;
+      clearTimeout(timer);
       await refreshing?.catch(() => {});
     },
   };

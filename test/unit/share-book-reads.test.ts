@@ -1,0 +1,63 @@
+import { afterEach, describe, expect, it, vi } from "vitest";
+import { createShareBook, readInterval, readMaxIntervalMs } from "../../src/scheduling/book.js";
+import type { SchedulingStore } from "../../src/scheduling/store.js";
+
+/** A book over a store whose reads each take `readMs`; `reads` counts them. */
+function bookReading(readMs: number) {
+  let reads = 0;
+  const slow = <T>(value: T) =>
+    new Promise<T>((resolve) => setTimeout(() => resolve(value), readMs));
+  const store = {
+    fleetCapacity: async () => ({ slots: 10 }),
+    heldByShare: async () => {
+      reads += 1;
+      return slow(new Map());
+    },
+    sharesWithPending: async () => [],
+    weights: async () => new Map(),
+    usage: async () => new Map(),
+    decayUsage: async () => {},
+  } as unknown as SchedulingStore;
+  const log = { warn: () => {} } as never;
+  const book = createShareBook({
+    store,
+    config: { shareHalfLifeMs: 60_000, reserveAfterMs: 0 },
+    log,
+  });
+  return { book, reads: () => reads };
+}
+
+// The share book reads its tables every second while reads are quick, and
+// less often while they are slow (scheduling/book.ts, readInterval).
+describe("the share book's reads", () => {
+  afterEach(() => {
+    vi.useRealTimers();
+  });
+
+  it("come every second while they take a few milliseconds", async () => {
+    vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout", "performance"] });
+    const { book, reads } = bookReading(5);
+    book.start(1000);
+    await vi.advanceTimersByTimeAsync(10_000);
+    await book.stop();
+    expect(reads()).toBeGreaterThanOrEqual(9);
+    expect(reads()).toBeLessThanOrEqual(11);
+  });
+
+  it("come at most once every 20 times as long as a slow one took", async () => {
+    vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout", "performance"] });
+    const { book, reads } = bookReading(400);
+    book.start(1000);
+    // Reads at 0 and 8.4 s (400 ms each, 8 s apart), then at 16.8 s.
+    await vi.advanceTimersByTimeAsync(16_000);
+    await book.stop();
+    expect(reads()).toBe(2);
+  });
+
+  it("wait a second at least and ten seconds at most", () => {
+    expect(readInterval(2)).toBe(1000);
+    expect(readInterval(100)).toBe(2000);
+    expect(readInterval(3000)).toBe(readMaxIntervalMs);
+    expect(readMaxIntervalMs).toBe(10_000);
+  });
+});
