@@ -54,13 +54,14 @@ export function readInterval(readMs: number, leastMs = 1000): number {
 }
 
 /**
- * One replica's view of the share tree, for its claims: every second (less often while its reads are slow: readInterval) it
- * reads what the fleet offers, what each share's live leases hold, which
+ * One replica's view of the share tree, for its claims: every second
+ * (less often while its reads are slow: readInterval) it reads what the
+ * fleet offers, what each share's live leases hold, which
  * shares have PENDING tasks, the weights and the decayed usage (and moves
  * the usage on to now), then ranks the shares with work by their key
  * (tree.ts). Between reads, the leases this replica grants count at once
  * (`granted`), so that its next claims see them; other replicas' grants
- * count from the next read (a second at most). A claim gets a plan from it
+ * count from the next read (a second at most while reads are quick). A claim gets a plan from it
  * (`plan`): how many tasks of which shares to take first. Fairness is an
  * order, so a view a second old costs a little precision, never safety:
  * resources and limits are decided in the claim's own statement.
@@ -245,13 +246,16 @@ export function createShareBook(deps: {
       const took: number[] = [];
       const tick = async () => {
         const began = performance.now();
-        await this.refresh().catch((error: unknown) =>
-          deps.log.warn({ err: error }, "reading the share tree failed"),
-        );
-        took.push(performance.now() - began);
-        if (took.length > 3) took.shift();
+        try {
+          await this.refresh();
+          // Only reads that succeeded: a failed one is tried again on time.
+          took.push(performance.now() - began);
+          if (took.length > 3) took.shift();
+        } catch (error) {
+          deps.log.warn({ err: error }, "reading the share tree failed");
+        }
         if (stopped) return;
-        timer = setTimeout(tick, readInterval(Math.min(...took), intervalMs));
+        timer = setTimeout(tick, readInterval(took.length ? Math.min(...took) : 0, intervalMs));
         timer.unref();
       };
       stopped = false;

@@ -2,11 +2,13 @@ import { afterEach, describe, expect, it, vi } from "vitest";
 import { createShareBook, readInterval, readMaxIntervalMs } from "../../src/scheduling/book.js";
 import type { SchedulingStore } from "../../src/scheduling/store.js";
 
-/** A book over a store whose reads each take `readMs`; `reads` counts them. */
-function bookReading(readMs: number) {
+/** A book over a store whose reads each take `readMs` (and fail, if said); `reads` counts them. */
+function bookReading(readMs: number, fail = false) {
   let reads = 0;
   const slow = <T>(value: T) =>
-    new Promise<T>((resolve) => setTimeout(() => resolve(value), readMs));
+    new Promise<T>((resolve, reject) =>
+      setTimeout(() => (fail ? reject(new Error("connection lost")) : resolve(value)), readMs),
+    );
   const store = {
     fleetCapacity: async () => ({ slots: 10 }),
     heldByShare: async () => {
@@ -52,6 +54,16 @@ describe("the share book's reads", () => {
     await vi.advanceTimersByTimeAsync(16_000);
     await book.stop();
     expect(reads()).toBe(2);
+  });
+
+  it("are tried again every second after failed reads, however long they took to fail", async () => {
+    vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout", "performance"] });
+    const { book, reads } = bookReading(400, true);
+    book.start(1000);
+    // Reads at 0, 1.4, 2.8, … s: every second after each failure.
+    await vi.advanceTimersByTimeAsync(16_000);
+    await book.stop();
+    expect(reads()).toBeGreaterThanOrEqual(11);
   });
 
   it("wait a second at least and ten seconds at most", () => {
