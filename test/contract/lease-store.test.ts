@@ -432,10 +432,34 @@ describeEachEngine("lease store", (db) => {
   // (sql/claim-batch.sql): whatever becomes ready ahead of it moves the
   // epoch, and is taken first.
   describe("claims from the first ready task the last batch found", () => {
-    /** The clock the store reads (performance.now), `ms` ahead until restored. */
-    function movedClock(ms: number) {
+    /** The clock the store reads (performance.now), `ahead` ms ahead (moved by `to`) until restored. */
+    function movedClock(ahead: number) {
       const realNow = performance.now.bind(performance);
-      return vi.spyOn(performance, "now").mockImplementation(() => realNow() + ms);
+      const spy = vi.spyOn(performance, "now").mockImplementation(() => realNow() + ahead);
+      return {
+        to: (ms: number) => {
+          ahead = ms;
+        },
+        mockRestore: () => spy.mockRestore(),
+      };
+    }
+
+    /**
+     * A PENDING task of `workload` created an hour ago, as if by a
+     * transaction that began before the tasks found since were created and
+     * committed after: nothing moves the ready epoch.
+     */
+    async function outOfSight(workload: string): Promise<{ id: string }> {
+      const [row] = await rowsOf<{ id: string }>(
+        tdb.database.db,
+        sql`insert into tasks (id, workload, state, max_attempts, lease_seconds,
+            backoff_initial_ms, backoff_max_ms, backoff_multiplier, created_at)
+          values (gen_random_uuid(), ${workload}, 'PENDING', 3, 60, 1000, 300000, 2,
+            now() - interval '1 hour')
+          returning id`,
+      );
+      if (!row) throw new Error("not inserted");
+      return row;
     }
 
     /** A store whose hints last a minute unless said, and tasks created one call each (each its own created_at). */
@@ -517,18 +541,11 @@ describeEachEngine("lease store", (db) => {
       expect(await next()).toEqual([a.id]);
       // As if created by a transaction that began before b was created and
       // committed after a claim found b: nothing moves the epoch.
-      const [old] = await rowsOf<{ id: string }>(
-        tdb.database.db,
-        sql`insert into tasks (id, workload, state, max_attempts, lease_seconds,
-            backoff_initial_ms, backoff_max_ms, backoff_multiplier, created_at)
-          values (gen_random_uuid(), ${a.workload}, 'PENDING', 3, 60, 1000, 300000, 2,
-            now() - interval '1 hour')
-          returning id`,
-      );
+      const old = await outOfSight(a.workload);
       // Past the longest a hint is kept (a minute), on the clock the store reads.
       const clock = movedClock(readyHintMaxMs + 1000);
       try {
-        expect(await next()).toEqual([old?.id]);
+        expect(await next()).toEqual([old.id]);
         expect(await next()).toEqual([b.id]);
         expect(await next()).toEqual([c.id]);
       } finally {
@@ -541,9 +558,7 @@ describeEachEngine("lease store", (db) => {
       // The clock the store reads, moved by hand; and every look from the
       // head reported as taking 100 ms (as behind a transaction held open:
       // claim-batch.sql, headMs), which keeps its hint 5 s (claim.ts, hintLife).
-      const realNow = performance.now.bind(performance);
-      let later = 0;
-      const clock = vi.spyOn(performance, "now").mockImplementation(() => realNow() + later);
+      const clock = movedClock(0);
       const realParse = JSON.parse;
       const parse = vi.spyOn(JSON, "parse").mockImplementation((text: string) => {
         const value = realParse(text);
@@ -559,20 +574,13 @@ describeEachEngine("lease store", (db) => {
         const a = await one();
         const b = await one();
         expect(await next()).toEqual([a.id]);
-        const [old] = await rowsOf<{ id: string }>(
-          tdb.database.db,
-          sql`insert into tasks (id, workload, state, max_attempts, lease_seconds,
-              backoff_initial_ms, backoff_max_ms, backoff_multiplier, created_at)
-            values (gen_random_uuid(), ${a.workload}, 'PENDING', 3, 60, 1000, 300000, 2,
-              now() - interval '1 hour')
-            returning id`,
-        );
+        const old = await outOfSight(a.workload);
         // Past the 300 ms a quick look would allow, within the 5 s: the hint holds.
-        later = 1000;
+        clock.to(1000);
         expect(await next()).toEqual([b.id]);
         // Past the 5 s: the look from the head finds the older task.
-        later = 6000;
-        expect(await next()).toEqual([old?.id]);
+        clock.to(6000);
+        expect(await next()).toEqual([old.id]);
       } finally {
         parse.mockRestore();
         clock.mockRestore();
