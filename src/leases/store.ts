@@ -6,7 +6,7 @@ import { type Judged, judged, leaseParams, leaseRefusal } from "../core/lease-ch
 import type { LeaseRef } from "../core/lease-ref.js";
 import type { Db } from "../db/database.js";
 import type { ArtifactRefJson, TaskRow } from "../db/schema/index.js";
-import { asNumber, rowsOf } from "../db/values.js";
+import { asNumber, preparedRowsOf, rowsOf } from "../db/values.js";
 import { createBatcher } from "./batcher.js";
 import {
   type ClaimAnswer,
@@ -182,8 +182,9 @@ export function createLeaseStore(
     // of the first ready task a claim batch found (sql/claim-batch.sql).
     if (rows.length > 0) await rowsOf(db, sql`select nextval('meshwork_ready_epoch')`);
     // And the rate-limited tasks whose bucket just refilled.
-    for (const r of await rowsOf<{ workload: string; n: number | string }>(
+    for (const r of await preparedRowsOf<{ workload: string; n: number | string }>(
       db,
+      "meshwork_rate_refills",
       rateRefillsByWorkload(windowMs),
     )) {
       due.set(r.workload, (due.get(r.workload) ?? 0) + asNumber(r.n));
@@ -232,8 +233,9 @@ export function createLeaseStore(
     async expireLeases(limit: number, fromMark = false): Promise<{ id: string; state: string }[]> {
       // ISO 8601 whatever the session's DateStyle (JSON's form of a timestamptz).
       const [began] = sweep
-        ? await rowsOf<{ t: string }>(
+        ? await preparedRowsOf<{ t: string }>(
             db,
+            "meshwork_sweep_began",
             sql`select to_json(now() - ${sweepMargin}::interval) #>> '{}' as t`,
           )
         : [];

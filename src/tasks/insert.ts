@@ -1,7 +1,7 @@
 import { sql } from "drizzle-orm";
 import type { Db } from "../db/database.js";
 import { type TaskRow, tasks } from "../db/schema/index.js";
-import { rowReader, rowsOf } from "../db/values.js";
+import { preparedRowsOf, rowReader } from "../db/values.js";
 import type { NewTask } from "./create.js";
 
 // The insert of a CreateTasks call: one statement whose rows travel as ONE
@@ -106,12 +106,14 @@ const readTask = rowReader(tasks);
  * Returns the inserted rows, in no particular order.
  */
 export async function insertTasks(
-  db: Pick<Db, "execute">,
+  db: Pick<Db, "_">,
   rows: readonly TaskInsert[],
   keyed: boolean,
 ): Promise<TaskRow[]> {
-  const raw = await rowsOf<Record<string, unknown>>(
+  // Prepared: the text is one of two (keyed or not), whatever the tasks.
+  const raw = await preparedRowsOf<Record<string, unknown>>(
     db,
+    keyed ? "meshwork_insert_tasks_keyed" : "meshwork_insert_tasks",
     statement(JSON.stringify(rows.map(record)), keyed),
   );
   return raw.map(readTask);
