@@ -290,27 +290,28 @@ export function createHandler(app: App) {
   });
   // The REST routes call the services in process, through the same interceptors.
   const call = createInProcessCaller(routes, rpcInterceptors(app));
-  const plain = createPlainRouter(
-    [
-      ...healthRoutes(app),
-      metricsRoute(app),
-      ...byteRoutes(app),
-      ...workerRestRoutes(call, app.config.readMaxBytes),
-      ...directorRestRoutes({ call, maxBodyBytes: app.config.readMaxBytes }),
-      // Last: GET / and /assets/* (the web dashboard) shadow nothing above.
-      ...dashboardRoutes(),
-    ],
-    app.guard,
-    toClientError,
-    app.log,
-    {
-      bodyIdleMs: app.config.bodyTimeoutMs,
-      h2Window: h2StreamWindow,
-      onRoute: observeHttp(app.metrics),
-      tarpit,
-      trust,
-    },
-  );
+  const plainRoutes = [
+    ...healthRoutes(app),
+    metricsRoute(app),
+    ...byteRoutes(app),
+    ...workerRestRoutes(call, app.config.readMaxBytes),
+    ...directorRestRoutes({ call, maxBodyBytes: app.config.readMaxBytes }),
+    // Last: GET / and /assets/* (the web dashboard) shadow nothing above.
+    ...dashboardRoutes(),
+  ];
+  // An RPC's path goes straight to Connect, past the plain routes' patterns
+  // (two passes over them for a path none takes): so none may take one.
+  for (const route of plainRoutes) {
+    const taken = [...connect.paths].find((path) => route.pattern.test(path));
+    if (taken) throw new Error(`the plain route for "${route.what}" would take the RPC ${taken}`);
+  }
+  const plain = createPlainRouter(plainRoutes, app.guard, toClientError, app.log, {
+    bodyIdleMs: app.config.bodyTimeoutMs,
+    h2Window: h2StreamWindow,
+    onRoute: observeHttp(app.metrics),
+    tarpit,
+    trust,
+  });
   return (req: Request, res: Response) => {
     // Once answered: a body nobody read is dropped, a condemned connection closed.
     const socket = req.socket;
@@ -329,7 +330,7 @@ export function createHandler(app: App) {
     res.setHeader("x-correlation-id", correlation.id);
     if (req.url?.startsWith("/api/mesh")) res.setHeader("x-ashlar-correlation-id", correlation.id);
     const path = (req.url ?? "/").split("?", 1)[0] ?? "/";
-    if (plain(req, res, path, correlation)) return;
+    if (!connect.paths.has(path) && plain(req, res, path, correlation)) return;
     clampDeadline(req, app.config.maxTimeoutMs);
     connect(req as http.IncomingMessage, res as http.ServerResponse);
   };

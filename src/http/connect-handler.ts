@@ -65,7 +65,7 @@ export function createConnectHandler(options: ConnectHandlerOptions) {
   for (const h of router.handlers) paths.set(h.requestPath, h);
   const refusals = createRefusalWriter();
 
-  return function handle(req: Request, res: Response): void {
+  function handle(req: Request, res: Response): void {
     const path = (req.url ?? "").split("?", 1)[0] ?? "";
     const handler = paths.get(path);
     if (!handler) {
@@ -111,5 +111,10 @@ export function createConnectHandler(options: ConnectHandlerOptions) {
           "response not completed: the client went away",
         );
       });
-  };
+  }
+
+  return Object.assign(handle, {
+    /** The request paths of every RPC this handler serves (`/package.Service/Method`). */
+    paths: new Set(paths.keys()) as ReadonlySet<string>,
+  });
 }
