@@ -49,8 +49,12 @@ const dialect = new PgDialect();
  * no round trip to save, and the same call works there.)
  *
  * Goes through the session as `db.execute` itself does (dialect.sqlToQuery,
- * session.prepareQuery), with a name, which is what makes postgres.js
- * prepare it.
+ * session.prepareQuery: Drizzle's own API, to check on its upgrades), with a
+ * name, which is what makes postgres.js prepare it. The name is only that
+ * flag: postgres.js names the statements it prepares itself. A prepared
+ * statement should name the columns it returns: one whose result type
+ * follows the table (`RETURNING *`) fails once on each connection after a
+ * column is added (tasks/insert.ts).
  */
 export async function preparedRowsOf<T>(db: Pick<Db, "_">, name: string, query: SQL): Promise<T[]> {
   const prepared = db._.session.prepareQuery(dialect.sqlToQuery(query), undefined, name, false);

@@ -1,4 +1,4 @@
-import { sql } from "drizzle-orm";
+import { getTableColumns, sql } from "drizzle-orm";
 import type { Db } from "../db/database.js";
 import { type TaskRow, tasks } from "../db/schema/index.js";
 import { preparedRowsOf, rowReader } from "../db/values.js";
@@ -30,6 +30,20 @@ const recordColumns = `
   dispatch boolean`;
 
 /**
+ * What the insert returns: the columns the row reader maps, by name. The
+ * statement is prepared, and `RETURNING *` would tie its result type to
+ * the table's columns as they are when it was prepared: a column added
+ * since (a newer replica's migration, in a rolling upgrade) fails the next
+ * run on each connection with "cached plan must not change result type",
+ * which postgres.js cannot run again inside the create's transaction.
+ */
+const returned = sql.raw(
+  Object.values(getTableColumns(tasks))
+    .map((column) => `"${column.name}"`)
+    .join(", "),
+);
+
+/**
  * The insert, with `conflict` (the idempotency key's ON CONFLICT) or
  * without. A delay counts from the statement's now(), as a run_at given
  * by the client counts from its own clock.
@@ -55,7 +69,7 @@ function statement(json: string, keyed: boolean) {
     CROSS JOIN LATERAL (
       SELECT coalesce(r.run_at, now() + r.delay_ms * interval '1 millisecond') AS start) s
     ${conflict}
-    RETURNING *`;
+    RETURNING ${returned}`;
 }
 
 function record({ id, task: t, requestHash }: TaskInsert) {

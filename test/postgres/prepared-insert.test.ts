@@ -47,4 +47,21 @@ describe.skipIf(!onPostgres)("a create's insert on PostgreSQL", () => {
     expect(again?.id).toBe(first?.id);
     expect(await insertsPrepared()).toBe(2);
   });
+
+  it("still creates tasks after a column was added to tasks (a newer replica's migration)", async () => {
+    const tasks = createTaskStore(one.db);
+    await tasks.create([newTask({ workload: "prepared" })]);
+    await tasks.create([newTask({ workload: "prepared", idempotencyKey: "prepared-2" })]);
+    await rowsOf(one.db, sql`alter table tasks add column added_later int`);
+    try {
+      const [plain] = await tasks.create([newTask({ workload: "prepared" })]);
+      const [keyed] = await tasks.create([
+        newTask({ workload: "prepared", idempotencyKey: "prepared-3" }),
+      ]);
+      expect(plain?.workload).toBe("prepared");
+      expect(keyed?.idempotencyKey).toBe("prepared-3");
+    } finally {
+      await rowsOf(one.db, sql`alter table tasks drop column added_later`);
+    }
+  });
 });
