@@ -345,7 +345,8 @@ async function healthSerial(callers: Client<typeof Health>[]) {
 /**
  * `calls` Health/Check calls to each of the bare server and Meshwork, in
  * `ceilingRounds` rounds taken in turn (bare, Meshwork, bare, …), so that
- * both see the machine at the same moments: calls/s and CPU per call of
+ * each pair sees the machine within seconds of each other (the order is
+ * always bare first, so an effect of order is not cancelled): calls/s and CPU per call of
  * each over all its rounds, and the median of the rounds' ratios of server
  * CPU per call (Meshwork's round ÷ the bare round just before it). One
  * measurement of each after the other moved the ratio between 0.98 and
@@ -358,12 +359,13 @@ async function healthPaired(
 ) {
   const b = await healthCallers(bare.url, token);
   const m = await healthCallers(meshwork.url, token);
-  const each = Math.ceil(calls / ceilingRounds);
+  const roundsRun = Math.max(1, Math.round(ceilingRounds));
+  const each = Math.ceil(calls / roundsRun);
   const rounds: {
     bare: Awaited<ReturnType<typeof healthRound>>;
     meshwork: (typeof rounds)[0]["bare"];
   }[] = [];
-  for (let r = 0; r < ceilingRounds; r++) {
+  for (let r = 0; r < roundsRun; r++) {
     rounds.push({
       bare: await healthRound(b, bare.pid, each),
       meshwork: await healthRound(m, meshwork.pid, each),
@@ -379,10 +381,17 @@ async function healthPaired(
     };
   };
   const ratios = rounds.map((r) => r.meshwork.server / r.bare.server).sort((x, y) => x - y);
+  // The median, unrounded (quantile rounds to two places).
+  const mid = Math.floor(ratios.length / 2);
+  const median =
+    ratios.length % 2 === 1
+      ? (ratios[mid] as number)
+      : ((ratios[mid - 1] as number) + (ratios[mid] as number)) / 2;
   return {
     bare: { ...overall("bare"), serial: await healthSerial(b) },
     meshwork: { ...overall("meshwork"), serial: await healthSerial(m) },
-    serverCpuRatio: quantile(ratios, 0.5),
+    serverCpuRatio: median,
+    calls: each * roundsRun,
     serverCpuRatios: ratios.map((x) => Math.round(x * 100) / 100),
   };
 }
@@ -421,9 +430,9 @@ async function ceiling(co: Coordinator) {
     scenario: "transport-ceiling-bare-connect-node",
     transport: "grpc-h2c",
     method: "grpc.health.v1.Health/Check (no-op)",
-    calls,
+    calls: paired.calls,
     callers: workers,
-    rounds: ceilingRounds,
+    rounds: Math.max(1, Math.round(ceilingRounds)),
     calls_per_s: Math.round(b.rate),
     cpu_ms_per_call: round3(b.cpuMsPerCall),
     server_cpu_ms_per_call: round3(b.serverCpuMsPerCall),
@@ -434,9 +443,9 @@ async function ceiling(co: Coordinator) {
     scenario: "meshwork-health-check",
     database: co.database,
     transport: "grpc-h2c",
-    calls,
+    calls: paired.calls,
     callers: workers,
-    rounds: ceilingRounds,
+    rounds: Math.max(1, Math.round(ceilingRounds)),
     calls_per_s: Math.round(m.rate),
     cpu_ms_per_call: round3(m.cpuMsPerCall),
     server_cpu_ms_per_call: round3(m.serverCpuMsPerCall),
