@@ -1,4 +1,5 @@
 import { eq, getTableColumns, Subquery, sql } from "drizzle-orm";
+import { quickestOfLast } from "../core/quickest.js";
 import type { Db } from "../db/database.js";
 import { type Resources, type TaskRow, tasks, workers } from "../db/schema/index.js";
 import { asNumber, asTable } from "../db/values.js";
@@ -127,8 +128,8 @@ export function createClaimStatement(
   // The first ready task the last batch found (sql/claim-batch.sql, hint),
   // and when a batch last found it from the head of the claim order.
   let hint: { text: string; since: number; life: number } | undefined;
-  // How long the last three looks from the head took, newest last.
-  const looks: number[] = [];
+  // How long the last three looks from the head took.
+  const looks = quickestOfLast(3);
   return async (
     claims: readonly { worker: ClaimingWorker; max: number }[],
   ): Promise<ClaimAnswer[]> => {
@@ -181,9 +182,8 @@ export function createClaimStatement(
     else {
       const found = JSON.parse(next) as { head?: boolean; headMs?: number };
       if (!used || found.head) {
-        looks.push(found.headMs ?? 0);
-        if (looks.length > 3) looks.shift();
-        const life = hintLife(Math.min(...looks), hintMs);
+        looks.add(found.headMs ?? 0);
+        const life = hintLife(looks.ms(), hintMs);
         hint = { text: next, since: sent, life };
       } else hint = { text: next, since: used.since, life: used.life };
     }

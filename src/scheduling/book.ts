@@ -1,3 +1,4 @@
+import { quickestOfLast } from "../core/quickest.js";
 import type { Resources } from "../db/schema/index.js";
 import type { Logger } from "../log.js";
 import type { SchedulingStore } from "./store.js";
@@ -243,19 +244,18 @@ export function createShareBook(deps: {
      * slow (readInterval); a failed read is logged and tried again next time.
      */
     start(intervalMs = 1000): void {
-      const took: number[] = [];
+      const took = quickestOfLast(3);
       const tick = async () => {
         const began = performance.now();
         try {
           await this.refresh();
           // Only reads that succeeded: a failed one is tried again on time.
-          took.push(performance.now() - began);
-          if (took.length > 3) took.shift();
+          took.add(performance.now() - began);
         } catch (error) {
           deps.log.warn({ err: error }, "reading the share tree failed");
         }
         if (stopped) return;
-        timer = setTimeout(tick, readInterval(took.length ? Math.min(...took) : 0, intervalMs));
+        timer = setTimeout(tick, readInterval(took.ms(), intervalMs));
         timer.unref();
       };
       stopped = false;
