@@ -289,15 +289,16 @@ describe("failed authentications per source", () => {
       });
     // A token valid before the flood is known to the coordinator.
     expect((await statusFrom("127.0.0.3", admin)).status).toBe(200);
-    const bad = `mw_${"Z".repeat(43)}`;
-    // Made together: each lookup is charged to the source before it runs.
-    // The source's bucket holds 5 and refills one a second (limits above):
-    // on a loaded machine the ten may take a second or more to arrive,
-    // and each second lets one more through to a lookup (401).
+    // Ten different unknown tokens, as a flood of guesses would send: each
+    // needs a lookup of its own (requests with one digest would share one
+    // lookup, and its answer, at no further cost). Each lookup is charged to
+    // the source before it runs, so 401 here means a lookup was made. The
+    // source's bucket holds 5 and refills one a second (limits above): on a
+    // loaded machine the ten may take a second or more to arrive, and each
+    // second lets one more through to a lookup.
+    const guesses = Array.from({ length: 10 }, (_, i) => `mw_${"Z".repeat(42)}${"ABCDEFGHIJ"[i]}`);
     const sent = performance.now();
-    const answers = await Promise.all(
-      Array.from({ length: 10 }, () => statusFrom("127.0.0.3", bad)),
-    );
+    const answers = await Promise.all(guesses.map((guess) => statusFrom("127.0.0.3", guess)));
     const refilled = Math.floor((performance.now() - sent) / 1000) * limits.authFailureRate;
     const statuses = answers.map((a) => a.status);
     const looked = statuses.filter((s) => s === 401).length;
@@ -308,7 +309,7 @@ describe("failed authentications per source", () => {
       expect(a.retryAfter).toMatch(/^\d+$/);
     }
     expect((await statusFrom("127.0.0.3", admin)).status).toBe(200);
-    expect((await statusFrom("127.0.0.1", bad)).status).toBe(401);
+    expect((await statusFrom("127.0.0.1", guesses[0])).status).toBe(401);
     // Logged with the address, and not once per request.
     const lines = logLines.filter((l) => l.includes("127.0.0.3"));
     expect(lines.length).toBeGreaterThan(0);
