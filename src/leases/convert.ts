@@ -1,11 +1,11 @@
 import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { type Claim, ClaimSchema } from "../../gen/meshwork/v1/lease_pb.js";
-import type { TaskRow } from "../db/schema/index.js";
 import { toArtifactRef, toQuantities } from "../tasks/convert.js";
+import type { ClaimedRow } from "./claim.js";
 
 /** What a worker needs to run a task it just claimed, with the lease token. */
-export function toClaim(row: TaskRow, outputs: Record<string, string> = {}): Claim {
+export function toClaim(row: ClaimedRow, outputs: Record<string, string> = {}): Claim {
   return create(ClaimSchema, {
     taskId: row.id,
     attempt: row.attempt,

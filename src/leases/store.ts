@@ -10,6 +10,7 @@ import { asNumber, preparedRowsOf, rowsOf } from "../db/values.js";
 import { createBatcher } from "./batcher.js";
 import {
   type ClaimAnswer,
+  type ClaimedRow,
   type ClaimingWorker,
   type ClaimScheduling,
   createClaimStatement,
@@ -20,7 +21,7 @@ import {
 import { rateRefillsByWorkload } from "./sql/retries.js";
 import { createTransitions, releaseWorker } from "./transitions.js";
 
-export type { ClaimAnswer, ClaimingWorker, ExpirySweep, Slots } from "./claim.js";
+export type { ClaimAnswer, ClaimedRow, ClaimingWorker, ExpirySweep, Slots } from "./claim.js";
 
 /**
  * Whether the database answered a statement with an error (a SQLSTATE):
@@ -203,7 +204,7 @@ export function createLeaseStore(
     claimCounted,
 
     /** The tasks of claimCounted, without the count. */
-    async claim(worker: ClaimingWorker, max: number): Promise<TaskRow[]> {
+    async claim(worker: ClaimingWorker, max: number): Promise<ClaimedRow[]> {
       return (await claimCounted(worker, max)).rows;
     },
 

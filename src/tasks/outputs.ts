@@ -13,7 +13,7 @@ import { rowsOf } from "../db/values.js";
  */
 export async function dependencyOutputs(
   db: Db,
-  rows: readonly TaskRow[],
+  rows: readonly Pick<TaskRow, "id" | "dependsOn">[],
 ): Promise<Map<string, Record<string, string>>> {
   const out = new Map<string, Record<string, string>>();
   const ids = rows.filter((r) => r.dependsOn.length > 0).map((r) => r.id);

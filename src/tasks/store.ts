@@ -119,7 +119,8 @@ export function createTaskStore(db: Db) {
     create: (input: NewTask[]): Promise<TaskRow[]> => createTasks(db, input),
 
     /** The dependency_outputs of tasks, by task id (tasks/outputs.ts). */
-    dependencyOutputs: (rows: readonly TaskRow[]) => dependencyOutputs(db, rows),
+    dependencyOutputs: (rows: readonly Pick<TaskRow, "id" | "dependsOn">[]) =>
+      dependencyOutputs(db, rows),
 
     async get(id: string): Promise<TaskRow> {
       const [row] = await byId().execute({ id });

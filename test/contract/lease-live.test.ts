@@ -21,7 +21,7 @@ describeEachEngine("the live-lease rule", (db) => {
     await insertWorker(db().db, other, false, 1);
   });
 
-  const ref = (row: TaskRow) => ({
+  const ref = (row: Pick<TaskRow, "id" | "attempt" | "leaseToken">) => ({
     taskId: row.id,
     workerId: holder,
     attempt: row.attempt,
