@@ -56,16 +56,17 @@ CREATE SEQUENCE IF NOT EXISTS meshwork_ready_epoch;
 -- within a second of that): the batch looks
 -- from the hint within its priority and deadline, past the entries of the
 -- tasks claimed before it, and from the head only when that runs out.
--- The caller drops a hint after a second (leases/claim.ts): a task made
+-- The caller drops a hint after its life (leases/claim.ts): a task made
 -- ready by a transaction that moved the epoch before this batch read it
 -- but committed after its snapshot, or created by a transaction that began
--- before the hint's task was created, is found by then. The hint says how
--- long the look from the head took (`headMs`): behind a transaction held
--- open that look walks the entry of every task claimed since it began
--- (and many delayed tasks ahead of the first ready one slow it too), and
--- the caller then keeps a hint longer (50 times the quickest of the last
--- three looks, up to a minute), so that looking from the head takes at
--- most a fiftieth of the time, or one look a minute.
+-- before the hint's task was created, is found when it ends. The life is a
+-- second while looks from the head are quick. The hint says how long the
+-- look from the head took (`headMs`): behind a transaction held open that
+-- look walks the entry of every task claimed since it began (and many
+-- delayed tasks ahead of the first ready one slow it too), and the caller
+-- then keeps a hint longer (50 times the quickest of the last three looks,
+-- up to a minute), so that looking from the head takes at most a fiftieth
+-- of the time, or one look a minute.
 DROP FUNCTION IF EXISTS meshwork_claim_batch(jsonb);
 CREATE OR REPLACE FUNCTION meshwork_claim_batch(claims jsonb, hint jsonb DEFAULT NULL)
 RETURNS TABLE (claim int, free int, cap int, task tasks)
