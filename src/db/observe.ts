@@ -52,7 +52,13 @@ export function createStatementEvents(): StatementEvents {
 export function statementName(query: string): string {
   // The verb and the table come first: a multi-row insert's megabyte of
   // placeholders need not be read.
-  const q = query.slice(0, 2048).replace(/\s+/g, " ").toLowerCase();
+  // `extract(epoch from now() …)` names no table: left in, it read as a
+  // call of now() in the FROM clause.
+  const q = query
+    .slice(0, 2048)
+    .replace(/\s+/g, " ")
+    .toLowerCase()
+    .replace(/\bextract\( ?[a-z]+ from /g, "extract(");
   const name = (s: string | undefined) => (s ?? "?").replaceAll('"', "");
   const write = /\b(insert into|update|delete from) ("?[a-z_][a-z0-9_]*"?)/.exec(q);
   if (write) return `${write[1]} ${name(write[2])}`;

@@ -25,4 +25,15 @@ describe("statement events", () => {
     expect(namedStatement(insert)).toBe("insert into tasks");
     expect(statementName('select "id" from "workers" where "id" = $1')).toBe("select from workers");
   });
+
+  it("names the table a statement reads, not the now() of an extract before it", () => {
+    expect(
+      statementName(`select path, usage * power(0.5,
+        greatest(0, extract(epoch from now() - updated_at)) * 1000 / $1::float8) as usage
+      from share_usage`),
+    ).toBe("select from share_usage");
+    expect(statementName("select * from meshwork_claim_batch($1::jsonb, $2::jsonb)")).toBe(
+      "select meshwork_claim_batch",
+    );
+  });
 });
