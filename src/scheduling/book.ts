@@ -136,6 +136,10 @@ export function createShareBook(deps: {
     tree = new Map(computed.map((n) => [n.path, n]));
     rank();
     const allocation = new Map([...next].map(([path, l]) => [path, dominantShare(l.held, fleet)]));
+    // No share holds or waits and no usage is left to decay (an idle
+    // fleet): the three statements would change nothing. A share another
+    // replica starts meanwhile is moved on by that replica.
+    if (allocation.size === 0 && usage.size === 0) return;
     await store.decayUsage(allocation, config.shareHalfLifeMs);
   }
 

@@ -72,4 +72,36 @@ describe("the share book's reads", () => {
     expect(readInterval(3000)).toBe(readMaxIntervalMs);
     expect(readMaxIntervalMs).toBe(10_000);
   });
+
+  it("move usage on only while a share holds, waits or has usage left to decay", async () => {
+    const decays: Map<string, number>[] = [];
+    let held = new Map<string, unknown>();
+    let usage = new Map<string, number>();
+    const store = {
+      fleetCapacity: async () => ({ slots: 10 }),
+      heldByShare: async () => held,
+      sharesWithPending: async () => [],
+      weights: async () => new Map(),
+      usage: async () => usage,
+      decayUsage: async (allocation: Map<string, number>) => {
+        decays.push(allocation);
+      },
+    } as unknown as SchedulingStore;
+    const book = createShareBook({
+      store,
+      config: { shareHalfLifeMs: 60_000, reserveAfterMs: 0 },
+      log: { warn: () => {} } as never,
+    });
+    await book.refresh();
+    expect(decays).toEqual([]);
+    held = new Map([["render", { held: { slots: 5 }, running: 5 }]]);
+    await book.refresh();
+    expect(decays).toEqual([new Map([["render", 0.5]])]);
+    // Its leases ended: the usage it left still decays.
+    held = new Map();
+    usage = new Map([["render", 2.5]]);
+    await book.refresh();
+    expect(decays).toHaveLength(2);
+    expect(decays[1]).toEqual(new Map());
+  });
 });
