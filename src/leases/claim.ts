@@ -29,11 +29,11 @@ export interface ClaimingWorker {
 const p = sql.placeholder;
 
 /**
- * The columns a claim answers: the lease (state, holder, when, and why
- * the attempt before ended, when a claim took it over), what a
- * worker's Claim carries, what the claim's caller counts (workload, the
- * share book's share and resources) and whether the task has dependencies
- * (their outputs are read for it).
+ * The columns a claim answers: what a worker's Claim carries, what the
+ * claim's caller counts (workload, the share book's share and resources)
+ * and whether the task has dependencies (their outputs are read for it);
+ * and the lease as the store's callers see it (state, holder, when, and
+ * why the attempt before ended, when a claim took it over).
  * Not the whole row: every column answered is written out by the database
  * and parsed by the coordinator, and on PGlite both run on one thread.
  */

@@ -293,9 +293,10 @@ describe("failed authentications per source", () => {
     // needs a lookup of its own (requests with one digest would share one
     // lookup, and its answer, at no further cost). Each lookup is charged to
     // the source before it runs, so 401 here means a lookup was made. The
-    // source's bucket holds 5 and refills one a second (limits above): on a
-    // loaded machine the ten may take a second or more to arrive, and each
-    // second lets one more through to a lookup.
+    // source's bucket holds 5 and refills one a second (limits above), and
+    // each 429 is held a second before it is answered (the tarpit), so the
+    // ten take a second at least, more on a loaded machine: each second
+    // lets one more through to a lookup.
     const guesses = Array.from({ length: 10 }, (_, i) => `mw_${"Z".repeat(42)}${"ABCDEFGHIJ"[i]}`);
     const sent = performance.now();
     const answers = await Promise.all(guesses.map((guess) => statusFrom("127.0.0.3", guess)));
