@@ -2,6 +2,24 @@ import { afterEach, describe, expect, it, vi } from "vitest";
 import { createShareBook, readInterval, readMaxIntervalMs } from "../../src/scheduling/book.js";
 import type { SchedulingStore } from "../../src/scheduling/store.js";
 
+/** A book over a store that reads an idle fleet of 10 slots, but for the reads in `parts`. */
+function bookOver(parts: Partial<Record<keyof SchedulingStore, unknown>>) {
+  const store = {
+    fleetCapacity: async () => ({ slots: 10 }),
+    heldByShare: async () => new Map(),
+    sharesWithPending: async () => [],
+    weights: async () => new Map(),
+    usage: async () => new Map(),
+    decayUsage: async () => {},
+    ...parts,
+  } as unknown as SchedulingStore;
+  return createShareBook({
+    store,
+    config: { shareHalfLifeMs: 60_000, reserveAfterMs: 0 },
+    log: { warn: () => {} } as never,
+  });
+}
+
 /** A book over a store whose reads each take `readMs` (and fail, if said); `reads` counts them. */
 function bookReading(readMs: number, fail = false) {
   let reads = 0;
@@ -9,22 +27,11 @@ function bookReading(readMs: number, fail = false) {
     new Promise<T>((resolve, reject) =>
       setTimeout(() => (fail ? reject(new Error("connection lost")) : resolve(value)), readMs),
     );
-  const store = {
-    fleetCapacity: async () => ({ slots: 10 }),
+  const book = bookOver({
     heldByShare: async () => {
       reads += 1;
       return slow(new Map());
     },
-    sharesWithPending: async () => [],
-    weights: async () => new Map(),
-    usage: async () => new Map(),
-    decayUsage: async () => {},
-  } as unknown as SchedulingStore;
-  const log = { warn: () => {} } as never;
-  const book = createShareBook({
-    store,
-    config: { shareHalfLifeMs: 60_000, reserveAfterMs: 0 },
-    log,
   });
   return { book, reads: () => reads };
 }
@@ -77,20 +84,12 @@ describe("the share book's reads", () => {
     const decays: Map<string, number>[] = [];
     let held = new Map<string, unknown>();
     let usage = new Map<string, number>();
-    const store = {
-      fleetCapacity: async () => ({ slots: 10 }),
+    const book = bookOver({
       heldByShare: async () => held,
-      sharesWithPending: async () => [],
-      weights: async () => new Map(),
       usage: async () => usage,
       decayUsage: async (allocation: Map<string, number>) => {
         decays.push(allocation);
       },
-    } as unknown as SchedulingStore;
-    const book = createShareBook({
-      store,
-      config: { shareHalfLifeMs: 60_000, reserveAfterMs: 0 },
-      log: { warn: () => {} } as never,
     });
     await book.refresh();
     expect(decays).toEqual([]);
