@@ -31,6 +31,7 @@ import {
   quantile,
   round2,
   startCoordinator,
+  taskIdAt,
 } from "./lib.js";
 
 const env = process.env;
@@ -82,7 +83,8 @@ export async function bloatThrough(vacuum: "on" | "off") {
     await sql`
       insert into tasks (id, workload, state, max_attempts, lease_seconds,
         backoff_initial_ms, backoff_max_ms, backoff_multiplier, created_at, updated_at)
-      select gen_random_uuid(), ${old}, 'PENDING', 3, 60, 1000, 300000, 2,
+      select ${taskIdAt(sql, sql`now() - (${through}::int - g) * interval '1 millisecond'`)},
+        ${old}, 'PENDING', 3, 60, 1000, 300000, 2,
         now() - (${through}::int - g) * interval '1 millisecond', now()
       from generate_series(1, ${through}::int) g`;
     await sql`update tasks set state = 'ASSIGNED', attempt = 1, lease_worker_id = ${workerId},

@@ -134,6 +134,7 @@ import {
   round2,
   rssOf,
   startCoordinator,
+  taskIdAt,
   withDatabase,
 } from "./lib.js";
 import { bullmq, pgBoss } from "./peers.js";
@@ -601,7 +602,7 @@ async function insertFloor(co: Coordinator) {
     const insert = (specs: string) => sql`
       insert into tasks (id, workload, required_capabilities, state, max_attempts,
         lease_seconds, backoff_initial_ms, backoff_max_ms, backoff_multiplier, correlation_id)
-      select gen_random_uuid(), s.workload, '{}', 'PENDING', 3, 60, 1000, 60000, 2, s.correlation_id
+      select ${taskIdAt(sql, sql`now()`)}, s.workload, '{}', 'PENDING', 3, 60, 1000, 60000, 2, s.correlation_id
       from jsonb_to_recordset(${specs}::text::jsonb) as s(workload text, correlation_id text)
       returning *`;
     const specs = () =>
@@ -915,7 +916,8 @@ async function backlogAt(pending: number) {
     await sql`
       insert into tasks (id, workload, state, max_attempts, lease_seconds,
         backoff_initial_ms, backoff_max_ms, backoff_multiplier, created_at, updated_at)
-      select gen_random_uuid(), ${workload}, 'PENDING', 3, 60, 1000, 300000, 2,
+      select ${taskIdAt(sql, sql`now() - (${rows}::int - g) * interval '1 millisecond'`)},
+        ${workload}, 'PENDING', 3, 60, 1000, 300000, 2,
         now() - (${rows}::int - g) * interval '1 millisecond',
         now() - (${rows}::int - g) * interval '1 millisecond'
       from generate_series(1, ${rows}::int) g`;
@@ -1000,7 +1002,8 @@ async function historyAt(done: number) {
         insert into tasks (id, workload, state, attempt, max_attempts, lease_seconds,
           backoff_initial_ms, backoff_max_ms, backoff_multiplier,
           created_at, updated_at, started_at, finished_at)
-        select gen_random_uuid(), ${workload}, 'SUCCEEDED', 1, 3, 60, 1000, 300000, 2,
+        select ${taskIdAt(sql, sql`now() - interval '1 hour' + g * interval '3 microseconds'`)},
+          ${workload}, 'SUCCEEDED', 1, 3, 60, 1000, 300000, 2,
           now() - interval '1 hour' + g * interval '3 microseconds',
           now() - interval '1 hour' + g * interval '3 microseconds',
           now() - interval '1 hour' + g * interval '3 microseconds',

@@ -1,8 +1,8 @@
-import { randomUUID } from "node:crypto";
 import { toArtifactRefJson } from "../artifacts/convert.js";
 import { createArtifactStore } from "../artifacts/store.js";
 import type { Config } from "../config.js";
 import { DomainError } from "../core/errors.js";
+import { newTaskId } from "../core/ids.js";
 import type { Db } from "../db/database.js";
 import type { TaskRow } from "../db/schema/index.js";
 import type { Logger } from "../log.js";
@@ -42,7 +42,7 @@ export async function createScheduledTask(
     const artifact = await createArtifactStore(at.tx).get(req.input.value);
     task.input = toArtifactRefJson(artifact, deps.config.publicUrl);
   }
-  task.id = randomUUID();
+  task.id = newTaskId();
   const [row] = await at.tasks.create([task]);
   if (!row) throw new Error("create returned no task");
   if (row.id === task.id) deps.metrics.tasksCreated.inc({ workload: row.workload });

@@ -1,7 +1,8 @@
-import { createHash, randomUUID } from "node:crypto";
+import { createHash } from "node:crypto";
 import { inArray, sql } from "drizzle-orm";
 import { canonicalJson } from "../core/canonical-json.js";
 import { DomainError, invalid, notFound } from "../core/errors.js";
+import { newTaskId } from "../core/ids.js";
 import type { Db } from "../db/database.js";
 import {
   type ArtifactRefJson,
@@ -141,7 +142,7 @@ const terminal = ["SUCCEEDED", "FAILED", "CANCELED"];
  * commit: none can finish unseen by tasks/sql/dependencies.sql meanwhile.
  */
 export async function createTasks(db: Db, input: NewTask[]): Promise<TaskRow[]> {
-  const ids = input.map((t) => t.id ?? randomUUID());
+  const ids = input.map((t) => t.id ?? newTaskId());
   const deps = resolveDependencies(
     input.map((t, i) => ({ id: ids[i] as string, ref: t.ref, dependsOn: t.dependsOn })),
   );

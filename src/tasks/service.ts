@@ -1,4 +1,3 @@
-import { randomUUID } from "node:crypto";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, type ContextValues, type ServiceImpl } from "@connectrpc/connect";
 import type {
@@ -16,6 +15,7 @@ import type { Config } from "../config.js";
 import { canonicalJson } from "../core/canonical-json.js";
 import { kCorrelationId, kCorrelationSent, kTrace } from "../core/context.js";
 import { DomainError, invalid } from "../core/errors.js";
+import { newTaskId } from "../core/ids.js";
 import { decodeCursor, decodePageToken, pageSize } from "../core/paging.js";
 import { shareOfCaller } from "../core/scheduling.js";
 import { createWaker, linkedSignal } from "../core/signals.js";
@@ -107,7 +107,7 @@ async function createWithInputs(
       if (req.input.case === "inputData" && task.input) stored.push(task.input.artifactId);
     }
     // Ids given here tell new tasks from idempotent repeats (answered with the task made before).
-    for (const e of entries) e.task.id = randomUUID();
+    for (const e of entries) e.task.id = newTaskId();
     rows = await app.tasks.create(entries.map((e) => e.task));
   } catch (error) {
     await cleanUp(new Set());

@@ -60,6 +60,26 @@ describe("pull-mode lifecycle over RPC", () => {
     expect(read?.progress).toMatchObject({ completedSteps: 1, message: "half" });
   });
 
+  it("gives tasks time-ordered ids (UUID version 7): a batch in request order, a later task after it", async () => {
+    const workload = uniqueWorkload();
+    const { tasks } = await h.tasks.createTasks({
+      tasks: Array.from({ length: 20 }, (_, i) => ({ workload, name: `t${i}` })),
+    });
+    const { task: later } = await h.tasks.createTask({ workload, name: "later" });
+    const ids = [...tasks.map((t) => t.taskId), later?.taskId ?? ""];
+    for (const id of ids)
+      expect(id).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+    expect(ids).toEqual([...ids].sort());
+    expect(new Set(ids).size).toBe(ids.length);
+    // The time in an id is when the coordinator made it: the task's
+    // created_at, give or take the coordinator's and the database's clocks.
+    const millis = Number.parseInt(ids[0]?.replaceAll("-", "").slice(0, 12) ?? "", 16);
+    const created = tasks[0]?.createdAt;
+    const createdMs =
+      Number(created?.seconds ?? 0n) * 1000 + Math.floor((created?.nanos ?? 0) / 1e6);
+    expect(Math.abs(millis - createdMs)).toBeLessThan(60_000);
+  });
+
   it("streams a task's changes with WatchTask and ends after the terminal state", async () => {
     const workload = uniqueWorkload();
     const workerId = await registerWorker(h, [workload]);

@@ -170,7 +170,12 @@ export const TaskErrorSchema: GenMessage<TaskError> = /*@__PURE__*/
  */
 export type Task = Message<"meshwork.v1.Task"> & {
   /**
-   * task_id is the server-generated UUID.
+   * task_id is the server-generated UUID. It is time-ordered (RFC 9562
+   * version 7: the first 48 bits are the Unix milliseconds when the
+   * coordinator made it, and ids one coordinator makes sort in the order
+   * made), so that tasks created together sit together in the database's
+   * indexes. Clients treat it as opaque: compare ids for equality only, and
+   * order tasks by created_at.
    *
    * @generated from field: string task_id = 1;
    */
