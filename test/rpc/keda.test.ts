@@ -3,6 +3,7 @@ import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ExternalScaler } from "../../gen/externalscaler/externalscaler_pb.js";
+import { Operator } from "../../gen/meshwork/v1/task_pb.js";
 import { type KedaListener, listenKeda } from "../../src/http/keda-listener.js";
 import { kedaHandler } from "../../src/server.js";
 import { within } from "../support/bounded.js";
@@ -58,6 +59,12 @@ describe("the KEDA external scaler over h2c", () => {
         { workload, affinity: { zone: "us" }, resources: { gpu: 1n } },
         { workload, resources: { gpu: 8n } },
         { workload, resources: { gpu: 1n, "license/x": 1n } },
+        // And one that requires a GPU label no worker of the pool carries.
+        {
+          workload,
+          requirements: [{ key: "gpu", operator: Operator.IN, values: ["v100"] }],
+          resources: { gpu: 1n },
+        },
       ],
     });
     expect((await scaler.isActive(ref)).result).toBe(true);
@@ -83,8 +90,9 @@ describe("the KEDA external scaler over h2c", () => {
     const status = await h.fleet.getFleetStatus({});
     const backlog = status.backlog.find((b) => b.workload === workload);
     expect(backlog?.workerCapacity).toMatchObject({ gpu: 4n, cpu: 16_000n });
-    expect(backlog?.pendingResources.gpu).toBe(5n + 2n * 3n + 1n + 8n + 1n);
-    // All the workload's tasks but the two no worker can hold: 15 + 1 GPUs.
+    expect(backlog?.pendingResources.gpu).toBe(5n + 2n * 3n + 1n + 8n + 1n + 1n);
+    // All the workload's tasks but the two no worker can hold: 15 + 1 GPUs
+    // (not the one whose requirement no labels of the pool meet either).
     expect(backlog?.workersNeeded).toBe(4);
     expect(await h.app.metrics.scrape()).toContain(
       `meshwork_workers_needed{workload="${workload}"} 4`,
