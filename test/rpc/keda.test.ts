@@ -59,12 +59,14 @@ describe("the KEDA external scaler over h2c", () => {
         { workload, affinity: { zone: "us" }, resources: { gpu: 1n } },
         { workload, resources: { gpu: 8n } },
         { workload, resources: { gpu: 1n, "license/x": 1n } },
-        // And one that requires a GPU label no worker of the pool carries.
+        // One that requires a GPU label no worker of the pool carries, and
+        // one that may not start for an hour (each would need a fifth worker).
         {
           workload,
           requirements: [{ key: "gpu", operator: Operator.IN, values: ["v100"] }],
-          resources: { gpu: 1n },
+          resources: { gpu: 2n },
         },
+        { workload, start: { case: "delay", value: { seconds: 3600n } }, resources: { gpu: 2n } },
       ],
     });
     expect((await scaler.isActive(ref)).result).toBe(true);
@@ -90,9 +92,8 @@ describe("the KEDA external scaler over h2c", () => {
     const status = await h.fleet.getFleetStatus({});
     const backlog = status.backlog.find((b) => b.workload === workload);
     expect(backlog?.workerCapacity).toMatchObject({ gpu: 4n, cpu: 16_000n });
-    expect(backlog?.pendingResources.gpu).toBe(5n + 2n * 3n + 1n + 8n + 1n + 1n);
-    // All the workload's tasks but the two no worker can hold: 15 + 1 GPUs
-    // (not the one whose requirement no labels of the pool meet either).
+    expect(backlog?.pendingResources.gpu).toBe(5n + 2n * 3n + 1n + 8n + 1n + 2n + 2n);
+    // The same 15 GPUs (what the worker runs included), in 4 workers.
     expect(backlog?.workersNeeded).toBe(4);
     expect(await h.app.metrics.scrape()).toContain(
       `meshwork_workers_needed{workload="${workload}"} 4`,
