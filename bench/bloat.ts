@@ -83,10 +83,9 @@ export async function bloatThrough(vacuum: "on" | "off") {
     await sql`
       insert into tasks (id, workload, state, max_attempts, lease_seconds,
         backoff_initial_ms, backoff_max_ms, backoff_multiplier, created_at, updated_at)
-      select ${taskIdAt(sql, sql`now() - (${through}::int - g) * interval '1 millisecond'`)},
-        ${old}, 'PENDING', 3, 60, 1000, 300000, 2,
-        now() - (${through}::int - g) * interval '1 millisecond', now()
-      from generate_series(1, ${through}::int) g`;
+      select ${taskIdAt(sql, sql`s.at`)}, ${old}, 'PENDING', 3, 60, 1000, 300000, 2, s.at, now()
+      from generate_series(1, ${through}::int) g,
+        lateral (select now() - (${through}::int - g) * interval '1 millisecond' as at) s`;
     await sql`update tasks set state = 'ASSIGNED', attempt = 1, lease_worker_id = ${workerId},
       lease_token = 'through', lease_expires_at = now() + interval '1 hour', started_at = now()
       where workload = ${old}`;

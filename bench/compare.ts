@@ -916,11 +916,9 @@ async function backlogAt(pending: number) {
     await sql`
       insert into tasks (id, workload, state, max_attempts, lease_seconds,
         backoff_initial_ms, backoff_max_ms, backoff_multiplier, created_at, updated_at)
-      select ${taskIdAt(sql, sql`now() - (${rows}::int - g) * interval '1 millisecond'`)},
-        ${workload}, 'PENDING', 3, 60, 1000, 300000, 2,
-        now() - (${rows}::int - g) * interval '1 millisecond',
-        now() - (${rows}::int - g) * interval '1 millisecond'
-      from generate_series(1, ${rows}::int) g`;
+      select ${taskIdAt(sql, sql`s.at`)}, ${workload}, 'PENDING', 3, 60, 1000, 300000, 2, s.at, s.at
+      from generate_series(1, ${rows}::int) g,
+        lateral (select now() - (${rows}::int - g) * interval '1 millisecond' as at) s`;
     const insertSeconds = (performance.now() - insertStarted) / 1000;
     // The insert's own writes are flushed before anything is measured: the
     // checkpoint a 1,000,000-row insert brings on otherwise lands in the
@@ -1002,13 +1000,10 @@ async function historyAt(done: number) {
         insert into tasks (id, workload, state, attempt, max_attempts, lease_seconds,
           backoff_initial_ms, backoff_max_ms, backoff_multiplier,
           created_at, updated_at, started_at, finished_at)
-        select ${taskIdAt(sql, sql`now() - interval '1 hour' + g * interval '3 microseconds'`)},
-          ${workload}, 'SUCCEEDED', 1, 3, 60, 1000, 300000, 2,
-          now() - interval '1 hour' + g * interval '3 microseconds',
-          now() - interval '1 hour' + g * interval '3 microseconds',
-          now() - interval '1 hour' + g * interval '3 microseconds',
-          now() - interval '1 hour' + g * interval '3 microseconds'
-        from generate_series(1, ${done}::int) g`;
+        select ${taskIdAt(sql, sql`s.at`)}, ${workload}, 'SUCCEEDED', 1, 3, 60, 1000, 300000, 2,
+          s.at, s.at, s.at, s.at
+        from generate_series(1, ${done}::int) g,
+          lateral (select now() - interval '1 hour' + g * interval '3 microseconds' as at) s`;
     }
     await sql`vacuum tasks`;
     const workload = `history-drain-${Date.now()}`;

@@ -30,15 +30,16 @@ export interface Coordinator {
 }
 
 /**
- * A task id as the coordinator makes them (src/core/ids.ts), in SQL: a
- * UUID version 7 of the time `at` (a timestamptz fragment), the rest
- * random. PostgreSQL 15 has no uuidv7(). Tasks the bench inserts by SQL
- * get the ids CreateTasks would give them: with random ids their index
- * entries would sit apart, as the coordinator's own no longer do, and a
- * claim would touch a page per task (the backlog part measured that).
+ * A task id of the layout the coordinator gives them (src/core/ids.ts), in
+ * SQL: a UUID version 7 of the time `at` (a timestamptz fragment), the
+ * rest random (so ids of one millisecond are not in the order made, as
+ * the coordinator's are). PostgreSQL 15 has no uuidv7(). With random ids
+ * the index entries of tasks the bench inserts by SQL would sit apart, as
+ * the coordinator's own no longer do, and a claim would touch a page per
+ * task (the backlog part measured that).
  */
 export function taskIdAt(sql: postgres.Sql, at: postgres.PendingQuery<postgres.Row[]>) {
-  return sql`(lpad(to_hex((extract(epoch from ${at}) * 1000)::bigint), 12, '0') || '7'
+  return sql`(lpad(to_hex(floor(extract(epoch from ${at}) * 1000)::bigint), 12, '0') || '7'
     || substr(md5(random()::text), 1, 3) || substr('89ab', 1 + floor(random() * 4)::int, 1)
     || substr(md5(random()::text), 1, 15))::uuid`;
 }

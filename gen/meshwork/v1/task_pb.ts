@@ -170,11 +170,10 @@ export const TaskErrorSchema: GenMessage<TaskError> = /*@__PURE__*/
  */
 export type Task = Message<"meshwork.v1.Task"> & {
   /**
-   * task_id is the server-generated UUID. It is time-ordered (RFC 9562
-   * version 7: the first 48 bits are the Unix milliseconds when the
-   * coordinator made it, and ids one coordinator makes sort in the order
-   * made), so that tasks created together sit together in the database's
-   * indexes. Clients treat it as opaque: compare ids for equality only, and
+   * task_id is the server-generated UUID. The coordinator makes it
+   * time-ordered (RFC 9562 version 7), so that tasks created together sit
+   * together in the database's indexes; clients treat it as opaque and do
+   * not rely on its layout or order: compare ids for equality only, and
    * order tasks by created_at.
    *
    * @generated from field: string task_id = 1;
