@@ -3,7 +3,9 @@
  * flight runs at once, alone; calls made while one is in flight wait for it
  * and then run together as the next batch. Under load, concurrent callers
  * share statements (one round trip for many); idle, nobody waits for a
- * timer. Each caller gets its own item's outcome. A batch that fails with an
+ * timer. After each batch the queue is looked at again only once the event
+ * loop has turned (calls still unread on their sockets join the next
+ * batch). Each caller gets its own item's outcome. A batch that fails with an
  * error `retryable` says may be retried (the statement must be safe to run
  * again) is run once more before its callers see the failure: one lost
  * connection should not fail every call that happened to share it.
@@ -34,6 +36,11 @@ export function createBatcher<I, O>(
       } catch (error) {
         for (const b of batch) b.reject(error);
       }
+      // Let the event loop read what has arrived before looking at the
+      // queue again. A statement on PGlite runs in this thread and settles
+      // without it: the calls sent meanwhile are still unread on their
+      // sockets, and without this each would run alone as it arrived.
+      await new Promise((resolve) => setImmediate(resolve));
     }
     flushing = false;
   }

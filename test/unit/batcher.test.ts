@@ -14,6 +14,27 @@ describe("group commit batcher", () => {
     expect(batches).toEqual([[1], [2, 3, 4]]);
   });
 
+  it("folds calls that arrive while a statement holds the thread into one batch", async () => {
+    // PGlite runs a statement in this thread: it settles without the event
+    // loop turning, and calls sent meanwhile are read only afterwards.
+    const batches: number[][] = [];
+    const run = createBatcher(async (items: number[]) => {
+      batches.push(items);
+      const until = Date.now() + 5;
+      while (Date.now() < until) {
+        // the database at work
+      }
+      return items;
+    });
+    // Three calls that the event loop delivers after the first statement.
+    const later = [1, 2, 3].map(
+      (i) => new Promise<number>((resolve) => setImmediate(() => resolve(run(i)))),
+    );
+    const results = await Promise.all([run(0), ...later]);
+    expect(results).toEqual([0, 1, 2, 3]);
+    expect(batches).toEqual([[0], [1, 2, 3]]);
+  });
+
   it("fails every caller of a failed batch, and recovers for the next", async () => {
     let fail = true;
     const run = createBatcher(async (items: string[]) => {
