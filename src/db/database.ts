@@ -107,10 +107,16 @@ function withoutUndefined<T extends object>(o: T): Partial<T> {
 // is not loaded on PostgreSQL, postgres.js not on PGlite (bench/RESULTS.md, Memory).
 async function openPglite(dataDir: string, progress: (step: string) => void): Promise<Database> {
   progress("loading the embedded database (PGlite)");
-  const [{ PGlite }, { drizzle: drizzlePglite }, { migrate: migratePglite }] = await Promise.all([
+  const [
+    { PGlite },
+    { drizzle: drizzlePglite },
+    { migrate: migratePglite },
+    { useNamedStatements },
+  ] = await Promise.all([
     import("@electric-sql/pglite"),
     import("drizzle-orm/pglite"),
     import("drizzle-orm/pglite/migrator"),
+    import("./pglite-statements.js"),
   ]);
   let location = "memory://";
   if (dataDir !== "memory://") {
@@ -128,6 +134,7 @@ async function openPglite(dataDir: string, progress: (step: string) => void): Pr
     `opening the embedded database${location === "memory://" ? " (in memory)" : ` in ${location}`}`,
   );
   const client = await PGlite.create(location, pgliteOptions(PGlite.defaultStartParams));
+  useNamedStatements(client);
   const statements = createStatementEvents();
   const inFlight = observePglite(client, statements);
   const db = drizzlePglite({ client, schema });
