@@ -109,9 +109,9 @@ async function openPglite(dataDir: string, progress: (step: string) => void): Pr
   progress("loading the embedded database (PGlite)");
   const [
     { PGlite },
-    { drizzle: drizzlePglite },
+    { drizzle: drizzlePglite, PgliteSession },
     { migrate: migratePglite },
-    { useNamedStatements },
+    { recordNamedStatements, useNamedStatements },
   ] = await Promise.all([
     import("@electric-sql/pglite"),
     import("drizzle-orm/pglite"),
@@ -134,6 +134,9 @@ async function openPglite(dataDir: string, progress: (step: string) => void): Pr
     `opening the embedded database${location === "memory://" ? " (in memory)" : ` in ${location}`}`,
   );
   const client = await PGlite.create(location, pgliteOptions(PGlite.defaultStartParams));
+  // The statements postgres.js prepares on PostgreSQL are prepared here too
+  // (pglite-statements.ts): Drizzle's PGlite driver sends them unnamed.
+  recordNamedStatements(PgliteSession);
   useNamedStatements(client);
   const statements = createStatementEvents();
   const inFlight = observePglite(client, statements);

@@ -8,74 +8,79 @@ import {
 } from "@electric-sql/pglite";
 
 /**
- * Named statements for PGlite, as postgres.js keeps them on PostgreSQL.
+ * Named statements on PGlite, for the statements postgres.js prepares on
+ * PostgreSQL.
  *
  * PGlite's `query` sends every statement unnamed: each run is parsed,
  * analysed and planned again (a completion's update, with the task row it
  * returns, plans in about 0.8 ms there), in six calls into the database.
- * Here a text the coordinator runs a second time is prepared under a name
- * of its own (Parse, Describe), and each run after that is one call: Bind,
- * Describe, Execute, Sync. PostgreSQL's plan cache then treats it as it
- * treats a prepared statement of postgres.js (custom plans for its first
- * runs, a generic plan where that costs no more).
+ * On PostgreSQL, postgres.js prepares the statements Drizzle is asked to
+ * prepare under a name (`.prepare(name)`, and `preparedRowsOf`), and sends
+ * the rest unnamed. Here the same statements are prepared: on its first
+ * run a named text is prepared (Parse, Describe), and each run is one call
+ * (Bind, Describe, Execute, Sync). PostgreSQL's plan cache then treats it
+ * as on PostgreSQL: planned afresh for its first five runs, then with a
+ * generic plan where that is estimated to cost no more. Every other text
+ * goes to PGlite's `query` unchanged.
  *
- * Kept: the last `capacity` texts used; one longer than `longest`
- * characters (an insert of many rows, one text per row count) is never
- * prepared. A statement whose result columns a schema change altered fails
- * once (PostgreSQL: "cached plan must not change result type") and is made
- * again on its next run, as on PostgreSQL.
+ * Kept: the last `capacity` statements used (the code has a few dozen). A
+ * statement that a schema change made stale (its result columns changed,
+ * or it is gone) is prepared again and run once more, as postgres.js does;
+ * inside a transaction the failure aborts the transaction, so the caller
+ * sees it, and the next run prepares the statement again.
  *
  * Runs inside PGlite's own locks, as its `query` does (its transaction
- * lock outside a transaction, its query lock always), so a statement of
- * its own never runs between the messages of another. Queries with options
- * this does not handle (parameter types, a blob, a notice callback) go to
- * PGlite's `query` unchanged. Errors are PGlite's DatabaseError, without
- * the statement's text or parameters attached.
+ * lock outside a transaction, its query lock always), so nothing runs
+ * between the messages of one statement. Queries with options this does
+ * not handle (parameter types, a blob, a notice callback) go to PGlite's
+ * `query`. Errors are PGlite's DatabaseError, without the statement's text
+ * or parameters attached.
  */
-export function useNamedStatements(
-  client: PGlite,
-  { capacity = 256, longest = 16_384 }: { capacity?: number; longest?: number } = {},
-): void {
+export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): void {
+  if (patched.has(client)) return;
+  patched.add(client);
   const prepared = new Map<string, { name: string; types: number[] }>();
-  // Texts run once, not yet prepared; forgotten all at once when full.
-  const seen = new Set<string>();
-  // Statements evicted, closed at the start of the next run.
+  // Statements evicted or stale, closed at the start of the next run.
   const closing: string[] = [];
   let next = 0;
   const { serialize } = protocol;
 
-  async function run<T>(
+  async function statementFor(text: string) {
+    const known = prepared.get(text);
+    if (known) {
+      // Most recently used last.
+      prepared.delete(text);
+      prepared.set(text, known);
+      return known;
+    }
+    const name = `meshwork_${next++}`;
+    const described = await client.execProtocolStream(
+      concat([
+        serialize.parse({ name, text }),
+        serialize.describe({ type: "S", name }),
+        serialize.sync(),
+      ]),
+      { syncToFs: false },
+    );
+    const statement = { name, types: parse.parseDescribeStatementResults(described) };
+    prepared.set(text, statement);
+    if (prepared.size > capacity) {
+      const [oldest] = prepared;
+      if (oldest) {
+        prepared.delete(oldest[0]);
+        closing.push(oldest[1].name);
+      }
+    }
+    return statement;
+  }
+
+  async function execute<T>(
     text: string,
     params: unknown[],
     options: QueryOptions | undefined,
     inTx: boolean,
-  ) {
-    let statement = prepared.get(text);
-    if (statement) {
-      // Most recently used last.
-      prepared.delete(text);
-      prepared.set(text, statement);
-    } else {
-      const name = `meshwork_${next++}`;
-      const described = await client.execProtocolStream(
-        concat([
-          serialize.parse({ name, text }),
-          serialize.describe({ type: "S", name }),
-          serialize.sync(),
-        ]),
-        { syncToFs: false },
-      );
-      statement = { name, types: parse.parseDescribeStatementResults(described) };
-      prepared.set(text, statement);
-      if (prepared.size > capacity) {
-        const [oldest] = prepared;
-        if (oldest) {
-          prepared.delete(oldest[0]);
-          closing.push(oldest[1].name);
-        }
-      }
-    }
-    const { name, types } = statement;
+  ): Promise<Results<T>> {
+    const { name, types } = await statementFor(text);
     const values = params.map((param, i) => {
       if (param === null || param === undefined) return null;
       const oid = types[i] ?? 0;
@@ -89,9 +94,9 @@ export function useNamedStatements(
       serialize.execute({}),
       serialize.sync(),
     ];
-    let answer: Awaited<ReturnType<PGlite["execProtocolStream"]>>;
     try {
-      answer = await client.execProtocolStream(concat(messages), { syncToFs: !inTx });
+      const answer = await client.execProtocolStream(concat(messages), { syncToFs: !inTx });
+      return parse.parseResults(answer, client.parsers, options)[0] as Results<T>;
     } catch (error) {
       if (isStale(error)) {
         prepared.delete(text);
@@ -99,21 +104,28 @@ export function useNamedStatements(
       }
       throw error;
     }
-    return parse.parseResults(answer, client.parsers, options)[0] as Results<T>;
   }
 
-  const usable = (text: unknown, options: QueryOptions | undefined): text is string => {
-    if (typeof text !== "string" || text.length > longest) return false;
-    if (options?.paramTypes || options?.blob || options?.onNotice) return false;
-    if (prepared.has(text)) return true;
-    if (seen.has(text)) {
-      seen.delete(text);
-      return true;
+  async function run<T>(
+    text: string,
+    params: unknown[],
+    options: QueryOptions | undefined,
+    inTx: boolean,
+  ): Promise<Results<T>> {
+    try {
+      return await execute<T>(text, params, options, inTx);
+    } catch (error) {
+      if (inTx || !isStale(error)) throw error;
+      return execute<T>(text, params, options, inTx);
     }
-    if (seen.size >= 4 * capacity) seen.clear();
-    seen.add(text);
-    return false;
-  };
+  }
+
+  const usable = (text: unknown, options: QueryOptions | undefined): text is string =>
+    typeof text === "string" &&
+    namedTexts.has(text) &&
+    !options?.paramTypes &&
+    !options?.blob &&
+    !options?.onNotice;
 
   const plainQuery = client.query.bind(client);
   client.query = (async (text: string, params: unknown[] = [], options?: QueryOptions) => {
@@ -136,10 +148,54 @@ export function useNamedStatements(
     })) as PGlite["transaction"];
 }
 
-/** Whether a named statement failed because the schema changed under it. */
+const patched = new WeakSet<PGlite>();
+const recorded = Symbol("meshwork.recordNamedStatements");
+
+/**
+ * The texts Drizzle was asked to prepare under a name: the code's own, a
+ * few dozen (preparedRowsOf is not for a text built per call). Bounded all
+ * the same: past 1,000, no more are prepared.
+ */
+const namedTexts = new Set<string>();
+
+/** Prepares `text` on PGlite as postgres.js prepares it on PostgreSQL (useNamedStatements). */
+export function nameStatement(text: string): void {
+  if (namedTexts.size < 1000) namedTexts.add(text);
+}
+
+/**
+ * Has Drizzle's PGlite session (its class, from drizzle-orm/pglite) record
+ * the text of each statement it is asked to prepare under a name, the
+ * sessions of transactions included. Drizzle's PGlite driver itself
+ * ignores the name. Once per process.
+ */
+export function recordNamedStatements(session: { prototype: object }): void {
+  const proto = session.prototype as {
+    prepareQuery: (
+      query: { sql: string },
+      fields: unknown,
+      name: unknown,
+      ...rest: unknown[]
+    ) => unknown;
+    [recorded]?: true;
+  };
+  if (proto[recorded]) return;
+  const prepareQuery = proto.prepareQuery;
+  proto.prepareQuery = function (this: unknown, query, fields, name, ...rest) {
+    if (typeof name === "string" && name !== "") nameStatement(query.sql);
+    return prepareQuery.call(this, query, fields, name, ...rest);
+  };
+  proto[recorded] = true;
+}
+
+/**
+ * Whether a named statement failed because a schema change made it stale:
+ * the errors postgres.js runs a prepared statement again after (by the
+ * PostgreSQL routine that raised them).
+ */
 function isStale(error: unknown): boolean {
-  const code = (error as { code?: unknown } | null)?.code;
-  return code === "0A000" || code === "26000";
+  const routine = (error as { routine?: unknown } | null)?.routine;
+  return routine === "RevalidateCachedQuery" || routine === "FetchPreparedStatement";
 }
 
 function concat(parts: Uint8Array[]): Uint8Array {

@@ -1,11 +1,9 @@
 /**
  * Group commit for one kind of statement. A call made while no batch is in
- * flight runs at once, alone; calls made while one is in flight wait for it
- * and then run together as the next batch. Under load, concurrent callers
- * share statements (one round trip for many); idle, nobody waits for a
- * timer. After each batch the queue is looked at again only once the event
- * loop has turned (calls still unread on their sockets join the next
- * batch). Each caller gets its own item's outcome. A batch that fails with an
+ * flight (nor in the event loop's turn after one) runs at once, alone;
+ * calls made meanwhile wait and then run together as the next batch. Under
+ * load, concurrent callers share statements (one round trip for many);
+ * idle, nobody waits for a timer. Each caller gets its own item's outcome. A batch that fails with an
  * error `retryable` says may be retried (the statement must be safe to run
  * again) is run once more before its callers see the failure: one lost
  * connection should not fail every call that happened to share it.
@@ -36,10 +34,11 @@ export function createBatcher<I, O>(
       } catch (error) {
         for (const b of batch) b.reject(error);
       }
-      // Let the event loop read what has arrived before looking at the
-      // queue again. A statement on PGlite runs in this thread and settles
-      // without it: the calls sent meanwhile are still unread on their
-      // sockets, and without this each would run alone as it arrived.
+      // Look at the queue again once the event loop's turn is over. A
+      // statement on PGlite runs in this thread and settles without the
+      // loop turning: the requests the loop read with the one that started
+      // the batch are delivered only after it, and without this each of
+      // them would start a batch of its own, alone.
       await new Promise((resolve) => setImmediate(resolve));
     }
     flushing = false;

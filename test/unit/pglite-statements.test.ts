@@ -1,9 +1,15 @@
 import { PGlite } from "@electric-sql/pglite";
 import { sql } from "drizzle-orm";
 import { integer, jsonb, pgTable, text, timestamp } from "drizzle-orm/pg-core";
-import { drizzle } from "drizzle-orm/pglite";
+import { drizzle, PgliteSession } from "drizzle-orm/pglite";
 import { afterEach, describe, expect, it } from "vitest";
-import { useNamedStatements } from "../../src/db/pglite-statements.js";
+import {
+  nameStatement,
+  recordNamedStatements,
+  useNamedStatements,
+} from "../../src/db/pglite-statements.js";
+
+recordNamedStatements(PgliteSession);
 
 const items = pgTable("items", {
   id: integer("id").primaryKey(),
@@ -31,15 +37,18 @@ async function database(named: boolean, capacity?: number) {
   return client;
 }
 
-const preparedNames = async (client: PGlite) =>
+/** The texts held as named statements. */
+const preparedTexts = async (client: PGlite) =>
   (
-    await client.query<{ name: string }>(
-      "select name from pg_prepared_statements where name like 'meshwork_%' order by name",
+    await client.query<{ statement: string }>(
+      "select statement from pg_prepared_statements where name like 'meshwork_%' order by statement",
     )
-  ).rows.map((r) => r.name);
+  ).rows.map((r) => r.statement);
+
+const later = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 describe("named statements on PGlite", () => {
-  it("answer as PGlite's unnamed statements do, through Drizzle, run after run", async () => {
+  it("answer as PGlite's unnamed statements do, for what Drizzle prepares by name", async () => {
     const answers = async (client: PGlite) => {
       const db = drizzle({ client });
       const insert = db
@@ -76,15 +85,19 @@ describe("named statements on PGlite", () => {
     const plain = await answers(await database(false));
     const namedClient = await database(true);
     expect(await answers(namedClient)).toEqual(plain);
-    // The two texts that ran more than once are held as named statements.
-    expect(await preparedNames(namedClient)).toHaveLength(2);
+    // The two statements Drizzle prepared by name, and not the select it did not.
+    const texts = await preparedTexts(namedClient);
+    expect(texts).toHaveLength(2);
+    expect(texts.some((t) => t.startsWith("insert into"))).toBe(true);
+    expect(texts.some((t) => t.includes("order by"))).toBe(false);
   });
 
   it("keep an error's code and leave the data as it was, in and out of a transaction", async () => {
     const client = await database(true);
     const insert = "insert into items (id, name) values ($1, $2)";
+    nameStatement(insert);
     for (let i = 1; i <= 3; i++) await client.query(insert, [i, `n${i}`]);
-    expect(await preparedNames(client)).toHaveLength(1);
+    expect(await preparedTexts(client)).toEqual([insert]);
     await expect(client.query(insert, [1, "again"])).rejects.toMatchObject({ code: "23505" });
     await expect(
       client.transaction(async (tx) => {
@@ -103,17 +116,19 @@ describe("named statements on PGlite", () => {
   it("still deliver the notifications a statement raises", async () => {
     const client = await database(true);
     const heard: string[] = [];
+    nameStatement("insert into items (id, name) values ($1, $2)");
     await client.listen("items", (payload) => heard.push(payload));
     for (let i = 1; i <= 3; i++)
       await client.query("insert into items (id, name) values ($1, $2)", [i, `n${i}`]);
     await client.transaction(async (tx) => {
       await tx.query("insert into items (id, name) values ($1, $2)", [4, "n4"]);
     });
-    await new Promise((r) => setTimeout(r, 10));
+    await later(10);
     expect(heard).toEqual(["n1", "n2", "n3", "n4"]);
+    expect(await preparedTexts(client)).toHaveLength(1);
   });
 
-  it("keep at most `capacity` statements, and run an evicted text again", async () => {
+  it("keep at most `capacity` statements, the last used, and prepare an evicted one again", async () => {
     const client = await database(true, 2);
     await client.query("insert into items (id, name) values (1, 'a'), (2, 'b')");
     const texts = [
@@ -121,24 +136,83 @@ describe("named statements on PGlite", () => {
       "select id from items where name = $1",
       "select count(*)::int as n from items where id > $1",
     ];
+    for (const text of texts) nameStatement(text);
     const params = [[1], ["b"], [0]];
     const expected = [[{ name: "a" }], [{ id: 2 }], [{ n: 2 }]];
-    for (let round = 0; round < 3; round++) {
+    for (let round = 0; round < 4; round++) {
       for (const [i, text] of texts.entries()) {
         expect((await client.query(text, params[i])).rows).toEqual(expected[i]);
       }
     }
-    expect((await preparedNames(client)).length).toBeLessThanOrEqual(2);
+    // The first text, evicted by the third, is prepared again when it runs.
+    expect((await client.query(texts[0] as string, [2])).rows).toEqual([{ name: "b" }]);
+    expect(await preparedTexts(client)).toEqual([texts[0], texts[2]].sort());
   });
 
-  it("fail once when a schema change alters a statement's columns, then answer the new ones", async () => {
+  it("run a statement a schema change made stale again, and fail it only inside a transaction", async () => {
     const client = await database(true);
     await client.query("insert into items (id, name) values (1, 'a')");
     const text = "select * from items where id = $1";
-    await client.query(text, [1]);
+    nameStatement(text);
     await client.query(text, [1]);
     await client.exec("alter table items add column extra int default 7");
-    await expect(client.query(text, [1])).rejects.toMatchObject({ code: "0A000" });
     expect((await client.query<{ extra: number }>(text, [1])).rows[0]?.extra).toBe(7);
+    await client.exec("alter table items add column more int default 8");
+    await expect(client.transaction((tx) => tx.query(text, [1]))).rejects.toMatchObject({
+      code: "0A000",
+    });
+    expect((await client.query<{ more: number }>(text, [1])).rows[0]?.more).toBe(8);
+  });
+
+  it("wait for an open transaction, and do not see what it rolls back", async () => {
+    const client = await database(true);
+    const count = "select count(*)::int as n from items";
+    nameStatement(count);
+    expect((await client.query(count)).rows).toEqual([{ n: 0 }]);
+    let release = () => {};
+    const held = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    const open = client.transaction(async (tx) => {
+      await tx.query("insert into items (id, name) values (1, 'a')");
+      await held;
+      throw new Error("rolled back");
+    });
+    await later(10);
+    let answered = false;
+    const counted = client.query(count).then((r) => {
+      answered = true;
+      return r.rows;
+    });
+    await later(30);
+    expect(answered).toBe(false);
+    release();
+    await expect(open).rejects.toThrow("rolled back");
+    expect(await counted).toEqual([{ n: 0 }]);
+  });
+
+  it("let a failed nested transaction roll back to its savepoint, and the outer one go on", async () => {
+    const client = await database(true);
+    const db = drizzle({ client });
+    await db.transaction(async (tx) => {
+      // Prepared on the transaction, as the stores of a transaction are.
+      const insert = tx
+        .insert(items)
+        .values({ id: sql.placeholder("id"), name: sql.placeholder("name") })
+        .prepare("insert_item");
+      await insert.execute({ id: 1, name: "a" });
+      const failure = await tx
+        .transaction(async (inner) => {
+          await inner.insert(items).values({ id: 2, name: "b" });
+          await insert.execute({ id: 1, name: "again" });
+        })
+        .catch((error: unknown) => error);
+      // Drizzle wraps the database's error.
+      expect(failure).toMatchObject({ cause: { code: "23505" } });
+      await insert.execute({ id: 3, name: "c" });
+    });
+    const rows = await db.select({ id: items.id }).from(items).orderBy(items.id);
+    expect(rows).toEqual([{ id: 1 }, { id: 3 }]);
+    expect(await preparedTexts(client)).toHaveLength(1);
   });
 });
