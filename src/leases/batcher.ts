@@ -3,10 +3,11 @@
  * flight (nor in the event loop's turn after one) runs at once, alone;
  * calls made meanwhile wait and then run together as the next batch. Under
  * load, concurrent callers share statements (one round trip for many);
- * idle, nobody waits for a timer. Each caller gets its own item's outcome. A batch that fails with an
- * error `retryable` says may be retried (the statement must be safe to run
- * again) is run once more before its callers see the failure: one lost
- * connection should not fail every call that happened to share it.
+ * idle, nobody waits for a timer. Each caller gets its own item's outcome.
+ * A batch that fails with an error `retryable` says may be retried (the
+ * statement must be safe to run again) is run once more before its callers
+ * see the failure: one lost connection should not fail every call that
+ * happened to share it.
  */
 export function createBatcher<I, O>(
   run: (items: I[]) => Promise<O[]>,
