@@ -55,7 +55,7 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
     }
     const name = `meshwork_${next++}`;
     const described = await client.execProtocolStream(
-      concat([
+      Buffer.concat([
         serialize.parse({ name, text }),
         serialize.describe({ type: "S", name }),
         serialize.sync(),
@@ -95,7 +95,7 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
       serialize.sync(),
     ];
     try {
-      const answer = await client.execProtocolStream(concat(messages), { syncToFs: !inTx });
+      const answer = await client.execProtocolStream(Buffer.concat(messages), { syncToFs: !inTx });
       return parse.parseResults(answer, client.parsers, options)[0] as Results<T>;
     } catch (error) {
       if (isStale(error)) {
@@ -196,16 +196,4 @@ export function recordNamedStatements(session: { prototype: object }): void {
 function isStale(error: unknown): boolean {
   const routine = (error as { routine?: unknown } | null)?.routine;
   return routine === "RevalidateCachedQuery" || routine === "FetchPreparedStatement";
-}
-
-function concat(parts: Uint8Array[]): Uint8Array {
-  let length = 0;
-  for (const p of parts) length += p.length;
-  const out = new Uint8Array(length);
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
 }
