@@ -66,7 +66,9 @@ const secret = `${"s".repeat(20)}-a-dispatch-secret-0123456789`;
 let h: Harness;
 const servers: FakeWorker[] = [];
 beforeAll(async () => {
-  h = await createHarness({ dispatchTimeoutMs: 300 });
+  // Short enough that a worker that never answers costs the suite little,
+  // long enough that one that does is heard on a loaded CI machine.
+  h = await createHarness({ dispatchTimeoutMs: 1000 });
 });
 afterAll(async () => {
   for (const s of servers) await s.close();
@@ -267,14 +269,16 @@ describe("dispatch", () => {
       let got = await h.tasks.getTask({ taskId });
       expect(got.task?.delivery).toMatchObject({ state: DeliveryState.DELIVERING, tries: 1 });
       expect(got.waiting.map((r) => r.kind)).toEqual([WaitKind.DELIVERING]);
-      // Due again now, with the lease ending before the next backoff: the last try.
+      // Due again now.
       await h.app.database.db.execute(
         sql`update deliveries set next_at = now() where task_id = ${taskId}::uuid`,
       );
       await h.app.dispatcher.runOnce();
       expect((await h.tasks.getTask({ taskId })).task?.delivery?.tries).toBe(2);
+      // Due again now, with the lease ending before the next backoff (4 s),
+      // though after this try's timeout: the last try.
       await h.app.database.db.execute(
-        sql`update tasks set lease_expires_at = now() + interval '1 second' where id = ${taskId}::uuid`,
+        sql`update tasks set lease_expires_at = now() + interval '3 seconds' where id = ${taskId}::uuid`,
       );
       await h.app.database.db.execute(
         sql`update deliveries set next_at = now() where task_id = ${taskId}::uuid`,
