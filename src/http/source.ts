@@ -16,7 +16,8 @@ export function sourceOf(address: string | undefined): string {
   if (!address) return "unknown";
   const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address);
   if (mapped?.[1]) return mapped[1];
-  if (!isIPv6(address)) return address;
+  // An IPv4 address has no colon: the IPv6 parse is skipped on every request from one.
+  if (!address.includes(":") || !isIPv6(address)) return address;
   const [head = "", tail = ""] = address.toLowerCase().split("::", 2);
   const left = head === "" ? [] : head.split(":");
   const right = tail === "" ? [] : tail.split(":");

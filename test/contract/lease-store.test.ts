@@ -315,6 +315,27 @@ describeEachEngine("lease store", (db) => {
       expect((await taskStore.get(row.id)).resultSummary).toBe("done");
     });
 
+    it("tells a completion without a manifest from one that adds only metrics or a value", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload })]);
+      const row = await claimOne(workload);
+      const bare: Completion = { ...completion(row, workerA, ""), metrics: {} };
+      const [first] = await leases.complete([bare]);
+      expect(first && "ok" in first && first.ok.state).toBe("SUCCEEDED");
+      const [repeat] = await leases.complete([{ ...bare, metrics: {} }]);
+      expect(repeat && "ok" in repeat && repeat.ok.id).toBe(row.id);
+      for (const other of [
+        { ...bare, metrics: { rows: 0 } },
+        { ...bare, value: { rows: 0 } },
+      ]) {
+        const [refused] = await leases.complete([other]);
+        expect(refused).toMatchObject({
+          error: { kind: "already_exists", reason: "COMPLETION_CONFLICT" },
+        });
+      }
+      expect((await taskStore.get(row.id)).metrics).toEqual({});
+    });
+
     it("judges each completion of a batch on its own", async () => {
       const workload = uniqueWorkload();
       await taskStore.create([newTask({ workload }), newTask({ workload }), newTask({ workload })]);
