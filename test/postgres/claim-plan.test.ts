@@ -1,7 +1,9 @@
 import type postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { sharesWithPendingText } from "../../src/scheduling/store.js";
+import { createTaskStore } from "../../src/tasks/store.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
+import { newTask } from "../support/fixtures.js";
 import { explainEverything, noticeClient } from "../support/plans.js";
 
 // The claim's plan decisions (src/leases/sql/claim.sql and grant.sql) are
@@ -50,6 +52,60 @@ describe.skipIf(!onPostgres)("the claim's plan on PostgreSQL", () => {
       expect(plan).not.toContain("Bitmap");
       expect(plan).not.toMatch(/Seq Scan on tasks/);
       expect(plan).not.toContain("JIT:");
+    });
+  }
+});
+
+// A claim with a plan from the share book reads each share of the plan
+// through tasks_share_claim_idx: only that share's tasks, whatever the
+// backlog of the others and whether the table was analysed.
+describe.skipIf(!onPostgres)("the claim's plan of shares on PostgreSQL", () => {
+  let tdb: TestDatabase;
+  let sql: postgres.Sql;
+  const plans: string[] = [];
+  const worker = "d0000000-0000-4000-8000-00000000000d";
+
+  beforeAll(async () => {
+    tdb = await createTestDatabase();
+    sql = noticeClient(tdb.url ?? "", plans);
+    await sql`insert into workers (id, capabilities, max_concurrency, capacity)
+      values (${worker}, '{w}', 1000, '{"cpu": 1000}')`;
+    // 20,000 tasks in 1,000 shares, made as CreateTasks makes them (1,000 a
+    // statement, a batch's tasks with one created_at): the planner, without
+    // statistics, found tasks_ready_idx (its entries deduplicated, small) as
+    // cheap as the share's own index, and took it.
+    const store = createTaskStore(tdb.database.db);
+    for (let batch = 0; batch < 20; batch++) {
+      await store.create(
+        Array.from({ length: 1000 }, (_, i) =>
+          newTask({ workload: "w", share: `team-${i}`, resources: { cpu: 1, slots: 1 } }),
+        ),
+      );
+    }
+    await explainEverything(sql, { nested: true, analyze: true, timing: false });
+  });
+  afterAll(async () => {
+    await sql?.end();
+    await tdb?.drop();
+  });
+
+  for (const analyzed of [false, true]) {
+    it(`takes each share of a plan through its own index ${analyzed ? "after" : "without"} ANALYZE, on the cached plan too`, async () => {
+      if (analyzed) await sql`analyze tasks`;
+      // plpgsql plans the share's scan afresh for its first runs, then keeps
+      // a generic plan (the share a parameter): the claims after that run it.
+      for (let i = 0; i < 8; i++) {
+        const share = `team-${analyzed ? 500 + i : i}`;
+        plans.length = 0;
+        const plan = { shares: [share], seq: [0, 0, 0, 0, 0] };
+        const rows = await sql`select share from meshwork_claim(${worker}, '{w}', '{}', 5, null,
+          ${sql.json(plan)})`;
+        expect(rows.map((r) => r.share)).toEqual(Array(5).fill(share));
+        const explained = plans.join("\n");
+        expect(explained).toContain("Index Scan using tasks_share_claim_idx");
+        // No scan read and dropped the other shares' tasks.
+        expect(explained).not.toMatch(/Rows Removed by Filter: \d{3,}/);
+      }
     });
   }
 });

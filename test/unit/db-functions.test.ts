@@ -25,6 +25,7 @@ const hashes: Record<number, string> = {
   15: "6bdc2eb7f9ee22c457bac09bfde6f1bc37726747c6343769e2c6214c5814f91e",
   16: "079f191956ca523d0bee72779a1565a82933ab16316558bdf6c639874d288a2f",
   17: "27243cf95f63c198a875ea6d4de4ed7216e1097c2157f4bf6c19870e3782ceaa",
+  18: "4db67c6058cc576a3279adab752cfa85fa23cf2f6180c63817a68f17907dde36",
 };
 
 describe("database functions", () => {
