@@ -77,6 +77,10 @@ export function createShareBook(deps: {
   let fleet: Resources = {};
   let tree = new Map<string, ShareNode>();
   let order: PlanShare[] = [];
+  // Grants and ends since the last rank: the order is made again when next
+  // asked for, once for all of them (a claim and a completion each change
+  // it, and only a claim's plan reads it).
+  let unranked = false;
   let refreshing: Promise<void> | undefined;
   let timer: NodeJS.Timeout | undefined;
   let stopped = false;
@@ -90,6 +94,7 @@ export function createShareBook(deps: {
   };
 
   function rank(): void {
+    unranked = false;
     order = [];
     for (const [path, leaf] of leaves) {
       if (!leaf.pending) continue;
@@ -161,6 +166,7 @@ export function createShareBook(deps: {
      * shares have PENDING tasks (a claim's own order is then the share's).
      */
     plans(maxes: readonly number[]): (ClaimPlan | null)[] {
+      if (unranked) rank();
       if (order.length < 2) return maxes.map(() => null);
       // A claim reads at most about 4 shares: picks come in chunks of a
       // quarter of the largest claim. Fairness is kept across claims, each
@@ -210,7 +216,7 @@ export function createShareBook(deps: {
         leaf.running += 1;
         leaves.set(r.share, leaf);
       }
-      rank();
+      unranked = true;
     },
 
     /** Counts leases ended through this replica at once, before the next read. */
@@ -222,7 +228,7 @@ export function createShareBook(deps: {
         addInto(leaf.held, r.resources, -1);
         leaf.running = Math.max(0, leaf.running - 1);
       }
-      rank();
+      unranked = true;
     },
 
     /**
@@ -240,6 +246,7 @@ export function createShareBook(deps: {
     },
 
     snapshot(): ShareSnapshot {
+      if (unranked) rank();
       return { fleet, tree, order };
     },
 

@@ -104,3 +104,27 @@ describe("the share book's reads", () => {
     expect(decays[1]).toEqual(new Map());
   });
 });
+
+// Between reads, the leases this replica grants and ends count at once: the
+// next claim's plan already sees them.
+describe("the share book between reads", () => {
+  it("plans the next claim with the grants and ends made since the last read", async () => {
+    const book = bookOver({
+      sharesWithPending: async () => ["a", "b"],
+      weights: async () => new Map([["a", 1], ["b", 1]]),
+    });
+    await book.refresh();
+    // The first share of the first claim's plan.
+    const first = () => book.plans([1, 1])[0]?.shares[0];
+    // Equal and idle: the tie goes to the first path.
+    expect(first()).toBe("a");
+    book.granted([{ share: "a", resources: { slots: 3 } }]);
+    // What ListShares shows, as well as the plan.
+    expect(book.snapshot().order.map((s) => s.path)).toEqual(["b", "a"]);
+    expect(first()).toBe("b");
+    book.granted([{ share: "b", resources: { slots: 4 } }]);
+    expect(first()).toBe("a");
+    book.ended([{ share: "b", resources: { slots: 4 } }]);
+    expect(first()).toBe("b");
+  });
+});
