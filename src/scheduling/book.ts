@@ -79,7 +79,8 @@ export function createShareBook(deps: {
   let order: PlanShare[] = [];
   // Grants and ends since the last rank: the order is made again when next
   // asked for, once for all of them (a claim and a completion each change
-  // it, and only a claim's plan reads it).
+  // it; only a claim's plan and a snapshot, for the waiting reasons and the
+  // metrics, read it).
   let unranked = false;
   let refreshing: Promise<void> | undefined;
   let timer: NodeJS.Timeout | undefined;

@@ -111,7 +111,11 @@ describe("the share book between reads", () => {
   it("plans the next claim with the grants and ends made since the last read", async () => {
     const book = bookOver({
       sharesWithPending: async () => ["a", "b"],
-      weights: async () => new Map([["a", 1], ["b", 1]]),
+      weights: async () =>
+        new Map([
+          ["a", 1],
+          ["b", 1],
+        ]),
     });
     await book.refresh();
     // The first share of the first claim's plan.
@@ -119,7 +123,7 @@ describe("the share book between reads", () => {
     // Equal and idle: the tie goes to the first path.
     expect(first()).toBe("a");
     book.granted([{ share: "a", resources: { slots: 3 } }]);
-    // What ListShares shows, as well as the plan.
+    // What the waiting reasons and the metrics read, as well as the plan.
     expect(book.snapshot().order.map((s) => s.path)).toEqual(["b", "a"]);
     expect(first()).toBe("b");
     book.granted([{ share: "b", resources: { slots: 4 } }]);
