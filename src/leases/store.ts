@@ -1,11 +1,9 @@
-import { createHash } from "node:crypto";
 import { sql } from "drizzle-orm";
-import { canonicalJson } from "../core/canonical-json.js";
 import { DomainError, notFound } from "../core/errors.js";
 import { type Judged, judged, leaseParams, leaseRefusal } from "../core/lease-check.js";
 import type { LeaseRef } from "../core/lease-ref.js";
 import type { Db } from "../db/database.js";
-import type { ArtifactRefJson, TaskRow } from "../db/schema/index.js";
+import type { TaskRow } from "../db/schema/index.js";
 import { asNumber, preparedRowsOf, rowsOf } from "../db/values.js";
 import { createBatcher } from "./batcher.js";
 import {
@@ -18,10 +16,12 @@ import {
   type ExpirySweep,
   sweepMargin,
 } from "./claim.js";
+import { type Completion, completionHash } from "./completion.js";
 import { rateRefillsByWorkload } from "./sql/retries.js";
 import { createTransitions, releaseWorker } from "./transitions.js";
 
 export type { ClaimAnswer, ClaimedRow, ClaimingWorker, ExpirySweep, Slots } from "./claim.js";
+export { type Completion, completionHash } from "./completion.js";
 
 /**
  * Whether the database answered a statement with an error (a SQLSTATE):
@@ -42,48 +42,8 @@ export interface Progress {
   message: string;
 }
 
-export interface Completion extends LeaseRef {
-  result: ArtifactRefJson | null;
-  summary: string;
-  metrics: Record<string, number>;
-  /** The small structured result (result_value), if any. */
-  value?: Record<string, unknown> | null;
-}
-
 /** The outcome of one item of a batch: its value, or why it was refused. */
 export type Outcome<T = TaskRow> = { ok: T; repeat?: boolean } | { error: DomainError };
-
-/** The manifest identity of a completion: a repeat with the same hash is the same completion. */
-export function completionHash(c: Completion): string {
-  // Most completions carry no manifest at all (a drain's): their hash is one
-  // constant, worked out once.
-  if (c.result === null && c.summary === "" && c.value == null && isEmpty(c.metrics)) {
-    emptyHash ??= manifestHash({ ...c, metrics: {} });
-    return emptyHash;
-  }
-  return manifestHash(c);
-}
-
-let emptyHash: string | undefined;
-
-function isEmpty(record: Record<string, number>): boolean {
-  for (const _ in record) return false;
-  return true;
-}
-
-function manifestHash(c: Completion): string {
-  return createHash("sha256")
-    .update(
-      canonicalJson({
-        result: c.result,
-        summary: c.summary,
-        metrics: c.metrics,
-        // Only when sent: a completion without one hashes as it did before result values.
-        ...(c.value != null && { value: c.value }),
-      }),
-    )
-    .digest("hex");
-}
 
 /**
  * Items in task id order: statements that update several tasks lock them in
