@@ -1,7 +1,7 @@
-import { getTableColumns, sql } from "drizzle-orm";
+import { sql } from "drizzle-orm";
 import type { Db } from "../db/database.js";
 import { type TaskRow, tasks } from "../db/schema/index.js";
-import { preparedRowsOf, rowReader } from "../db/values.js";
+import { preparedRowsOf } from "../db/values.js";
 import type { NewTask } from "./create.js";
 
 // The insert of a CreateTasks call: one statement whose rows travel as ONE
@@ -30,18 +30,23 @@ const recordColumns = `
   dispatch boolean`;
 
 /**
- * What the insert returns: the columns the row reader maps, by name. The
- * statement is prepared, and `RETURNING *` would tie its result type to
- * the table's columns as they are when it was prepared: a column added
- * since (a newer replica's migration, in a rolling upgrade) fails the next
- * run on each connection with "cached plan must not change result type",
- * which postgres.js cannot run again inside the create's transaction.
+ * What the insert returns: only what PostgreSQL decides, the id (to tell
+ * the rows inserted from those an idempotency key skipped) and the times.
+ * Every other column of a new row is what the insert wrote or the table's
+ * default for a new task, and `written` builds the row from them: parsing
+ * ~45 returned columns of every task, jsonb included, and mapping them
+ * back cost the coordinator more than any other step of a CreateTasks of
+ * 1,000 but garbage collection. test/contract/task-store.test.ts checks
+ * that the rows answered equal the rows read back.
+ *
+ * Columns named, not `RETURNING *`: the statement is prepared, and a result
+ * type tied to the table's columns as they were when it was prepared fails
+ * the next run on each connection after a column is added (a newer
+ * replica's migration, in a rolling upgrade) with "cached plan must not
+ * change result type", which postgres.js cannot run again inside the
+ * create's transaction.
  */
-const returned = sql.raw(
-  Object.values(getTableColumns(tasks))
-    .map((column) => `"${column.name}"`)
-    .join(", "),
-);
+const returned = sql.raw("id, created_at, updated_at, run_at, not_before");
 
 /**
  * The insert, with `conflict` (the idempotency key's ON CONFLICT) or
@@ -112,7 +117,93 @@ function record({ id, task: t, requestHash }: TaskInsert) {
   };
 }
 
-const readTask = rowReader(tasks);
+/** The times the insert returns, as the driver gives them. */
+interface Returned {
+  id: string;
+  created_at: unknown;
+  updated_at: unknown;
+  run_at: unknown;
+  not_before: unknown;
+}
+
+const time = (value: unknown): Date | null =>
+  value === null || value === undefined
+    ? null
+    : (tasks.createdAt.mapFromDriverValue(value as string) as Date);
+
+/**
+ * The row an insert of `v` made, as a read of it would give it: what the
+ * insert wrote, the table's defaults for the rest (a new task holds no
+ * lease, result, error or progress), and PostgreSQL's times. Typed as the
+ * whole row: a column added to the table fails the type-check here until
+ * it is given its value for a new task.
+ */
+function written({ id, task: t, requestHash }: TaskInsert, at: Returned): TaskRow {
+  return {
+    id,
+    name: t.name,
+    workload: t.workload,
+    requiredCapabilities: t.requiredCapabilities,
+    affinity: t.affinity,
+    priority: t.priority,
+    deadline: t.deadline,
+    parameters: t.parameters,
+    input: t.input,
+    steps: t.steps,
+    state: "PENDING",
+    attempt: 0,
+    releases: 0,
+    failures: 0,
+    maxAttempts: t.maxAttempts,
+    leaseSeconds: t.leaseSeconds,
+    backoffInitialMs: t.backoff.initialMs,
+    backoffMaxMs: t.backoff.maxMs,
+    backoffMultiplier: t.backoff.multiplier,
+    idempotencyKey: t.idempotencyKey,
+    requestHash,
+    correlationId: t.correlationId,
+    traceParent: t.traceParent,
+    traceState: t.traceState,
+    assignedWorkerId: null,
+    assignedApiBaseUrl: "",
+    scheduleIdempotencyKey: null,
+    leaseWorkerId: null,
+    leaseToken: null,
+    leaseExpiresAt: null,
+    checkpointHandle: "",
+    progressSteps: 0,
+    progressMessage: "",
+    result: null,
+    resultSummary: "",
+    metrics: {},
+    completionHash: null,
+    errorCode: "",
+    errorMessage: "",
+    cancelRequested: false,
+    notBefore: time(at.not_before),
+    createdAt: time(at.created_at) as Date,
+    updatedAt: time(at.updated_at) as Date,
+    startedAt: null,
+    finishedAt: null,
+    resources: t.resources,
+    requirements: t.requirements,
+    preferences: t.preferences,
+    share: t.share,
+    concurrencyKey: t.concurrencyKey,
+    rateKey: t.rateKey,
+    runAt: time(at.run_at),
+    ref: t.ref,
+    // The edges and counts come after the insert (create.ts), which reads the rows again.
+    dependsOn: [],
+    dependencyPolicy: t.dependencyPolicy,
+    dependenciesPending: 0,
+    timeoutSeconds: t.timeoutSeconds,
+    attemptDeadline: null,
+    resultValue: null,
+    scheduleId: t.scheduleId ?? null,
+    dispatch: t.dispatch ?? false,
+  };
+}
 
 /**
  * Inserts the tasks in one statement; with `keyed`, a task whose
@@ -125,10 +216,15 @@ export async function insertTasks(
   keyed: boolean,
 ): Promise<TaskRow[]> {
   // Prepared: the text is one of two (keyed or not), whatever the tasks.
-  const raw = await preparedRowsOf<Record<string, unknown>>(
+  const inserted = await preparedRowsOf<Returned>(
     db,
     keyed ? "meshwork_insert_tasks_keyed" : "meshwork_insert_tasks",
     statement(JSON.stringify(rows.map(record)), keyed),
   );
-  return raw.map(readTask);
+  const byId = new Map(rows.map((r) => [r.id, r]));
+  return inserted.map((at) => {
+    const row = byId.get(at.id);
+    if (!row) throw new Error("the insert returned a task it was not given");
+    return written(row, at);
+  });
 }

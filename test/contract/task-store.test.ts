@@ -88,6 +88,55 @@ describeEachEngine("task store", (db) => {
       expect(rows[1]?.id).toBe(rows[2]?.id);
     });
 
+    it("answers each created task as a read of it gives it, whatever the request set", async () => {
+      const workload = uniqueWorkload();
+      const every = (name: string) =>
+        newTask({
+          name,
+          workload,
+          requiredCapabilities: ["gpu", "cuda-12"],
+          affinity: { region: "eu", rack: "r7" },
+          priority: -3,
+          deadline: new Date(Date.now() + 3_600_123),
+          parameters: { query: "CHEMBL939", top_k: 20, nested: { list: [1, "two", null] } },
+          steps: 9,
+          maxAttempts: 5,
+          leaseSeconds: 120,
+          backoff: { initialMs: 250, maxMs: 9_000, multiplier: 1.5 },
+          correlationId: `corr-${name}`,
+          traceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+          traceState: "vendor=x",
+          resources: { slots: 2, gpu: 1, memory_mb: 2048 },
+          requirements: [{ key: "zone", op: "In", values: ["a", "b"] }],
+          preferences: [{ key: "ssd", op: "Exists", values: [], weight: 10 }],
+          share: "lab/imaging",
+          shareGiven: true,
+          concurrencyKey: "acct-1",
+          rateKey: "api",
+          runAt: new Date(Date.now() + 60_000),
+          timeoutSeconds: 300,
+          dependencyPolicy: "ALL_DONE",
+          dispatch: true,
+        });
+      const batches = [
+        // No key, no dependency: the insert alone.
+        [every("plain"), newTask({ workload, delayMs: 5_000 }), newTask({ workload })],
+        // Keys: the insert in a transaction, a repeat found by its key.
+        [
+          { ...every("keyed"), idempotencyKey: `key-${workload}` },
+          newTask({ workload, idempotencyKey: `other-${workload}` }),
+        ],
+        [newTask({ workload, idempotencyKey: `other-${workload}` })],
+        // Dependencies: the rows read again after their edges.
+        [{ ...every("first"), ref: "a" }, newTask({ workload, ref: "b", dependsOn: ["ref:a"] })],
+      ];
+      for (const batch of batches) {
+        const rows = await store.create(batch);
+        expect(rows).toHaveLength(batch.length);
+        for (const row of rows) expect(await store.get(row.id)).toEqual(row);
+      }
+    });
+
     it("lists newest first with filters and stable page tokens", async () => {
       const workload = uniqueWorkload();
       const created = [];
