@@ -1,4 +1,4 @@
-import { v7 } from "uuid";
+import { randomFillSync } from "node:crypto";
 
 /**
  * A new task's id: a time-ordered UUID (RFC 9562 version 7: 48 bits of
@@ -18,7 +18,57 @@ import { v7 } from "uuid";
  * Ids stay opaque to clients (task.proto): the time in them is the
  * coordinator's clock when it made the id, about the task's created_at,
  * which a Task answers anyway.
+ *
+ * The layout is the `uuid` package's v7 (RFC 9562 method 2: a 31-bit
+ * counter after the time, started at a random value each millisecond and
+ * counted up within it), made here from a pool of random bytes filled 256
+ * ids at a time: the package asks the operating system for 16 bytes per
+ * id, which was 2 % of a CreateTasks of 1,000.
  */
 export function newTaskId(): string {
-  return v7();
+  if (used === pool.length) {
+    randomFillSync(pool);
+    used = 0;
+  }
+  const r = used;
+  used += 16;
+  const now = Date.now();
+  if (now > msecs) {
+    // A new millisecond: the counter starts at a random 31-bit value.
+    seq = (((pool[r + 6] as number) & 0x7f) << 24) | ((pool[r + 7] as number) << 16);
+    seq |= ((pool[r + 8] as number) << 8) | (pool[r + 9] as number);
+    msecs = now;
+  } else {
+    seq = (seq + 1) | 0;
+    // The counter ran over: borrow the next millisecond, as the package does.
+    if (seq === 0) msecs++;
+  }
+  const b = bytes;
+  b[0] = (msecs / 0x10000000000) & 0xff;
+  b[1] = (msecs / 0x100000000) & 0xff;
+  b[2] = (msecs / 0x1000000) & 0xff;
+  b[3] = (msecs / 0x10000) & 0xff;
+  b[4] = (msecs / 0x100) & 0xff;
+  b[5] = msecs & 0xff;
+  b[6] = 0x70 | ((seq >>> 28) & 0x0f);
+  b[7] = (seq >>> 20) & 0xff;
+  b[8] = 0x80 | ((seq >>> 14) & 0x3f);
+  b[9] = (seq >>> 6) & 0xff;
+  b[10] = ((seq << 2) & 0xff) | ((pool[r + 10] as number) & 0x03);
+  for (let i = 11; i < 16; i++) b[i] = pool[r + i] as number;
+  let s = "";
+  for (let i = 0; i < 16; i++) {
+    s += hex[b[i] as number];
+    if (i === 3 || i === 5 || i === 7 || i === 9) s += "-";
+  }
+  return s;
 }
+
+/** Random bytes for the next ids, 16 an id; `used` of them taken. */
+const pool = new Uint8Array(16 * 256);
+let used = pool.length;
+/** The millisecond of the last id and its counter. */
+let msecs = Number.NEGATIVE_INFINITY;
+let seq = 0;
+const bytes = new Uint8Array(16);
+const hex = Array.from({ length: 256 }, (_, i) => i.toString(16).padStart(2, "0"));
