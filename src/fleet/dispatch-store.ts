@@ -138,7 +138,7 @@ export function createDispatchStore(db: Db) {
       return db.transaction(async (tx) => {
         await tx.execute(sql`insert into task_events (task_id, state, attempt, worker_id, kind, detail)
           select ${d.taskId}::uuid, 'ASSIGNED', ${d.attempt}, ${d.workerId}::uuid, 'dispatch', ${JSON.stringify(result)}::jsonb
-          where exists (select 1 from tasks where id = ${d.taskId}::uuid)`);
+          where exists (select 1 from tasks where id = ${d.taskId}::uuid for key share)`);
         const again =
           retryInMs === null
             ? sql`false`

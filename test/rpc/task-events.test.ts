@@ -122,14 +122,23 @@ describe("ListTaskEvents: a task's history", () => {
     expect((await history(b ?? "")).map((e) => TaskState[e.state])).toEqual(["PENDING"]);
   });
 
-  it("goes with its task: retention deletes both", async () => {
-    const { task } = await h.tasks.createTask({ workload: uniqueWorkload() });
-    const taskId = task?.taskId ?? "";
-    await h.tasks.cancelTask({ taskId, reason: "old" });
-    expect(await history(taskId)).toHaveLength(2);
-    expect(await countLeft(taskId)).toBe(2);
-    await h.app.database.db.execute(sql`delete from tasks where id = ${taskId}`);
-    expect(await countLeft(taskId)).toBe(0);
+  it("goes with its task, and only with its own: a delete of several tasks takes their events", async () => {
+    const workload = uniqueWorkload();
+    const { tasks } = await h.tasks.createTasks({
+      tasks: [{ workload }, { workload }, { workload }],
+    });
+    const [a, b, kept] = tasks.map((t) => t.taskId);
+    for (const taskId of [a, b, kept]) await h.tasks.cancelTask({ taskId, reason: "old" });
+    for (const taskId of [a, b, kept]) expect(await countLeft(taskId ?? "")).toBe(2);
+    await h.app.database.db.execute(
+      sql`delete from tasks where id in (${a ?? ""}::uuid, ${b ?? ""}::uuid)`,
+    );
+    expect(await countLeft(a ?? "")).toBe(0);
+    expect(await countLeft(b ?? "")).toBe(0);
+    expect((await history(kept ?? "")).map((e) => TaskState[e.state])).toEqual([
+      "PENDING",
+      "CANCELED",
+    ]);
   });
 
   it("answers not_found for an unknown task and invalid_argument for a bad id, page size or token", async () => {

@@ -26,6 +26,7 @@ const hashes: Record<number, string> = {
   16: "079f191956ca523d0bee72779a1565a82933ab16316558bdf6c639874d288a2f",
   17: "27243cf95f63c198a875ea6d4de4ed7216e1097c2157f4bf6c19870e3782ceaa",
   18: "4db67c6058cc576a3279adab752cfa85fa23cf2f6180c63817a68f17907dde36",
+  19: "016b1da4fe12c37ce12e4e65a3e9717d6811abfed0f85ace352c659d1d4c5437",
 };
 
 describe("database functions", () => {

@@ -27,6 +27,20 @@
 -- ready ahead of the first ready one: created with a priority or a
 -- deadline, back to PENDING, or released by its dependencies.
 
+-- Deleted tasks (retention): their events with them, one statement for
+-- all (the trigger tasks_events_on_delete, migration 0023). task_events
+-- has no foreign key to tasks: its check cost a lookup and a row lock in
+-- tasks for every event the two triggers below write. Only these triggers
+-- and a delivery's record (fleet/dispatch-store.ts, which locks its task
+-- first) write events, always of a task that exists.
+CREATE OR REPLACE FUNCTION meshwork_task_events_deleted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  DELETE FROM task_events WHERE task_id = ANY (ARRAY(SELECT id FROM old_rows));
+  RETURN NULL;
+END;
+$$;
+
 -- Sends the ready counts. A payload too long for NOTIFY (over ~7,900 bytes,
 -- counted in bytes: very many or very long workload names at once) is sent
 -- empty, which wakes every parked claim. plpgsql: a SQL function called by
