@@ -1,4 +1,4 @@
-import { getTableColumns, type SQL, type Subquery, type Table } from "drizzle-orm";
+import type { SQL, Subquery } from "drizzle-orm";
 import { PgDialect } from "drizzle-orm/pg-core";
 import type { Db } from "./database.js";
 
@@ -68,27 +68,4 @@ export async function preparedRowsOf<T>(db: Pick<Db, "_">, name: string, query: 
  */
 export function asTable<T>(subquery: Subquery, _table: T): T {
   return subquery as unknown as T;
-}
-
-/**
- * Reads a raw statement's rows (columns by their SQL names, values as the
- * driver gives them) as Drizzle reads a select from `table`: each column
- * under its key, through its own mapping (a time to a Date, jsonb text to
- * a value). For statements Drizzle cannot build, such as an insert fed by
- * one JSON parameter.
- */
-export function rowReader<T extends Table>(
-  table: T,
-): (raw: Record<string, unknown>) => T["$inferSelect"] {
-  const columns = Object.entries(getTableColumns(table)).map(
-    ([key, column]) => [key, column.name, column] as const,
-  );
-  return (raw) => {
-    const row: Record<string, unknown> = {};
-    for (const [key, name, column] of columns) {
-      const value = raw[name];
-      row[key] = value === null || value === undefined ? null : column.mapFromDriverValue(value);
-    }
-    return row as T["$inferSelect"];
-  };
 }
