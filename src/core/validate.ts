@@ -165,25 +165,39 @@ function nulPathWalk(message: unknown): string | undefined {
  */
 export const maxJsonDepth = 48;
 
-/** How deep `value` nests (a scalar: 0; `{}` or `[]`: 1), counted without recursion. */
-export function jsonDepth(value: unknown): number {
+/**
+ * How deep `value` nests (a scalar: 0; `{}` or `[]`: 1), counted without
+ * recursion, and whether it holds a number JSON cannot carry (NaN or an
+ * infinity: a protobuf Struct in binary can).
+ */
+function jsonShape(value: unknown): { depth: number; nonFinite: boolean } {
   let deepest = 0;
+  let nonFinite = false;
   const stack: [unknown, number][] = [[value, 0]];
   while (stack.length > 0) {
     const [v, depth] = stack.pop() as [unknown, number];
+    if (typeof v === "number" && !Number.isFinite(v)) nonFinite = true;
     if (v === null || typeof v !== "object") continue;
     const here = depth + 1;
     if (here > deepest) deepest = here;
-    if (deepest > maxJsonDepth + 1) return deepest;
+    if (deepest > maxJsonDepth + 1) break;
     for (const child of Array.isArray(v) ? v : Object.values(v)) stack.push([child, here]);
   }
-  return deepest;
+  return { depth: deepest, nonFinite };
 }
 
-/** Refuses a JSON value nested deeper than maxJsonDepth, naming the field. */
+/**
+ * Refuses a JSON value nested deeper than maxJsonDepth, or holding NaN or
+ * an infinity (stored as JSON, it would become null: the value read back
+ * would not be the one sent), naming the field.
+ */
 export function shallowJson<T>(field: string, value: T): T {
-  if (jsonDepth(value) > maxJsonDepth) {
+  const shape = jsonShape(value);
+  if (shape.depth > maxJsonDepth) {
     throw invalid(`${field} is nested deeper than ${maxJsonDepth} levels`);
+  }
+  if (shape.nonFinite) {
+    throw invalid(`${field} holds NaN or an infinity, which JSON cannot carry`);
   }
   return value;
 }

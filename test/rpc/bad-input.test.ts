@@ -326,6 +326,35 @@ describe("bad input: each refused with its code, nothing changed", () => {
     expect(await tasksWithCorrelation(correlationId)).toBe(0);
   });
 
+  it("NaN or an infinity in a JSON field (a binary Struct can hold them) is invalid_argument, and nothing is stored", async () => {
+    const knowledge = h.as(KnowledgeService, "");
+    const correlationId = randomUUID();
+    const { lease, snapshot } = await leased();
+    const before = await snapshot();
+    const refused = [
+      h.tasks.createTask({ workload: "w", parameters: { x: Number.NaN }, correlationId }),
+      h.tasks.createTasks({
+        tasks: [
+          { workload: "w", correlationId },
+          { workload: "w", parameters: { deep: [{ y: Number.POSITIVE_INFINITY }] }, correlationId },
+        ],
+      }),
+      h.leases.completeTask({ ...lease, resultValue: { v: Number.NEGATIVE_INFINITY } }),
+      knowledge.putEntry({ kind: "k", key: `nan-${correlationId}`, value: { x: Number.NaN } }),
+    ];
+    for (const call of refused) {
+      expect(await outcome(call)).toMatchObject({
+        code: "InvalidArgument",
+        message: expect.stringMatching(/holds NaN or an infinity/),
+      });
+    }
+    expect(await tasksWithCorrelation(correlationId)).toBe(0);
+    expect(await snapshot()).toEqual(before);
+    expect(
+      await outcome(knowledge.getEntry({ kind: "k", key: `nan-${correlationId}` })),
+    ).toMatchObject({ code: "NotFound" });
+  });
+
   it("a database gone under the app reaches the client with no driver detail: unavailable on PostgreSQL, internal on a closed PGlite", async () => {
     const tdb = await createTestDatabase();
     const app = appOn(tdb.database);
