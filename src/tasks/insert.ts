@@ -34,10 +34,13 @@ const recordColumns = `
  * the rows inserted from those an idempotency key skipped) and the times.
  * Every other column of a new row is what the insert wrote or the table's
  * default for a new task, and `written` builds the row from them: parsing
- * ~45 returned columns of every task, jsonb included, and mapping them
+ * the 61 returned columns of every task, jsonb included, and mapping them
  * back cost the coordinator more than any other step of a CreateTasks of
  * 1,000 but garbage collection. test/contract/task-store.test.ts checks
- * that the rows answered equal the rows read back.
+ * that the rows answered equal the rows read back. They are equal as
+ * values: a map or Struct answered here keeps the request's key order,
+ * where a read gives jsonb's (protobuf and JSON give key order no
+ * meaning), and a -0 in `parameters` reads back as 0.
  *
  * Columns named, not `RETURNING *`: the statement is prepared, and a result
  * type tied to the table's columns as they were when it was prepared fails
@@ -136,7 +139,9 @@ const time = (value: unknown): Date | null =>
  * insert wrote, the table's defaults for the rest (a new task holds no
  * lease, result, error or progress), and PostgreSQL's times. Typed as the
  * whole row: a column added to the table fails the type-check here until
- * it is given its value for a new task.
+ * it is given its value for a new task. The row holds the request's own
+ * objects (parameters, affinity, lists), not copies: nothing after the
+ * insert changes them.
  */
 function written({ id, task: t, requestHash }: TaskInsert, at: Returned): TaskRow {
   return {
