@@ -220,8 +220,17 @@ async function openPostgres(
   }
   // A stuck statement (a lock held elsewhere, a runaway plan) is cancelled
   // by the server and frees its connection; 57014 is `unavailable`.
+  //
+  // JIT off for every statement: Meshwork's are short, and PostgreSQL
+  // compiles a statement whose estimated cost passes jit_above_cost,
+  // which the plans steered onto indexes pass (a disabled scan is costed
+  // at 10^10). Retention's two statements, which find nothing to delete
+  // on most runs, were compiled with inlining and optimisation on every
+  // run, once a minute: 0.9 s and 0.2 s of a core, for statements that
+  // otherwise take a few milliseconds.
   const connection = (name: string) => ({
     application_name: name,
+    jit: "off",
     ...(o.statementTimeoutMs > 0 && { statement_timeout: o.statementTimeoutMs }),
   });
   const client = postgres(url, { max: o.poolSize, connection: connection("meshwork"), ...quiet });
@@ -258,7 +267,7 @@ async function openPostgres(
     fetch_types: false,
     // Explicitly none: a role's or database's default statement_timeout
     // would cancel the vacuum of a large table again and again.
-    connection: { application_name: "meshwork-upkeep", statement_timeout: 0 },
+    connection: { application_name: "meshwork-upkeep", statement_timeout: 0, jit: "off" },
     ...quiet,
   });
   const upkeep = drizzlePostgres({
