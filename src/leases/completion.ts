@@ -25,7 +25,8 @@ export function completionHash(c: Completion): string {
 
 let emptyHash: string | undefined;
 
-function isEmpty(record: Record<string, number>): boolean {
+/** Whether a metrics map holds no entry. */
+export function isEmpty(record: Record<string, number>): boolean {
   for (const _ in record) return false;
   return true;
 }

