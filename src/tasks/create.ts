@@ -179,8 +179,7 @@ export async function createTasks(db: Db, input: NewTask[]): Promise<TaskRow[]> 
 
 /** Inserts tasks with idempotency keys: a repeat returns the task made before. */
 async function insertKeyed(tx: Tx, values: TaskInsert[]): Promise<TaskRow[]> {
-  const inserted = await insertTasks(tx, values, true);
-  const byId = new Map(inserted.map((r) => [r.id, r]));
+  const byId = await insertTasks(tx, values, true);
   const missingKeys = values
     .filter((v) => !byId.has(v.id) && v.task.idempotencyKey !== null)
     .map((v) => v.task.idempotencyKey as string);
@@ -189,7 +188,7 @@ async function insertKeyed(tx: Tx, values: TaskInsert[]): Promise<TaskRow[]> {
       ? []
       : await tx.select().from(tasks).where(inArray(tasks.idempotencyKey, missingKeys));
   const byKey = new Map(existing.map((r) => [r.idempotencyKey, r]));
-  for (const r of inserted) if (r.idempotencyKey) byKey.set(r.idempotencyKey, r);
+  for (const r of byId.values()) if (r.idempotencyKey) byKey.set(r.idempotencyKey, r);
   return values.map((v) => {
     const key = v.task.idempotencyKey;
     const row = byId.get(v.id) ?? (key ? byKey.get(key) : undefined);
@@ -275,8 +274,8 @@ async function link(
   return rows.map((r) => byId.get(r.id) ?? r);
 }
 
-function inOrder(values: { id: string }[], rows: TaskRow[]): TaskRow[] {
-  const byId = new Map(rows.map((r) => [r.id, r]));
+/** The inserted rows, in the order the request gave the tasks. */
+function inOrder(values: { id: string }[], byId: Map<string, TaskRow>): TaskRow[] {
   return values.map((v) => {
     const row = byId.get(v.id);
     if (!row) throw new Error("inserted task missing from RETURNING");

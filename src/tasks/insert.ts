@@ -283,23 +283,25 @@ function written({ id, task: t, requestHash }: TaskInsert, at: Returned): TaskRo
 /**
  * Inserts the tasks in one statement; with `keyed`, a task whose
  * idempotency key exists is skipped (create.ts finds the one made before).
- * Returns the inserted rows, in no particular order.
+ * Returns the inserted rows by id (a skipped task has none).
  */
 export async function insertTasks(
   db: Pick<Db, "_">,
   rows: readonly TaskInsert[],
   keyed: boolean,
-): Promise<TaskRow[]> {
+): Promise<Map<string, TaskRow>> {
   // Prepared: the text is one of two (keyed or not), whatever the tasks.
   const inserted = await preparedRowsOf<Returned>(
     db,
     keyed ? "meshwork_insert_tasks_keyed" : "meshwork_insert_tasks",
     statement(JSON.stringify(rows.map(record)), keyed),
   );
-  const byId = new Map(rows.map((r) => [r.id, r]));
-  return inserted.map((at) => {
-    const row = byId.get(at.id);
+  const given = new Map(rows.map((r) => [r.id, r]));
+  const byId = new Map<string, TaskRow>();
+  for (const at of inserted) {
+    const row = given.get(at.id);
     if (!row) throw new Error("the insert returned a task it was not given");
-    return written(row, at);
-  });
+    byId.set(at.id, written(row, at));
+  }
+  return byId;
 }
