@@ -196,10 +196,19 @@ async function openPostgres(
   // not postgres.js's 30: the statements queued on it — a batch of claims
   // among them — wait that long (faults suite: connection storm).
   const quiet = { onnotice: () => {}, connect_timeout: 5 };
+  // JIT off on every connection: Meshwork's statements are short, and
+  // PostgreSQL (with an LLVM provider and `jit` on, its default) compiles
+  // a statement whose estimated cost passes jit_above_cost, which plans
+  // steered onto indexes pass (up to PostgreSQL 17 a disabled scan is
+  // costed at 10^10). Retention's two statements, which find nothing to
+  // delete on most runs, were compiled with inlining and optimisation on
+  // every run, once a minute: 0.9 s and 0.2 s of a core, for statements
+  // that otherwise take about a millisecond.
+  const noJit = { jit: "off" };
   // Migrate on one dedicated connection under an advisory lock, so that
   // replicas starting together apply each migration once, and their
   // functions one replica after the other (functions.ts).
-  const admin = postgres(url, { max: 1, ...quiet });
+  const admin = postgres(url, { max: 1, connection: noJit, ...quiet });
   progress(`connecting to PostgreSQL at ${postgresPlace(url)}`);
   try {
     await admin`select pg_advisory_lock(7263550101)`;
@@ -220,17 +229,9 @@ async function openPostgres(
   }
   // A stuck statement (a lock held elsewhere, a runaway plan) is cancelled
   // by the server and frees its connection; 57014 is `unavailable`.
-  //
-  // JIT off for every statement: Meshwork's are short, and PostgreSQL
-  // compiles a statement whose estimated cost passes jit_above_cost,
-  // which the plans steered onto indexes pass (a disabled scan is costed
-  // at 10^10). Retention's two statements, which find nothing to delete
-  // on most runs, were compiled with inlining and optimisation on every
-  // run, once a minute: 0.9 s and 0.2 s of a core, for statements that
-  // otherwise take a few milliseconds.
   const connection = (name: string) => ({
     application_name: name,
-    jit: "off",
+    ...noJit,
     ...(o.statementTimeoutMs > 0 && { statement_timeout: o.statementTimeoutMs }),
   });
   const client = postgres(url, { max: o.poolSize, connection: connection("meshwork"), ...quiet });
@@ -267,7 +268,7 @@ async function openPostgres(
     fetch_types: false,
     // Explicitly none: a role's or database's default statement_timeout
     // would cancel the vacuum of a large table again and again.
-    connection: { application_name: "meshwork-upkeep", statement_timeout: 0, jit: "off" },
+    connection: { ...connection("meshwork-upkeep"), statement_timeout: 0 },
     ...quiet,
   });
   const upkeep = drizzlePostgres({

@@ -319,7 +319,7 @@ export function createLeaseStore(
       // given with its column's input function, and an empty metrics map
       // is jsonb parsed again per item. A missing key reads as NULL (the
       // statement writes '' and {} for summary and metrics); a batch of 32
-      // bare completions unpacks in a quarter of the time.
+      // bare completions unpacks in about a ninth of the time.
       const json = JSON.stringify(
         byTaskId(items).map((c) => ({
           id: c.taskId,

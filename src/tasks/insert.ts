@@ -19,15 +19,48 @@ export interface TaskInsert {
 }
 
 /** The recordset's columns: each as the JSON parameter names it, with its type. */
-const recordColumns = `
-  id uuid, name text, workload text, required_capabilities text[], affinity jsonb,
-  priority int, deadline timestamptz, parameters jsonb, input jsonb, steps int,
-  max_attempts int, lease_seconds int, backoff_initial_ms int, backoff_max_ms int,
-  backoff_multiplier float8, idempotency_key text, request_hash text, correlation_id text,
-  trace_parent text, trace_state text, resources jsonb, requirements jsonb, preferences jsonb,
-  share text, concurrency_key text, rate_key text, run_at timestamptz, delay_ms bigint,
-  waits boolean, ref text, dependency_policy text, timeout_seconds int, schedule_id uuid,
-  dispatch boolean`;
+const recordTypes = {
+  id: "uuid",
+  name: "text",
+  workload: "text",
+  required_capabilities: "text[]",
+  affinity: "jsonb",
+  priority: "int",
+  deadline: "timestamptz",
+  parameters: "jsonb",
+  input: "jsonb",
+  steps: "int",
+  max_attempts: "int",
+  lease_seconds: "int",
+  backoff_initial_ms: "int",
+  backoff_max_ms: "int",
+  backoff_multiplier: "float8",
+  idempotency_key: "text",
+  request_hash: "text",
+  correlation_id: "text",
+  trace_parent: "text",
+  trace_state: "text",
+  resources: "jsonb",
+  requirements: "jsonb",
+  preferences: "jsonb",
+  share: "text",
+  concurrency_key: "text",
+  rate_key: "text",
+  run_at: "timestamptz",
+  delay_ms: "bigint",
+  waits: "boolean",
+  ref: "text",
+  dependency_policy: "text",
+  timeout_seconds: "int",
+  schedule_id: "uuid",
+  dispatch: "boolean",
+} as const;
+
+type RecordKey = keyof typeof recordTypes;
+
+const recordColumns = Object.entries(recordTypes)
+  .map(([key, type]) => `${key} ${type}`)
+  .join(", ");
 
 /**
  * What the insert returns: only what PostgreSQL decides, the id (to tell
@@ -58,12 +91,12 @@ const returned = sql.raw("id, created_at, updated_at, run_at, not_before");
  * well (a missing key reads as NULL). The recordset converts every key it
  * is given with its column type's input function: the text[] and jsonb
  * ones parse their text again. With every key present, unpacking 1,000
- * tasks took ~60 ms of the statement's ~90 (in psql, this machine); with
+ * tasks took ~60 ms of the statement's ~90 (postgres.js, this machine); with
  * only the keys that differ, a bare task carries a third of the bytes and
  * the insert took ~32 ms. Any value would be correct here as long as the
  * two forms agree: these are the ones most tasks hold.
  */
-const usual: Record<string, readonly [value: unknown, sql: string]> = {
+const usual: Partial<Record<RecordKey, readonly [value: unknown, sql: string]>> = {
   name: ["", "''"],
   required_capabilities: [[], "'{}'::text[]"],
   affinity: [{}, "'{}'::jsonb"],
@@ -86,23 +119,23 @@ const usual: Record<string, readonly [value: unknown, sql: string]> = {
   dispatch: [false, "false"],
 };
 
-/** Column `key` of the recordset, its usual value in place of a key left out. */
-const r = (key: string): string => {
+/** Column `key` of the recordset `r`, its usual value in place of a key left out. */
+const column = (key: RecordKey): string => {
   const u = usual[key];
   return u ? `coalesce(r.${key}, ${u[1]})` : `r.${key}`;
 };
 
 /** The insert's SELECT list, in the order of its column list. */
-const selected = sql.raw(`${r("id")}, ${r("name")}, ${r("workload")},
-      ${r("required_capabilities")}, ${r("affinity")}, ${r("priority")}, ${r("deadline")},
-      ${r("parameters")}, ${r("input")}, ${r("steps")}, 'PENDING', ${r("max_attempts")},
-      ${r("lease_seconds")}, ${r("backoff_initial_ms")}, ${r("backoff_max_ms")},
-      ${r("backoff_multiplier")}, ${r("idempotency_key")}, ${r("request_hash")},
-      ${r("correlation_id")}, ${r("trace_parent")}, ${r("trace_state")}, ${r("resources")},
-      ${r("requirements")}, ${r("preferences")}, ${r("share")}, ${r("concurrency_key")},
-      ${r("rate_key")}, s.start, CASE WHEN ${r("waits")} THEN 'infinity'::timestamptz ELSE s.start END,
-      ${r("ref")}, ${r("dependency_policy")}, ${r("timeout_seconds")}, ${r("schedule_id")},
-      ${r("dispatch")}`);
+const selected = sql.raw(`${column("id")}, ${column("name")}, ${column("workload")},
+      ${column("required_capabilities")}, ${column("affinity")}, ${column("priority")}, ${column("deadline")},
+      ${column("parameters")}, ${column("input")}, ${column("steps")}, 'PENDING', ${column("max_attempts")},
+      ${column("lease_seconds")}, ${column("backoff_initial_ms")}, ${column("backoff_max_ms")},
+      ${column("backoff_multiplier")}, ${column("idempotency_key")}, ${column("request_hash")},
+      ${column("correlation_id")}, ${column("trace_parent")}, ${column("trace_state")}, ${column("resources")},
+      ${column("requirements")}, ${column("preferences")}, ${column("share")}, ${column("concurrency_key")},
+      ${column("rate_key")}, s.start, CASE WHEN ${column("waits")} THEN 'infinity'::timestamptz ELSE s.start END,
+      ${column("ref")}, ${column("dependency_policy")}, ${column("timeout_seconds")}, ${column("schedule_id")},
+      ${column("dispatch")}`);
 
 /**
  * The insert, with `conflict` (the idempotency key's ON CONFLICT) or
@@ -130,7 +163,7 @@ function statement(json: string, keyed: boolean) {
 /** A task as the statement's JSON parameter carries it: only the keys that differ from `usual`. */
 function record({ id, task: t, requestHash }: TaskInsert): Record<string, unknown> {
   const out: Record<string, unknown> = { id, workload: t.workload };
-  const put = (key: string, value: unknown) => {
+  const put = (key: RecordKey, value: unknown) => {
     if (value === null || value === undefined) return;
     const u = usual[key];
     if (u && isUsual(value, u[0])) return;
@@ -173,15 +206,16 @@ function record({ id, task: t, requestHash }: TaskInsert): Record<string, unknow
 }
 
 /**
- * Whether `value` is `usual`: the same primitive, an empty list (the only
- * usual lists), or a map with the same keys and primitive values.
+ * Whether `value` is the usual `expected`: the same primitive, an empty
+ * list (the only usual lists), or a map with the same keys and primitive
+ * values.
  */
-function isUsual(value: unknown, usual: unknown): boolean {
-  if (value === usual) return true;
-  if (Array.isArray(usual)) return Array.isArray(value) && value.length === 0;
-  if (typeof usual !== "object" || usual === null) return false;
+function isUsual(value: unknown, expected: unknown): boolean {
+  if (value === expected) return true;
+  if (Array.isArray(expected)) return Array.isArray(value) && value.length === 0;
+  if (typeof expected !== "object" || expected === null) return false;
   if (typeof value !== "object" || value === null || Array.isArray(value)) return false;
-  const want = usual as Record<string, unknown>;
+  const want = expected as Record<string, unknown>;
   let keys = 0;
   for (const [k, v] of Object.entries(value)) {
     if (v !== want[k]) return false;

@@ -120,7 +120,13 @@ describeEachEngine("task store", (db) => {
         });
       const batches = [
         // No key, no dependency: the insert alone.
-        [every("plain"), newTask({ workload, delayMs: 5_000 }), newTask({ workload })],
+        [
+          every("plain"),
+          newTask({ workload, delayMs: 5_000 }),
+          newTask({ workload }),
+          // The usual values the fixture does not give (the insert leaves them out).
+          newTask({ workload, name: "", scheduleId: "0190a0b0-0000-7000-8000-000000000001" }),
+        ],
         // Keys: the insert in a transaction, a repeat found by its key.
         [
           { ...every("keyed"), idempotencyKey: `key-${workload}` },
