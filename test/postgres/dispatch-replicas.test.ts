@@ -2,12 +2,14 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { createClient, createRouterTransport } from "@connectrpc/connect";
 import { sql } from "drizzle-orm";
+import postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
 import type { App } from "../../src/app.js";
 import type { Database } from "../../src/db/database.js";
 import { rowsOf } from "../../src/db/values.js";
+import { createDispatchStore } from "../../src/fleet/dispatch-store.js";
 import { createRoutes, rpcInterceptors } from "../../src/server.js";
 import { againWhileUnavailable, until } from "../support/bounded.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
@@ -138,5 +140,44 @@ describe.skipIf(!onPostgres)("dispatch on two replicas", () => {
     await Promise.all([a.dispatcher.runOnce(), b.dispatcher.runOnce()]);
     expect(seen.get(`${taskId}/1`)).toBeUndefined();
     expect(seen.get(`${taskId}/2`)).toBe(1);
+  });
+
+  // task_events has no foreign key to tasks (migration 0023): a delete
+  // takes its tasks' events with it (a statement trigger), and a
+  // delivery's event is written only while its task is there, locked FOR
+  // KEY SHARE. A delete in flight when the event is recorded makes the
+  // record wait for it, then write nothing: no event outlives its task.
+  it("records no dispatch event for a task deleted while the record waits", async () => {
+    const ca = clients(a);
+    const { task } = await ca.tasks.createTask({ workload: uniqueWorkload() });
+    const taskId = task?.taskId ?? "";
+    const worker = (await ca.fleet.registerWorker({ name: "gone" })).workerId;
+    // Two connections: one reserved for the delete's transaction, one to look.
+    const admin = postgres(tdb.url ?? "", { max: 2, onnotice: () => {} });
+    try {
+      const deleter = await admin.reserve();
+      await deleter`begin`;
+      await deleter`delete from tasks where id = ${taskId}`;
+      const recording = createDispatchStore(a.database.db).record(
+        { taskId, attempt: 1, workerId: worker },
+        { outcome: "accepted", httpStatus: 202, durationMs: 1, url, error: "" },
+        "ACCEPTED",
+        null,
+      );
+      await until(async () => {
+        const [row] = await admin`select count(*)::int as n from pg_stat_activity
+          where datname = current_database() and wait_event_type = 'Lock'`;
+        return row?.n === 1;
+      }, 5000);
+      await deleter`commit`;
+      deleter.release();
+      expect(await recording).toBeUndefined();
+      const [left] =
+        await admin`select count(*)::int as n from task_events where task_id = ${taskId}`;
+      expect(left?.n).toBe(0);
+    } finally {
+      // Ends the delete's transaction too, should a step above have failed.
+      await admin.end({ timeout: 1 });
+    }
   });
 });
