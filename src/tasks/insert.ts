@@ -120,22 +120,23 @@ const usual: Partial<Record<RecordKey, readonly [value: unknown, sql: string]>> 
 };
 
 /** Column `key` of the recordset `r`, its usual value in place of a key left out. */
-const column = (key: RecordKey): string => {
+const col = (key: RecordKey): string => {
   const u = usual[key];
   return u ? `coalesce(r.${key}, ${u[1]})` : `r.${key}`;
 };
 
 /** The insert's SELECT list, in the order of its column list. */
-const selected = sql.raw(`${column("id")}, ${column("name")}, ${column("workload")},
-      ${column("required_capabilities")}, ${column("affinity")}, ${column("priority")}, ${column("deadline")},
-      ${column("parameters")}, ${column("input")}, ${column("steps")}, 'PENDING', ${column("max_attempts")},
-      ${column("lease_seconds")}, ${column("backoff_initial_ms")}, ${column("backoff_max_ms")},
-      ${column("backoff_multiplier")}, ${column("idempotency_key")}, ${column("request_hash")},
-      ${column("correlation_id")}, ${column("trace_parent")}, ${column("trace_state")}, ${column("resources")},
-      ${column("requirements")}, ${column("preferences")}, ${column("share")}, ${column("concurrency_key")},
-      ${column("rate_key")}, s.start, CASE WHEN ${column("waits")} THEN 'infinity'::timestamptz ELSE s.start END,
-      ${column("ref")}, ${column("dependency_policy")}, ${column("timeout_seconds")}, ${column("schedule_id")},
-      ${column("dispatch")}`);
+const selected = sql.raw(`${col("id")}, ${col("name")}, ${col("workload")},
+      ${col("required_capabilities")}, ${col("affinity")}, ${col("priority")}, ${col("deadline")},
+      ${col("parameters")}, ${col("input")}, ${col("steps")}, 'PENDING', ${col("max_attempts")},
+      ${col("lease_seconds")}, ${col("backoff_initial_ms")}, ${col("backoff_max_ms")},
+      ${col("backoff_multiplier")}, ${col("idempotency_key")}, ${col("request_hash")},
+      ${col("correlation_id")}, ${col("trace_parent")}, ${col("trace_state")},
+      ${col("resources")}, ${col("requirements")}, ${col("preferences")}, ${col("share")},
+      ${col("concurrency_key")}, ${col("rate_key")}, s.start,
+      CASE WHEN ${col("waits")} THEN 'infinity'::timestamptz ELSE s.start END,
+      ${col("ref")}, ${col("dependency_policy")}, ${col("timeout_seconds")},
+      ${col("schedule_id")}, ${col("dispatch")}`);
 
 /**
  * The insert, with `conflict` (the idempotency key's ON CONFLICT) or
