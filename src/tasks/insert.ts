@@ -11,7 +11,7 @@ import type { NewTask } from "./create.js";
 // postgres.js encodes each parameter), more than PostgreSQL's insert; the
 // JSON text costs a few microseconds per task and PostgreSQL parses it in C.
 
-/** A task's row as the statement's JSON parameter carries it (snake_case, the recordset's columns). */
+/** A task to insert: its id, the request, and its request hash (`record` makes its JSON). */
 export interface TaskInsert {
   id: string;
   task: NewTask;
