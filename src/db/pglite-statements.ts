@@ -5,7 +5,9 @@ import {
   type QueryOptions,
   type Results,
   type Transaction,
+  types,
 } from "@electric-sql/pglite";
+import { type Parsers, readAnswer } from "./pglite-answer.js";
 
 /**
  * Named statements on PGlite, for the statements postgres.js prepares on
@@ -35,6 +37,11 @@ import {
  * not handle (parameter types, a blob, a notice callback) go to PGlite's
  * `query`. Errors are PGlite's DatabaseError, without the statement's text
  * or parameters attached.
+ *
+ * The answer's messages are read here (pglite-answer.ts), not by PGlite,
+ * which copies every value of every row before decoding it. So the NOTIFYs
+ * that such an answer delivers are handed on here too, to the listeners
+ * PGlite's `listen` registered, which this keeps a list of beside PGlite's.
  */
 export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): void {
   if (patched.has(client)) return;
@@ -44,6 +51,57 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
   const closing: string[] = [];
   let next = 0;
   const { serialize } = protocol;
+
+  // Each type's parser: a query's own (Drizzle passes the same object on
+  // every run of a session) over the client's over PGlite's defaults, as
+  // PGlite's parseResults merges them on every run.
+  const clientParsers: Parsers = { ...types.parsers, ...client.parsers };
+  const merged = new WeakMap<object, Parsers>();
+  function parsersFor(options: QueryOptions | undefined): Parsers {
+    const own = options?.parsers;
+    if (!own) return clientParsers;
+    let parsers = merged.get(own);
+    if (!parsers) {
+      parsers = { ...clientParsers, ...own } as Parsers;
+      merged.set(own, parsers);
+    }
+    return parsers;
+  }
+
+  // The listeners of each channel, for the NOTIFYs a named statement's
+  // answer delivers: PGlite dispatches only those its own reading sees.
+  // Kept beside PGlite's own by its listen and unlisten, and called as it
+  // calls them (in a microtask each).
+  const listeners = new Map<string, Set<(payload: string) => void>>();
+  const notify = (channel: string, payload: string) => {
+    for (const listener of listeners.get(channel) ?? []) queueMicrotask(() => listener(payload));
+  };
+  const plainListen = client.listen.bind(client);
+  client.listen = (async (
+    channel: string,
+    callback: (payload: string) => void,
+    tx?: Transaction,
+  ) => {
+    const unlisten = await plainListen(channel, callback, tx);
+    const name = postgresName(channel);
+    const set = listeners.get(name) ?? new Set();
+    listeners.set(name, set.add(callback));
+    return async (tx?: Transaction) => {
+      set.delete(callback);
+      await unlisten(tx);
+    };
+  }) as PGlite["listen"];
+  const plainUnlisten = client.unlisten.bind(client);
+  client.unlisten = (async (
+    channel: string,
+    callback?: (payload: string) => void,
+    tx?: Transaction,
+  ) => {
+    const name = postgresName(channel);
+    if (callback) listeners.get(name)?.delete(callback);
+    else listeners.delete(name);
+    await plainUnlisten(channel, callback, tx);
+  }) as PGlite["unlisten"];
 
   async function statementFor(text: string) {
     const known = prepared.get(text);
@@ -95,8 +153,18 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
       serialize.sync(),
     ];
     try {
-      const answer = await client.execProtocolStream(Buffer.concat(messages), { syncToFs: !inTx });
-      return parse.parseResults(answer, client.parsers, options)[0] as Results<T>;
+      // The answer's bytes as they are: PGlite's own reading of them took
+      // a sixth of the coordinator's time in a drain here.
+      const chunks: Buffer[] = [];
+      await client.execProtocolRawStream(Buffer.concat(messages), {
+        syncToFs: !inTx,
+        // A view of the database's memory, reused by its next output: copied.
+        onRawData: (data) => void chunks.push(Buffer.from(data)),
+      });
+      const answer = readAnswer<T>(Buffer.concat(chunks), parsersFor(options), options?.rowMode);
+      for (const n of answer.notifications) notify(n.channel, n.payload);
+      if (answer.error) throw answer.error;
+      return answer.results;
     } catch (error) {
       if (isStale(error)) {
         prepared.delete(text);
@@ -146,6 +214,13 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
       }) as Transaction["query"];
       return callback(tx);
     })) as PGlite["transaction"];
+}
+
+/** A channel's name as PostgreSQL has it: unquoted, folded to lower case (as PGlite's listen). */
+function postgresName(channel: string): string {
+  return channel.startsWith('"') && channel.endsWith('"')
+    ? channel.slice(1, -1)
+    : channel.toLowerCase();
 }
 
 const patched = new WeakSet<PGlite>();

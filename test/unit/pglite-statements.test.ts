@@ -1,4 +1,4 @@
-import { PGlite } from "@electric-sql/pglite";
+import { PGlite, type QueryOptions, types } from "@electric-sql/pglite";
 import { sql } from "drizzle-orm";
 import { integer, jsonb, pgTable, text, timestamp } from "drizzle-orm/pg-core";
 import { drizzle, PgliteSession } from "drizzle-orm/pglite";
@@ -92,6 +92,51 @@ describe("named statements on PGlite", () => {
     expect(texts.some((t) => t.includes("order by"))).toBe(false);
   });
 
+  it("read every kind of value, row mode and count as PGlite's own query does", async () => {
+    const kinds = `
+      create table kinds (id int primary key, name text, big int8, ok bool, at timestamptz,
+        tags text[], doc jsonb, amount numeric, raw bytea, ratio float8, uid uuid);
+      insert into kinds values
+        (1, 'Zoë — 日本語 🚀 ''quoted''', 9007199254740993, true, '2026-12-07 03:04:05.123456+00',
+         '{a,"b c",NULL,"ü"}', '{"ü": [1, null, "x"], "n": 1.5}', 12.50, '\\x00ff', 0.25,
+         '0190a8f0-0000-7000-8000-000000000001'),
+        (2, '', null, false, null, '{}', 'null', null, null, null, null),
+        (3, null, -1, null, 'infinity', null, '[]', 0, '\\x', -0.5, null);`;
+    const statements: [string, unknown[], QueryOptions?][] = [
+      ["select * from kinds where id >= $1 order by id", [1]],
+      ["select * from kinds where id >= $1 order by id", [2], { rowMode: "array" }],
+      // A query's own parsers over the client's, as Drizzle passes them.
+      [
+        "select at, big, id as same, name as same from kinds order by id",
+        [],
+        { parsers: { [types.TIMESTAMPTZ]: (x: string) => `at ${x}`, [types.INT8]: Number } },
+      ],
+      ["select id from kinds where id > $1", [99]],
+      ["update kinds set ok = not ok where id <= $1 returning id, ok", [2]],
+      ["update kinds set ratio = $1 where id > 1", [2]],
+      ["delete from kinds where id = $1", [99]],
+    ];
+    const answers = async (client: PGlite) => {
+      await client.exec(kinds);
+      const out: unknown[] = [];
+      for (const [text, params, options] of statements) {
+        out.push(await client.query(text, params, options));
+      }
+      return out;
+    };
+    const plain = await answers(await database(false));
+    const named = await database(true);
+    for (const [text] of statements) nameStatement(text);
+    const got = await answers(named);
+    expect(got).toEqual(plain);
+    // Read from named statements indeed, and the values are the rows' own.
+    expect(await preparedTexts(named)).toHaveLength(statements.length - 1);
+    expect((got[0] as { rows: { name: string; big: bigint }[] }).rows[0]).toMatchObject({
+      name: "Zoë — 日本語 🚀 'quoted'",
+      big: 9007199254740993n,
+    });
+  });
+
   it("keep an error's code and leave the data as it was, in and out of a transaction", async () => {
     const client = await database(true);
     const insert = "insert into items (id, name) values ($1, $2)";
@@ -126,6 +171,32 @@ describe("named statements on PGlite", () => {
     await later(10);
     expect(heard).toEqual(["n1", "n2", "n3", "n4"]);
     expect(await preparedTexts(client)).toHaveLength(1);
+  });
+  it("stop delivering a channel's notifications to a listener that stopped, and only to it", async () => {
+    const client = await database(true);
+    const insert = "insert into items (id, name) values ($1, $2)";
+    nameStatement(insert);
+    const first: string[] = [];
+    const second: string[] = [];
+    const other: string[] = [];
+    const stopFirst = await client.listen("items", (p) => first.push(p));
+    // A quoted name is the channel as written; an unquoted one is folded.
+    await client.listen('"items"', (p) => second.push(p));
+    await client.listen("ITEMS_other", (p) => other.push(p));
+    await client.query(insert, [1, "n1"]);
+    await later(10);
+    await stopFirst();
+    await client.query(insert, [2, "n2"]);
+    await later(10);
+    await client.unlisten("items");
+    await client.query(insert, [3, "n3"]);
+    await later(10);
+    expect(first).toEqual(["n1"]);
+    expect(second).toEqual(["n1", "n2"]);
+    expect(other).toEqual([]);
+    await client.query("select pg_notify('items_other', 'x')");
+    await later(10);
+    expect(other).toEqual(["x"]);
   });
 
   it("keep at most `capacity` statements, the last used, and prepare an evicted one again", async () => {
