@@ -22,12 +22,12 @@ export interface Answer<T> {
  * notices) carry nothing a result needs. A value is decoded straight from
  * the answer's bytes; PGlite copies each into a buffer of its own first.
  *
- * `parsers` is the parser of each type oid to use (the query's own over the
+ * `parserOf` gives the parser of a type oid (the query's own over the
  * client's over PGlite's defaults); a type without one stays text, as there.
  */
 export function readAnswer<T>(
   answer: Buffer,
-  parsers: Parsers,
+  parserOf: (typeId: number) => Parsers[number],
   rowMode: "array" | "object" = "object",
 ): Answer<T> {
   let names: string[] = [];
@@ -59,7 +59,7 @@ export function readAnswer<T>(
           p = zero + 19;
           names.push(name);
           fields.push({ name, dataTypeID });
-          decode.push(parsers[dataTypeID]);
+          decode.push(parserOf(dataTypeID));
         }
         break;
       }

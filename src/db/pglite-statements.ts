@@ -52,21 +52,16 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
   let next = 0;
   const { serialize } = protocol;
 
-  // Each type's parser: a query's own (Drizzle passes the same object on
-  // every run of a session) over the client's over PGlite's defaults, as
-  // PGlite's parseResults merges them on every run.
+  // Each type's parser: a query's own over the client's over PGlite's
+  // defaults, as PGlite's parseResults has them. Looked up per column of
+  // an answer: Drizzle passes new parsers with each query it prepares
+  // (preparedRowsOf prepares one per call), so merging them per run, as
+  // PGlite does, would copy every parser each time.
   const clientParsers: Parsers = { ...types.parsers, ...client.parsers };
-  const merged = new WeakMap<object, Parsers>();
-  function parsersFor(options: QueryOptions | undefined): Parsers {
-    const own = options?.parsers;
-    if (!own) return clientParsers;
-    let parsers = merged.get(own);
-    if (!parsers) {
-      parsers = { ...clientParsers, ...own } as Parsers;
-      merged.set(own, parsers);
-    }
-    return parsers;
-  }
+  const parsersFor =
+    (options: QueryOptions | undefined) =>
+    (typeId: number): Parsers[number] =>
+      (options?.parsers as Parsers | undefined)?.[typeId] ?? clientParsers[typeId];
 
   // The listeners of each channel, for the NOTIFYs a named statement's
   // answer delivers: PGlite dispatches only those its own reading sees.
