@@ -112,12 +112,15 @@ async function openPglite(dataDir: string, progress: (step: string) => void): Pr
     { drizzle: drizzlePglite, PgliteSession },
     { migrate: migratePglite },
     { recordNamedStatements, useNamedStatements },
+    { compileRowMapping },
   ] = await Promise.all([
     import("@electric-sql/pglite"),
     import("drizzle-orm/pglite"),
     import("drizzle-orm/pglite/migrator"),
     import("./pglite-statements.js"),
+    import("./row-mapping.js"),
   ]);
+  compileRowMapping(PgliteSession);
   let location = "memory://";
   if (dataDir !== "memory://") {
     location = join(dataDir, "db");
@@ -183,12 +186,18 @@ async function openPostgres(
   o: typeof poolDefaults,
   progress: (step: string) => void,
 ): Promise<Database> {
-  const [postgresModule, { drizzle: drizzlePostgres }, { migrate: migratePostgres }] =
-    await Promise.all([
-      import("postgres"),
-      import("drizzle-orm/postgres-js"),
-      import("drizzle-orm/postgres-js/migrator"),
-    ]);
+  const [
+    postgresModule,
+    { drizzle: drizzlePostgres, PostgresJsSession },
+    { migrate: migratePostgres },
+    { compileRowMapping },
+  ] = await Promise.all([
+    import("postgres"),
+    import("drizzle-orm/postgres-js"),
+    import("drizzle-orm/postgres-js/migrator"),
+    import("./row-mapping.js"),
+  ]);
+  compileRowMapping(PostgresJsSession);
   // Its types say `export =`; imported as ESM, the function is the default export.
   const postgres = (postgresModule as unknown as { default: typeof postgresModule }).default;
   // A new connection that gets no answer (its backend terminated while it
