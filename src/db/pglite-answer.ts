@@ -7,8 +7,12 @@ export type Parsers = Record<number, ((text: string, typeId: number) => unknown)
 export interface Answer<T> {
   /** The statement's result, as PGlite's `parseResults` gives its first. */
   results: Results<T>;
-  /** The first error the backend reported (PGlite's DatabaseError), if any. */
-  error?: Error;
+  /**
+   * The first error the backend reported (PGlite's DatabaseError), else the
+   * first a value's parser threw, if any (`failed`).
+   */
+  error: unknown;
+  failed: boolean;
   /** NOTIFYs delivered with the answer (a statement that committed one). */
   notifications: { channel: string; payload: string }[];
 }
@@ -36,6 +40,8 @@ export function readAnswer<T>(
   let rows: unknown[] = [];
   let results: Results<T> | undefined;
   let error: Error | undefined;
+  // A value its type's parser threw on (the error a database error comes before).
+  let unreadable: { error: unknown } | undefined;
   let affectedRows = 0;
   const notifications: Answer<T>["notifications"] = [];
   for (let at = 0; at + 5 <= answer.length; ) {
@@ -78,12 +84,31 @@ export function readAnswer<T>(
           const text = answer.toString("utf8", p, p + length);
           p += length;
           const parser = decode[i];
-          values[i] = parser ? parser(text, fields[i]?.dataTypeID ?? 0) : text;
+          try {
+            values[i] = parser ? parser(text, fields[i]?.dataTypeID ?? 0) : text;
+          } catch (failure) {
+            // The statement fails with it, as PGlite's reading fails it,
+            // once the rest is read: the NOTIFYs of a statement that
+            // committed are still handed on.
+            unreadable ??= { error: failure };
+            values[i] = text;
+          }
         }
         if (rowMode === "array") rows.push(values);
         else {
           const row: Record<string, unknown> = {};
-          for (let i = 0; i < count; i++) row[names[i] as string] = values[i];
+          for (let i = 0; i < count; i++) {
+            const name = names[i] as string;
+            // A column named __proto__ is a key of its own, as Object.fromEntries makes it.
+            if (name === "__proto__")
+              Object.defineProperty(row, name, {
+                value: values[i],
+                enumerable: true,
+                writable: true,
+                configurable: true,
+              });
+            else row[name] = values[i];
+          }
           rows.push(row);
         }
         break;
@@ -112,7 +137,9 @@ export function readAnswer<T>(
         error ??= databaseError(answer.subarray(at, end));
         break;
       case 0x41: {
-        // NotificationResponse: the sender's pid (4), the channel, the payload.
+        // NotificationResponse: the sender's pid (4), the channel, the
+        // payload. PGlite hands on none after an error: nor does this.
+        if (error) break;
         const channelEnd = answer.indexOf(0, p + 4);
         const channel = answer.toString("utf8", p + 4, channelEnd);
         const payload = answer.toString("utf8", channelEnd + 1, answer.indexOf(0, channelEnd + 1));
@@ -124,7 +151,8 @@ export function readAnswer<T>(
   }
   return {
     results: results ?? ({ affectedRows: 0, rows: [], fields: [] } as Results<T>),
-    ...(error && { error }),
+    failed: error !== undefined || unreadable !== undefined,
+    error: error ?? unreadable?.error,
     notifications,
   };
 }

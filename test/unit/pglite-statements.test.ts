@@ -172,31 +172,72 @@ describe("named statements on PGlite", () => {
     expect(heard).toEqual(["n1", "n2", "n3", "n4"]);
     expect(await preparedTexts(client)).toHaveLength(1);
   });
-  it("stop delivering a channel's notifications to a listener that stopped, and only to it", async () => {
-    const client = await database(true);
-    const insert = "insert into items (id, name) values ($1, $2)";
-    nameStatement(insert);
-    const first: string[] = [];
-    const second: string[] = [];
-    const other: string[] = [];
-    const stopFirst = await client.listen("items", (p) => first.push(p));
-    // A quoted name is the channel as written; an unquoted one is folded.
-    await client.listen('"items"', (p) => second.push(p));
-    await client.listen("ITEMS_other", (p) => other.push(p));
-    await client.query(insert, [1, "n1"]);
-    await later(10);
-    await stopFirst();
-    await client.query(insert, [2, "n2"]);
-    await later(10);
-    await client.unlisten("items");
-    await client.query(insert, [3, "n3"]);
-    await later(10);
-    expect(first).toEqual(["n1"]);
-    expect(second).toEqual(["n1", "n2"]);
-    expect(other).toEqual([]);
-    await client.query("select pg_notify('items_other', 'x')");
-    await later(10);
-    expect(other).toEqual(["x"]);
+  it("hand on NOTIFYs as PGlite does, to the listeners of a channel and of every channel", async () => {
+    const scenario = async (named: boolean) => {
+      const client = await database(named);
+      const insert = "insert into items (id, name) values ($1, $2) returning id";
+      const notify = "select pg_notify($1, $2)";
+      if (named) for (const text of [insert, notify]) nameStatement(text);
+      const heard: string[] = [];
+      const stopA = await client.listen("items", (p) => heard.push(`a:${p}`));
+      await client.listen('"items"', (p) => heard.push(`b:${p}`));
+      // A quoted name is the channel as written; an unquoted one is folded.
+      await client.listen('"MixedCase"', (p) => heard.push(`m:${p}`));
+      await client.listen("OTHER", (p) => heard.push(`o:${p}`));
+      const every = (channel: string, p: string) => heard.push(`*${channel}:${p}`);
+      client.onNotification(every);
+      let id = 0;
+      const step = async (name: string) => {
+        await client.query(insert, [++id, name]);
+        await later(10);
+      };
+      await step("1");
+      await stopA();
+      await step("2");
+      client.offNotification(every);
+      await client.query(notify, ["MixedCase", "mixed"]);
+      await client.query(notify, ["mixedcase", "folded"]);
+      await client.query(notify, ["other", "other"]);
+      await client.unlisten("items");
+      await step("3");
+      await client.listen("items", (p) => heard.push(`c:${p}`));
+      await step("4");
+      // A value its parser cannot read fails the query, and the NOTIFY of
+      // the insert it committed still comes.
+      const unreadable = () => {
+        throw new Error("unreadable");
+      };
+      await expect(
+        client.query(insert, [++id, "5"], { parsers: { [types.INT4]: unreadable } }),
+      ).rejects.toThrow("unreadable");
+      await later(10);
+      expect((await client.query("select count(*)::int as n from items")).rows).toEqual([{ n: 5 }]);
+      return heard;
+    };
+    const plain = await scenario(false);
+    expect(await scenario(true)).toEqual(plain);
+    // What the scenario shows, on both.
+    expect(plain).toEqual(expect.arrayContaining(["a:1", "b:1", "*items:1", "b:2", "m:mixed"]));
+    expect(plain).toEqual(expect.arrayContaining(["o:other", "c:4", "c:5"]));
+    expect(plain).not.toEqual(expect.arrayContaining(["a:2"]));
+    expect(
+      plain.some((h) => h.endsWith(":3") || h === "m:folded" || h.startsWith("*items:4")),
+    ).toBe(false);
+  });
+
+  it("read a column named __proto__ as a key, and a parser the client gets later", async () => {
+    const answers = async (named: boolean) => {
+      const client = await database(named);
+      const text = "select 1 as __proto__, $1::int as n";
+      if (named) nameStatement(text);
+      const before = (await client.query(text, [2])).rows;
+      (client.parsers as Record<number, (x: string) => unknown>)[types.INT4] = (x) => `int ${x}`;
+      return [before, (await client.query(text, [3])).rows];
+    };
+    const plain = await answers(false);
+    expect(await answers(true)).toEqual(plain);
+    expect(Object.keys(plain[1]?.[0] as object)).toEqual(["__proto__", "n"]);
+    expect((plain[1]?.[0] as { n: unknown }).n).toBe("int 3");
   });
 
   it("keep at most `capacity` statements, the last used, and prepare an evicted one again", async () => {

@@ -11,6 +11,8 @@ import {
   timestamp,
 } from "drizzle-orm/pg-core";
 import { drizzle, PgliteSession } from "drizzle-orm/pglite";
+import { drizzle as drizzlePostgres, PostgresJsSession } from "drizzle-orm/postgres-js";
+import postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { compileRowMapping } from "../../src/db/row-mapping.js";
 
@@ -130,5 +132,30 @@ describe("rows of a flat selection, mapped by a mapper made once", () => {
     expect(made(b.joined)).toBe(false);
     expect(made(b.nested)).toBe(false);
     expect(made(queries(plain).table)).toBe(false);
+  });
+
+  it("are made on the postgres.js session too", async () => {
+    const Compiled = class extends (PostgresJsSession as new (...args: never[]) => object) {};
+    compileRowMapping(Compiled);
+    // Preparing a query sends nothing: this client never connects.
+    const sql = postgres("postgres://nobody@127.0.0.1:9/none", { max: 1 });
+    const db = drizzlePostgres(sql);
+    Object.setPrototypeOf(
+      (db as unknown as { _: { session: object } })._.session,
+      Compiled.prototype,
+    );
+    const mapper = (q: object) =>
+      (q as { customResultMapper?: (rows: unknown[][]) => unknown[] }).customResultMapper;
+    const flat = mapper(db.select().from(notes).prepare("pg_flat"));
+    expect(flat?.([[1, null, "body"]])).toEqual([{ id: 1, itemId: null, body: "body" }]);
+    expect(
+      mapper(
+        db
+          .select({ inner: { id: notes.id } })
+          .from(notes)
+          .prepare("pg_nested"),
+      ),
+    ).toBe(undefined);
+    await sql.end();
   });
 });
