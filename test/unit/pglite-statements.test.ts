@@ -236,8 +236,9 @@ describe("named statements on PGlite", () => {
     };
     const plain = await answers(false);
     expect(await answers(true)).toEqual(plain);
-    expect(Object.keys(plain[1]?.[0] as object)).toEqual(["__proto__", "n"]);
-    expect((plain[1]?.[0] as { n: unknown }).n).toBe("int 3");
+    const row = plain[1]?.[0] as { n: unknown } | undefined;
+    expect(Object.keys(row ?? {})).toEqual(["__proto__", "n"]);
+    expect(row?.n).toBe("int 3");
   });
 
   it("keep at most `capacity` statements, the last used, and prepare an evicted one again", async () => {
