@@ -20,9 +20,9 @@ const compiled = Symbol("meshwork.compiledRowMapping");
  * here selects and returns) with a mapper made once per prepared query,
  * instead of Drizzle's `mapResultRow` per row. That one works out each
  * column's decoder again on every row (up to three `is` checks, each a
- * walk up the class chain), walks each field's path and reduces into the row: in
- * a batched drain it was 8 % of the coordinator's CPU on PostgreSQL, for
- * the 61 columns of each task a completion answers.
+ * walk up the class chain), walks each field's path and reduces into the
+ * row: in a batched drain it was 8 % of the coordinator's CPU on
+ * PostgreSQL, for the 61 columns of each task a completion answers.
  *
  * The mapper is what Drizzle's own session takes as `customResultMapper`
  * (its relational queries pass theirs, which are left as they are), and
