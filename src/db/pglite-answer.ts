@@ -34,7 +34,6 @@ export function readAnswer<T>(
   parserOf: (typeId: number) => Parsers[number],
   rowMode: "array" | "object" = "object",
 ): Answer<T> {
-  let names: string[] = [];
   let fields: { name: string; dataTypeID: number }[] = [];
   let decode: Parsers[number][] = [];
   let rows: unknown[] = [];
@@ -54,7 +53,6 @@ export function readAnswer<T>(
         // type oid (4), size (2), modifier (4) and format (2).
         const count = answer.readInt16BE(p);
         p += 2;
-        names = [];
         fields = [];
         decode = [];
         rows = [];
@@ -63,7 +61,6 @@ export function readAnswer<T>(
           const name = answer.toString("utf8", p, zero);
           const dataTypeID = answer.readInt32BE(zero + 7);
           p = zero + 19;
-          names.push(name);
           fields.push({ name, dataTypeID });
           decode.push(parserOf(dataTypeID));
         }
@@ -98,7 +95,7 @@ export function readAnswer<T>(
         else {
           const row: Record<string, unknown> = {};
           for (let i = 0; i < count; i++) {
-            const name = names[i] as string;
+            const name = (fields[i] as { name: string }).name;
             // A column named __proto__ is a key of its own, as Object.fromEntries makes it.
             if (name === "__proto__")
               Object.defineProperty(row, name, {

@@ -53,7 +53,7 @@ export function compileRowMapping(session: { prototype: object }): void {
 }
 
 /** The mapper of a flat selection's rows, or undefined for any other (Drizzle's own then). */
-export function flatRowMapper(fields: SelectedField[] | undefined): RowMapper | undefined {
+function flatRowMapper(fields: SelectedField[] | undefined): RowMapper | undefined {
   if (!fields || fields.length === 0) return undefined;
   const keys: string[] = [];
   const decoders: Decoder[] = [];
