@@ -8,6 +8,7 @@ import {
   types,
 } from "@electric-sql/pglite";
 import { type Parsers, readAnswer } from "./pglite-answer.js";
+import { wrapPrepareQuery } from "./prepare-hook.js";
 
 /**
  * Named statements on PGlite, for the statements postgres.js prepares on
@@ -268,22 +269,15 @@ export function nameStatement(text: string): void {
  * ignores the name. Once per process.
  */
 export function recordNamedStatements(session: { prototype: object }): void {
-  const proto = session.prototype as {
-    prepareQuery: (
-      query: { sql: string },
-      fields: unknown,
-      name: unknown,
-      ...rest: unknown[]
-    ) => unknown;
-    [recorded]?: true;
-  };
-  if (proto[recorded]) return;
-  const prepareQuery = proto.prepareQuery;
-  proto.prepareQuery = function (this: unknown, query, fields, name, ...rest) {
-    if (typeof name === "string" && name !== "") nameStatement(query.sql);
-    return prepareQuery.call(this, query, fields, name, ...rest);
-  };
-  proto[recorded] = true;
+  wrapPrepareQuery(
+    session,
+    recorded,
+    (prepareQuery) =>
+      function (this: unknown, query, fields, name, ...rest) {
+        if (typeof name === "string" && name !== "") nameStatement(query.sql);
+        return prepareQuery.call(this, query, fields, name, ...rest);
+      },
+  );
 }
 
 /**

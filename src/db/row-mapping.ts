@@ -1,4 +1,5 @@
 import { Column, is, SQL, Subquery } from "drizzle-orm";
+import { wrapPrepareQuery } from "./prepare-hook.js";
 
 /** A selected field as Drizzle hands it to a session's prepareQuery: where it goes, and what it is. */
 interface SelectedField {
@@ -32,24 +33,16 @@ const compiled = Symbol("meshwork.compiledRowMapping");
  * left-joined table's object. Once per class.
  */
 export function compileRowMapping(session: { prototype: object }): void {
-  const proto = session.prototype as {
-    prepareQuery: (
-      query: unknown,
-      fields: SelectedField[] | undefined,
-      name: unknown,
-      isResponseInArrayMode: unknown,
-      customResultMapper: unknown,
-      ...rest: unknown[]
-    ) => unknown;
-    [compiled]?: true;
-  };
-  if (Object.hasOwn(proto, compiled)) return;
-  const prepareQuery = proto.prepareQuery;
-  proto.prepareQuery = function (this: unknown, query, fields, name, arrayMode, mapper, ...rest) {
-    const flat = mapper === undefined ? flatRowMapper(fields) : undefined;
-    return prepareQuery.call(this, query, fields, name, arrayMode, flat ?? mapper, ...rest);
-  };
-  proto[compiled] = true;
+  wrapPrepareQuery(
+    session,
+    compiled,
+    (prepareQuery) =>
+      function (this: unknown, query, fields, name, arrayMode, mapper, ...rest) {
+        const flat =
+          mapper === undefined ? flatRowMapper(fields as SelectedField[] | undefined) : undefined;
+        return prepareQuery.call(this, query, fields, name, arrayMode, flat ?? mapper, ...rest);
+      },
+  );
 }
 
 /** The mapper of a flat selection's rows, or undefined for any other (Drizzle's own then). */
