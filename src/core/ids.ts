@@ -33,17 +33,38 @@ export function newTaskId(): string {
   }
   const r = used;
   used += 16;
-  const now = Date.now();
-  if (now > msecs) {
-    // A new millisecond: the counter starts at a random 31-bit value.
-    seq = (((pool[r + 6] as number) & 0x7f) << 24) | ((pool[r + 7] as number) << 16);
-    seq |= ((pool[r + 8] as number) << 8) | (pool[r + 9] as number);
-    msecs = now;
+  tick(clock, Date.now(), pool, r);
+  return formatId(clock, pool, r);
+}
+
+/** The millisecond of the last id and its counter (a signed 32-bit integer: its bits are what counts). */
+export interface IdClock {
+  msecs: number;
+  seq: number;
+}
+
+/**
+ * Moves `clock` on for the next id at time `now`: a new millisecond starts
+ * the counter at a random 31-bit value (from `random[r + 6 … r + 9]`);
+ * within the millisecond, or when the clock went back, the counter counts
+ * up, and when it runs over (past 2^32 − 1 to 0) the id borrows the next
+ * millisecond, as the `uuid` package does: ids stay in the order made.
+ */
+export function tick(clock: IdClock, now: number, random: Uint8Array, r: number): void {
+  if (now > clock.msecs) {
+    let seq = (((random[r + 6] as number) & 0x7f) << 24) | ((random[r + 7] as number) << 16);
+    seq |= ((random[r + 8] as number) << 8) | (random[r + 9] as number);
+    clock.seq = seq;
+    clock.msecs = now;
   } else {
-    seq = (seq + 1) | 0;
-    // The counter ran over: borrow the next millisecond, as the package does.
-    if (seq === 0) msecs++;
+    clock.seq = (clock.seq + 1) | 0;
+    if (clock.seq === 0) clock.msecs++;
   }
+}
+
+/** The id of `clock`'s millisecond and counter, the rest from `random[r + 10 … r + 15]`. */
+export function formatId(clock: IdClock, random: Uint8Array, r: number): string {
+  const { msecs, seq } = clock;
   const b = bytes;
   b[0] = (msecs / 0x10000000000) & 0xff;
   b[1] = (msecs / 0x100000000) & 0xff;
@@ -55,8 +76,8 @@ export function newTaskId(): string {
   b[7] = (seq >>> 20) & 0xff;
   b[8] = 0x80 | ((seq >>> 14) & 0x3f);
   b[9] = (seq >>> 6) & 0xff;
-  b[10] = ((seq << 2) & 0xff) | ((pool[r + 10] as number) & 0x03);
-  for (let i = 11; i < 16; i++) b[i] = pool[r + i] as number;
+  b[10] = ((seq << 2) & 0xff) | ((random[r + 10] as number) & 0x03);
+  for (let i = 11; i < 16; i++) b[i] = random[r + i] as number;
   let s = "";
   for (let i = 0; i < 16; i++) {
     s += hex[b[i] as number];
@@ -68,8 +89,6 @@ export function newTaskId(): string {
 /** Random bytes for the next ids, 16 an id; `used` of them taken. */
 const pool = new Uint8Array(16 * 256);
 let used = pool.length;
-/** The millisecond of the last id and its counter. */
-let msecs = Number.NEGATIVE_INFINITY;
-let seq = 0;
+const clock: IdClock = { msecs: Number.NEGATIVE_INFINITY, seq: 0 };
 const bytes = new Uint8Array(16);
 const hex = Array.from({ length: 256 }, (_, i) => i.toString(16).padStart(2, "0"));
