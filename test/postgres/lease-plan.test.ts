@@ -1,11 +1,10 @@
 import { drizzle } from "drizzle-orm/postgres-js";
-import type postgres from "postgres";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import type { Db } from "../../src/db/database.js";
 import * as schema from "../../src/db/schema/index.js";
 import { createTransitions } from "../../src/leases/transitions.js";
-import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
-import { explainEverything, noticeClient } from "../support/plans.js";
+import { onPostgres } from "../support/database.js";
+import { explainEverything, planDatabase } from "../support/plans.js";
 
 // Every lease-bound request (complete, renew, ...) names its task: the
 // statement must reach that row by primary key, never through the worker's
@@ -16,16 +15,14 @@ import { explainEverything, noticeClient } from "../support/plans.js";
 // and behind a transaction held open every lease it was granted in the
 // last lease_seconds, 32 times (85 ms per CompleteTasks in the bench).
 describe.skipIf(!onPostgres)("the lease-bound statements' plans on PostgreSQL", () => {
-  let tdb: TestDatabase;
-  let client: postgres.Sql;
   let transitions: ReturnType<typeof createTransitions>;
   const plans: string[] = [];
+  const pdb = planDatabase(plans);
   const worker = "a0000000-0000-4000-8000-00000000000a";
   let leased: string[] = [];
 
   beforeAll(async () => {
-    tdb = await createTestDatabase();
-    client = noticeClient(tdb.url ?? "", plans);
+    const client = pdb.sql;
     await client`insert into workers (id, capabilities, max_concurrency) values (${worker}, '{w}', 10000)`;
     // 5,000 live leases of one worker.
     const rows = await client`insert into tasks (id, workload, state, attempt, max_attempts,
@@ -43,10 +40,6 @@ describe.skipIf(!onPostgres)("the lease-bound statements' plans on PostgreSQL", 
       from generate_series(1, 50000)`;
     await explainEverything(client, { analyze: true, timing: false });
     transitions = createTransitions(drizzle({ client, schema }) as unknown as Db);
-  });
-  afterAll(async () => {
-    await client?.end();
-    await tdb?.drop();
   });
 
   /** The next `n` leased tasks, each used once. */
@@ -71,7 +64,7 @@ describe.skipIf(!onPostgres)("the lease-bound statements' plans on PostgreSQL", 
     const when = analyzed ? "after" : "without";
 
     it(`completes 32 by primary key ${when} ANALYZE`, async () => {
-      if (analyzed) await client`analyze tasks`;
+      if (analyzed) await pdb.sql`analyze tasks`;
       const plan = await planOf(() =>
         transitions.complete().execute({
           items: JSON.stringify(

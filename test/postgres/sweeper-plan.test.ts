@@ -1,14 +1,13 @@
 import { sql } from "drizzle-orm";
 import { drizzle } from "drizzle-orm/postgres-js";
-import type postgres from "postgres";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import type { Db } from "../../src/db/database.js";
 import * as schema from "../../src/db/schema/index.js";
 import { rowsOf } from "../../src/db/values.js";
 import { createTransitions } from "../../src/leases/transitions.js";
 import { createRetention } from "../../src/tasks/retention.js";
-import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
-import { explainEverything, noticeClient } from "../support/plans.js";
+import { onPostgres } from "../support/database.js";
+import { explainEverything, planDatabase } from "../support/plans.js";
 
 // The sweeper runs every second on every replica, and retention every
 // minute, so their statements must cost what they change, not the backlog:
@@ -18,16 +17,14 @@ import { explainEverything, noticeClient } from "../support/plans.js";
 // 100,000 PENDING tasks and a backlog of 20,000 due ones, before ANALYZE
 // (this machine's PostgreSQL runs with autovacuum off) and after.
 describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
-  let tdb: TestDatabase;
-  let client: postgres.Sql;
   let transitions: ReturnType<typeof createTransitions>;
   let db: Db;
   const plans: string[] = [];
+  const pdb = planDatabase(plans);
   const columns = sql_columns();
 
   beforeAll(async () => {
-    tdb = await createTestDatabase();
-    client = noticeClient(tdb.url ?? "", plans);
+    const client = pdb.sql;
     // 100,000 PENDING tasks, none due: 100 in backoff until later, 100 with
     // a deadline far ahead.
     await client.unsafe(`insert into tasks (${columns}, not_before, deadline)
@@ -38,10 +35,6 @@ describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
     await explainEverything(client, { analyze: true, timing: false });
     db = drizzle({ client, schema }) as unknown as Db;
     transitions = createTransitions(db);
-  });
-  afterAll(async () => {
-    await client?.end();
-    await tdb?.drop();
   });
 
   /** The plan of the one statement run, with the actual row counts. */
@@ -77,7 +70,7 @@ describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
         );
         return { plan: lines.map((l) => l["QUERY PLAN"]).join("\n"), ...jit };
       });
-    const { database } = tdb;
+    const { database } = pdb.tdb;
     for (const handle of [database.db, database.urgent, database.housekeeping, database.upkeep]) {
       const { plan, setting, available } = await compiled(handle);
       expect(setting).toBe("off");
@@ -92,10 +85,10 @@ describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
     const when = analyzed ? "after" : "without";
 
     it(`finds a due retry through tasks_retry_idx ${when} ANALYZE`, async () => {
-      await client.unsafe(`insert into tasks (${columns}, not_before)
+      await pdb.sql.unsafe(`insert into tasks (${columns}, not_before)
         select gen_random_uuid(), 'w', 'PENDING', 3, 60, 1000, 300000, 2,
           now() - interval '100 milliseconds' from generate_series(1, 5)`);
-      if (analyzed) await client`analyze tasks`;
+      if (analyzed) await pdb.sql`analyze tasks`;
       let rows: unknown[] = [];
       const plan = await planOf(async () => {
         rows = await transitions.retryDue().execute({ ms: 2000 });
@@ -107,10 +100,10 @@ describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
     });
 
     it(`fails 1,000 of 20,000 overdue tasks by primary key ${when} ANALYZE`, async () => {
-      await client.unsafe(`insert into tasks (${columns}, deadline)
+      await pdb.sql.unsafe(`insert into tasks (${columns}, deadline)
         select gen_random_uuid(), 'w', 'PENDING', 3, 60, 1000, 300000, 2,
           now() - interval '1 second' from generate_series(1, 20000)`);
-      if (analyzed) await client`analyze tasks`;
+      if (analyzed) await pdb.sql`analyze tasks`;
       let rows: unknown[] = [];
       const plan = await planOf(async () => {
         rows = await transitions.failPastDeadline().execute({ limit: 1000 });
@@ -124,14 +117,14 @@ describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
       // every PENDING one.)
       expect(pkeyRows(plan)).toBe(1000);
       expect(plan).not.toMatch(/Seq Scan on tasks/);
-      await client`delete from tasks where state = 'FAILED' or deadline <= now()`;
+      await pdb.sql`delete from tasks where state = 'FAILED' or deadline <= now()`;
     });
 
     it(`expires 1,000 of 20,000 expired leases by primary key ${when} ANALYZE`, async () => {
-      await client.unsafe(`insert into tasks (${columns}, attempt, lease_expires_at)
+      await pdb.sql.unsafe(`insert into tasks (${columns}, attempt, lease_expires_at)
         select gen_random_uuid(), 'w', 'RUNNING', 3, 60, 1000, 300000, 2,
           1, now() - interval '1 second' from generate_series(1, 20000)`);
-      if (analyzed) await client`analyze tasks`;
+      if (analyzed) await pdb.sql`analyze tasks`;
       let rows: unknown[] = [];
       const plan = await planOf(async () => {
         rows = await transitions.expire().execute({ limit: 1000, from: null });
@@ -141,17 +134,17 @@ describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
       expect(plan).not.toContain("Hash Join");
       expect(pkeyRows(plan)).toBe(1000);
       expect(plan).not.toMatch(/Seq Scan on tasks/);
-      await client`delete from tasks where lease_expires_at is not null`;
+      await pdb.sql`delete from tasks where lease_expires_at is not null`;
     });
 
     it(`expires from the sweeper's mark without reading the leases that expired before it ${when} ANALYZE`, async () => {
       // 20,000 that expired an hour ago (a whole pass's), 500 a second ago.
-      await client.unsafe(`insert into tasks (${columns}, attempt, lease_expires_at)
+      await pdb.sql.unsafe(`insert into tasks (${columns}, attempt, lease_expires_at)
         select gen_random_uuid(), 'w', 'RUNNING', 3, 60, 1000, 300000, 2, 1,
           now() - case when i <= 500 then interval '1 second' else interval '1 hour' end
         from generate_series(1, 20500) as i`);
-      if (analyzed) await client`analyze tasks`;
-      const [mark] = await client`select now() - interval '5 seconds' as t`;
+      if (analyzed) await pdb.sql`analyze tasks`;
+      const [mark] = await pdb.sql`select now() - interval '5 seconds' as t`;
       let rows: unknown[] = [];
       const plan = await planOf(async () => {
         rows = await transitions.expire().execute({ limit: 1000, from: mark?.t });
@@ -162,24 +155,24 @@ describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
       );
       expect(Number(expiry?.[1] ?? -1)).toBe(500);
       expect(plan).not.toMatch(/Seq Scan on tasks/);
-      await client`delete from tasks where lease_expires_at is not null`;
+      await pdb.sql`delete from tasks where lease_expires_at is not null`;
     });
 
     it(`deletes 500 of 20,000 old finished tasks by primary key ${when} ANALYZE`, async () => {
       // 20,000 finished long ago, 20,000 recently, one in ten with an output
       // artifact and one in ten naming an input.
-      await client.unsafe(`insert into tasks (${columns}, finished_at, input)
+      await pdb.sql.unsafe(`insert into tasks (${columns}, finished_at, input)
         select gen_random_uuid(), 'w', 'SUCCEEDED', 3, 60, 1000, 300000, 2,
           now() - case when i % 2 = 0 then interval '8 days' else interval '1 day' end,
           case when i % 10 = 1 then jsonb_build_object('artifactId', gen_random_uuid()) end
         from generate_series(1, 40000) as i`);
-      await client.unsafe(`insert into artifacts (id, task_id, filename, kind, sha256, size_bytes)
+      await pdb.sql.unsafe(`insert into artifacts (id, task_id, filename, kind, sha256, size_bytes)
         select gen_random_uuid(), id, 'out', 'OUTPUT', md5(id::text), 1
         from tasks where state = 'SUCCEEDED' and random() < 0.1`);
-      await client.unsafe(`insert into artifacts (id, task_id, filename, kind, sha256, size_bytes)
+      await pdb.sql.unsafe(`insert into artifacts (id, task_id, filename, kind, sha256, size_bytes)
         select (input->>'artifactId')::uuid, null, 'in', 'INPUT', md5(id::text), 1
         from tasks where state = 'SUCCEEDED' and input is not null`);
-      if (analyzed) await client`analyze`;
+      if (analyzed) await pdb.sql`analyze`;
       const retention = createRetention(
         { db, blobs: {}, log: { info() {}, debug() {}, warn() {}, error() {} } },
         { retentionMs: 7 * 86_400_000, maxBatches: 1 },
@@ -194,16 +187,16 @@ describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
       expect(del).not.toMatch(/Seq Scan on (tasks|artifacts)/);
       expect(del).not.toContain("Index Cond: (task_id IS NULL)");
       expect(plan).not.toContain("Hash Join");
-      await client`delete from tasks where state = 'SUCCEEDED'`;
-      await client`delete from artifacts`;
+      await pdb.sql`delete from tasks where state = 'SUCCEEDED'`;
+      await pdb.sql`delete from artifacts`;
     });
 
     it(`reads no finished task it keeps: 100,000 finished recently, none old, ${when} ANALYZE`, async () => {
-      await client.unsafe(`insert into tasks (${columns}, finished_at)
+      await pdb.sql.unsafe(`insert into tasks (${columns}, finished_at)
         select gen_random_uuid(), 'w', 'SUCCEEDED', 3, 60, 1000, 300000, 2,
           now() - interval '1 hour' + i * interval '1 millisecond'
         from generate_series(1, 100000) as i`);
-      if (analyzed) await client`analyze`;
+      if (analyzed) await pdb.sql`analyze`;
       const retention = createRetention(
         { db, blobs: {}, log: { info() {}, debug() {}, warn() {}, error() {} } },
         { retentionMs: 7 * 86_400_000, maxBatches: 1 },
@@ -219,7 +212,7 @@ describe.skipIf(!onPostgres)("the sweeper's plans on PostgreSQL", () => {
       const counts = [...del.matchAll(/actual rows=(\d+)/g)].map((m) => Number(m[1]));
       expect(counts.length).toBeGreaterThan(0);
       expect(Math.max(...counts), del).toBeLessThan(1000);
-      await client`delete from tasks where state = 'SUCCEEDED'`;
+      await pdb.sql`delete from tasks where state = 'SUCCEEDED'`;
     });
   }
 });
