@@ -15,8 +15,19 @@ import postgres from "postgres";
 import { FleetService } from "../gen/meshwork/v1/fleet_pb.js";
 import { type Claim, LeaseService } from "../gen/meshwork/v1/lease_pb.js";
 import { TaskService } from "../gen/meshwork/v1/task_pb.js";
+import { postgresTarget } from "../src/db/database.js";
 
 export const pgUrl = process.env.BENCH_PG_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
+
+/**
+ * A postgres.js client of `url`, which may name a Unix socket as libpq
+ * does (`?host=/var/run/postgresql`): read as the coordinator reads
+ * DATABASE_URL (src/db/database.ts, postgresTarget).
+ */
+export function pgClient(url: string, options: postgres.Options<Record<string, never>> = {}) {
+  const target = postgresTarget(url);
+  return postgres(target.url, { ...options, ...(target.path && { path: target.path }) });
+}
 
 export interface Coordinator {
   url: string;
@@ -79,7 +90,7 @@ export async function startCoordinator(
   delete childEnv.DATABASE_URL;
   if (database === "postgres") {
     dbName = `meshwork_bench_${process.pid}_${Date.now()}`;
-    admin = postgres(pgUrl, { max: 1, onnotice: () => {} });
+    admin = pgClient(pgUrl, { max: 1, onnotice: () => {} });
     await admin.unsafe(`create database ${dbName}`);
     dbUrl = databaseUrl(pgUrl, dbName);
     childEnv.DATABASE_URL = dbUrl;
@@ -389,7 +400,7 @@ export async function withDatabase<T>(
   body: (url: string) => Promise<T>,
 ): Promise<T> {
   const name = `${prefix}_${process.pid}`;
-  const admin = postgres(pgUrl, { max: 1, onnotice: () => {} });
+  const admin = pgClient(pgUrl, { max: 1, onnotice: () => {} });
   await admin.unsafe(`drop database if exists ${name} with (force)`);
   await admin.unsafe(`create database ${name}`);
   try {

@@ -89,11 +89,50 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Databa
     : openPglite(options.dataDir, progress);
 }
 
-/** host:port/database of a PostgreSQL URL, without the user or password. */
+/**
+ * Where a PostgreSQL URL connects, for postgres.js: the URL, and the Unix
+ * socket when the URL names one as libpq does, with a `host` parameter that
+ * is a directory (`postgresql://user@localhost/db?host=/var/run/postgresql`)
+ * or a percent-encoded directory as its host
+ * (`postgresql://user@%2Fvar%2Frun%2Fpostgresql/db`). postgres.js reads a
+ * socket only from its `path` option (or PGHOST): it would send a `host`
+ * parameter to the server as a setting, which the server refuses, and
+ * would look the encoded host up as a name. The socket is the directory's
+ * `.s.PGSQL.<port>` (the URL's port, else 5432), and the `host` parameter
+ * is taken out of the URL.
+ */
+export function postgresTarget(url: string): { url: string; path?: string } {
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch {
+    return { url };
+  }
+  const param = u.searchParams.get("host");
+  const dir = param ?? safeDecode(u.hostname);
+  if (!dir?.startsWith("/")) return { url };
+  if (param !== null) u.searchParams.delete("host");
+  return {
+    url: param !== null ? u.toString() : url,
+    path: `${dir.replace(/\/+$/, "")}/.s.PGSQL.${u.port || 5432}`,
+  };
+}
+
+function safeDecode(s: string): string | undefined {
+  try {
+    return decodeURIComponent(s);
+  } catch {
+    return undefined;
+  }
+}
+
+/** host:port/database of a PostgreSQL URL (the socket's path for a Unix socket), without the user or password. */
 export function postgresPlace(url: string): string {
   try {
     const u = new URL(url);
-    return `${u.hostname}:${u.port || 5432}${u.pathname.length > 1 ? u.pathname : ""}`;
+    const database = u.pathname.length > 1 ? u.pathname : "";
+    const { path } = postgresTarget(url);
+    return path ? `${path}${database}` : `${u.hostname}:${u.port || 5432}${database}`;
   } catch {
     return "the server in DATABASE_URL";
   }
@@ -199,7 +238,11 @@ async function openPostgres(
   ]);
   compileRowMapping(PostgresJsSession);
   // Its types say `export =`; imported as ESM, the function is the default export.
-  const postgres = (postgresModule as unknown as { default: typeof postgresModule }).default;
+  const connect = (postgresModule as unknown as { default: typeof postgresModule }).default;
+  // A URL that names a Unix socket connects through it (postgresTarget).
+  const target = postgresTarget(url);
+  const postgres = (options: Parameters<typeof connect>[1]) =>
+    connect(target.url, { ...options, ...(target.path && { path: target.path }) });
   // A new connection that gets no answer (its backend terminated while it
   // started up, under a storm of pg_terminate_backend) gives up after 5 s,
   // not postgres.js's 30: the statements queued on it — a batch of claims
@@ -217,7 +260,7 @@ async function openPostgres(
   // Migrate on one dedicated connection under an advisory lock, so that
   // replicas starting together apply each migration once, and their
   // functions one replica after the other (functions.ts).
-  const admin = postgres(url, { max: 1, connection: noJit, ...quiet });
+  const admin = postgres({ max: 1, connection: noJit, ...quiet });
   progress(`connecting to PostgreSQL at ${postgresPlace(url)}`);
   try {
     await admin`select pg_advisory_lock(7263550101)`;
@@ -243,7 +286,7 @@ async function openPostgres(
     ...noJit,
     ...(o.statementTimeoutMs > 0 && { statement_timeout: o.statementTimeoutMs }),
   });
-  const client = postgres(url, { max: o.poolSize, connection: connection("meshwork"), ...quiet });
+  const client = postgres({ max: o.poolSize, connection: connection("meshwork"), ...quiet });
   // Requests wait at most acquireTimeoutMs for a pool connection, then fail
   // fast with `unavailable` (pool-gate.ts): postgres.js itself would queue
   // them until a connection frees, however long that takes.
@@ -259,7 +302,7 @@ async function openPostgres(
   // The sweeper's own connection, outside the pool and the gate: it runs
   // one statement at a time, and must keep expiring leases while request
   // traffic holds every pool connection.
-  const sweeperClient = postgres(url, {
+  const sweeperClient = postgres({
     max: 1,
     connection: connection("meshwork-sweeper"),
     ...quiet,
@@ -271,7 +314,7 @@ async function openPostgres(
   // Vacuums run here, one at a time, for as long as they take; the
   // connection closes when idle. Its statements take no array parameters:
   // no array types to fetch.
-  const upkeepClient = postgres(url, {
+  const upkeepClient = postgres({
     max: 1,
     idle_timeout: 60,
     fetch_types: false,
