@@ -19,6 +19,7 @@
  * Autovacuum is as the server has it (`show autovacuum` is printed); the
  * benchmark machine has it off.
  */
+import { connectPostgres } from "../src/db/postgres-client.js";
 import {
   type Coordinator,
   clients,
@@ -26,7 +27,6 @@ import {
   drain,
   enqueue,
   grpc,
-  pgClient,
   print,
   quantile,
   round2,
@@ -65,7 +65,7 @@ async function probe(co: Coordinator, workerId: string, workload: string) {
 /** Fresh, then after `through` tasks went through; `vacuum` as the coordinator's --vacuum. */
 export async function bloatThrough(vacuum: "on" | "off") {
   const co = await startCoordinator("postgres", { logsToStderr: true, args: ["--vacuum", vacuum] });
-  const sql = pgClient(co.databaseUrl, { max: 1, onnotice: () => {} });
+  const sql = connectPostgres(co.databaseUrl, { max: 1, onnotice: () => {} });
   try {
     const [av] = await sql`show autovacuum`;
     const c = clients(grpc(co));
@@ -138,7 +138,7 @@ export async function bloatThrough(vacuum: "on" | "off") {
 /** 1b drains for pinSeconds while a transaction holds the horizon: first and last tenth. */
 export async function bloatPinned() {
   const co = await startCoordinator("postgres", { logsToStderr: true });
-  const holder = pgClient(co.databaseUrl, {
+  const holder = connectPostgres(co.databaseUrl, {
     max: 1,
     onnotice: () => {},
     connection: { application_name: "bench-pin" },

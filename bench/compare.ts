@@ -114,6 +114,7 @@ import {
   type StreamLeasesResponse,
 } from "../gen/meshwork/v1/lease_pb.js";
 import { openDatabase } from "../src/db/database.js";
+import { connectPostgres } from "../src/db/postgres-client.js";
 import { createLeaseStore } from "../src/leases/store.js";
 import { bloatPinned, bloatThrough } from "./bloat.js";
 import {
@@ -128,7 +129,6 @@ import {
   grpc,
   grpcTo,
   latency,
-  pgClient,
   print,
   quantile,
   round2,
@@ -202,7 +202,7 @@ async function graphile() {
 }
 
 async function graphileOn(connectionString: string) {
-  const sql = pgClient(connectionString, { max: 1, onnotice: () => {} });
+  const sql = connectPostgres(connectionString, { max: 1, onnotice: () => {} });
   try {
     // Errors only: graphile-worker logs every job otherwise.
     const logger = new Logger(() => (level, message) => {
@@ -596,7 +596,7 @@ async function drainFloor(co: Coordinator) {
  * create (an insert and its commit, the NOTIFY trigger included).
  */
 async function insertFloor(co: Coordinator) {
-  const sql = pgClient(co.databaseUrl, { max: 1, onnotice: () => {} });
+  const sql = connectPostgres(co.databaseUrl, { max: 1, onnotice: () => {} });
   try {
     const workload = `floor-${Date.now()}`;
     const insert = (specs: string) => sql`
@@ -692,7 +692,7 @@ function leaseStream(co: Coordinator, signal: AbortSignal) {
 
 async function leases() {
   const co = await startCoordinator("postgres", quiet);
-  const sql = pgClient(co.databaseUrl, { max: 1, onnotice: () => {} });
+  const sql = connectPostgres(co.databaseUrl, { max: 1, onnotice: () => {} });
   // Autovacuum is off on the benchmark machine: without this each drain
   // would run over the dead rows of the one before and the last be slowest.
   const vacuum = () => sql`vacuum tasks`;
@@ -900,7 +900,7 @@ async function loadedRss() {
 
 async function backlogAt(pending: number) {
   const co = await startCoordinator("postgres", quiet);
-  const sql = pgClient(co.databaseUrl, { max: 1, onnotice: () => {} });
+  const sql = connectPostgres(co.databaseUrl, { max: 1, onnotice: () => {} });
   try {
     const [av] = await sql`show autovacuum`;
     const autovacuum = String(av?.autovacuum);
@@ -991,7 +991,7 @@ async function backlogAt(pending: number) {
  */
 async function historyAt(done: number) {
   const co = await startCoordinator("postgres", quiet);
-  const sql = pgClient(co.databaseUrl, { max: 1, onnotice: () => {} });
+  const sql = connectPostgres(co.databaseUrl, { max: 1, onnotice: () => {} });
   try {
     await warmUp(co);
     if (done > 0) {

@@ -11,23 +11,13 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type Client, createClient, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, type GrpcTransportOptions } from "@connectrpc/connect-node";
-import postgres from "postgres";
+import type postgres from "postgres";
 import { FleetService } from "../gen/meshwork/v1/fleet_pb.js";
 import { type Claim, LeaseService } from "../gen/meshwork/v1/lease_pb.js";
 import { TaskService } from "../gen/meshwork/v1/task_pb.js";
-import { postgresTarget } from "../src/db/database.js";
+import { connectPostgres } from "../src/db/postgres-client.js";
 
 export const pgUrl = process.env.BENCH_PG_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
-
-/**
- * A postgres.js client of `url`, which may name a Unix socket as libpq
- * does (`?host=/var/run/postgresql`): read as the coordinator reads
- * DATABASE_URL (src/db/database.ts, postgresTarget).
- */
-export function pgClient(url: string, options: postgres.Options<Record<string, never>> = {}) {
-  const target = postgresTarget(url);
-  return postgres(target.url, { ...options, ...(target.path && { path: target.path }) });
-}
 
 export interface Coordinator {
   url: string;
@@ -90,7 +80,7 @@ export async function startCoordinator(
   delete childEnv.DATABASE_URL;
   if (database === "postgres") {
     dbName = `meshwork_bench_${process.pid}_${Date.now()}`;
-    admin = pgClient(pgUrl, { max: 1, onnotice: () => {} });
+    admin = connectPostgres(pgUrl, { max: 1, onnotice: () => {} });
     await admin.unsafe(`create database ${dbName}`);
     dbUrl = databaseUrl(pgUrl, dbName);
     childEnv.DATABASE_URL = dbUrl;
@@ -400,7 +390,7 @@ export async function withDatabase<T>(
   body: (url: string) => Promise<T>,
 ): Promise<T> {
   const name = `${prefix}_${process.pid}`;
-  const admin = pgClient(pgUrl, { max: 1, onnotice: () => {} });
+  const admin = connectPostgres(pgUrl, { max: 1, onnotice: () => {} });
   await admin.unsafe(`drop database if exists ${name} with (force)`);
   await admin.unsafe(`create database ${name}`);
   try {

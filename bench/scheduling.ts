@@ -17,12 +17,12 @@
  */
 import { createClient } from "@connectrpc/connect";
 import { ShareService } from "../gen/meshwork/v1/share_pb.js";
+import { connectPostgres } from "../src/db/postgres-client.js";
 import {
   type Coordinator,
   clients,
   drainWorkload,
   grpc,
-  pgClient,
   print,
   quantile,
   round2,
@@ -126,7 +126,7 @@ async function drainOnce(scheduled: boolean, o: { workers: number; batch: number
 /** Three shares 1:2:1 under a saturated mixed load: each share's part of the GPU-seconds. */
 async function fairShare(o: { workers: number }) {
   const co = await startCoordinator("postgres", { logsToStderr: true });
-  const sql = pgClient(co.databaseUrl, { max: 1, onnotice: () => {} });
+  const sql = connectPostgres(co.databaseUrl, { max: 1, onnotice: () => {} });
   try {
     const workload = `fair-${Date.now()}`;
     const shares = createClient(ShareService, grpc(co));

@@ -1,5 +1,5 @@
 import { adminTokenPath, type Config, shownUrl } from "./config.js";
-import { postgresPlace } from "./db/database.js";
+import { postgresPlace } from "./db/postgres-url.js";
 
 /**
  * Whether log lines are for a person: `--log-format pretty`, or `auto` (the

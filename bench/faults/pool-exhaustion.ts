@@ -14,7 +14,7 @@
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { createServer } from "node:net";
-import postgres from "postgres";
+import { connectPostgres } from "../../src/db/postgres-client.js";
 
 /** What run.ts passes in: its `check`, a fresh PostgreSQL place, and --short. */
 export interface PoolExhaustionContext {
@@ -40,7 +40,7 @@ export async function poolExhaustion(ctx: PoolExhaustionContext): Promise<void> 
   const url = p.url ?? "";
   const coordinator = await start(p.dataDir, url);
   const base = coordinator.url;
-  const admin = postgres(url, { max: 2, onnotice: () => {} });
+  const admin = connectPostgres(url, { max: 2, onnotice: () => {} });
   const label = `postgres: pool of ${poolSize} exhausted for ${holdMs / 1000} s`;
   try {
     const reg = async (name: string) =>

@@ -23,8 +23,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { type SQL, sql } from "drizzle-orm";
-import postgres from "postgres";
 import { openDatabase } from "../../src/db/database.js";
+import { connectPostgres } from "../../src/db/postgres-client.js";
 import { rowsOf } from "../../src/db/values.js";
 import {
   badTokens,
@@ -112,7 +112,7 @@ async function place(engine: Engine): Promise<Place> {
   let url: string | undefined;
   if (engine === "postgres") {
     name = `meshwork_faults_${randomBytes(4).toString("hex")}`;
-    const admin = postgres(pgUrl ?? "", { max: 1, onnotice: () => {} });
+    const admin = connectPostgres(pgUrl ?? "", { max: 1, onnotice: () => {} });
     await admin.unsafe(`create database ${name}`);
     await admin.end();
     const u = new URL(pgUrl ?? "");
@@ -127,7 +127,7 @@ async function place(engine: Engine): Promise<Place> {
     async drop() {
       places.delete(p);
       if (name) {
-        const admin = postgres(pgUrl ?? "", { max: 1, onnotice: () => {} });
+        const admin = connectPostgres(pgUrl ?? "", { max: 1, onnotice: () => {} });
         await admin.unsafe(`drop database if exists ${name} with (force)`);
         await admin.end();
       }
@@ -144,7 +144,7 @@ async function dropAll(): Promise<void> {
 
 /** A PostgreSQL connection to the place's database, for reading it while coordinators run. */
 function connect(p: Place) {
-  return postgres(p.url ?? "", { max: 1, onnotice: () => {} });
+  return connectPostgres(p.url ?? "", { max: 1, onnotice: () => {} });
 }
 
 /** Migrates the database and installs the audit trigger, before any coordinator runs. */
@@ -668,7 +668,7 @@ async function connectionStorm(p: Place): Promise<void> {
   const c = await startCoordinator(p, await freePort());
   await createTasks(c.url, n);
   const workers = drain(() => c.url, 8);
-  const admin = postgres(pgUrl ?? "", { max: 1, onnotice: () => {} });
+  const admin = connectPostgres(pgUrl ?? "", { max: 1, onnotice: () => {} });
   const name = new URL(p.url ?? "").pathname.slice(1);
   const ends = Date.now() + stormMs;
   let rounds = 0;

@@ -7,6 +7,8 @@ import { applyFunctions, functionsSql } from "./functions.js";
 import { createStatementEvents, observePglite, type StatementEvents } from "./observe.js";
 import { initPgliteDataDir, pgliteOptions } from "./pglite-init.js";
 import { createPoolGate, gatedClient, poolDefaults, ungated } from "./pool-gate.js";
+import type { PostgresOptions } from "./postgres-client.js";
+import { postgresPlace } from "./postgres-url.js";
 import * as schema from "./schema/index.js";
 
 /** The Drizzle handle every store takes: a database or a transaction. */
@@ -87,55 +89,6 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Databa
   return options.url
     ? openPostgres(options.url, { ...poolDefaults, ...withoutUndefined(options) }, progress)
     : openPglite(options.dataDir, progress);
-}
-
-/**
- * Where a PostgreSQL URL connects, for postgres.js: the URL, and the Unix
- * socket when the URL names one as libpq does, with a `host` parameter that
- * is a directory (`postgresql://user@localhost/db?host=/var/run/postgresql`)
- * or a percent-encoded directory as its host
- * (`postgresql://user@%2Fvar%2Frun%2Fpostgresql/db`). postgres.js reads a
- * socket only from its `path` option (or PGHOST): it would send a `host`
- * parameter to the server as a setting, which the server refuses, and
- * would look the encoded host up as a name. The socket is the directory's
- * `.s.PGSQL.<port>` (the URL's port, else 5432), and the `host` parameter
- * is taken out of the URL.
- */
-export function postgresTarget(url: string): { url: string; path?: string } {
-  let u: URL;
-  try {
-    u = new URL(url);
-  } catch {
-    return { url };
-  }
-  const param = u.searchParams.get("host");
-  const dir = param ?? safeDecode(u.hostname);
-  if (!dir?.startsWith("/")) return { url };
-  if (param !== null) u.searchParams.delete("host");
-  return {
-    url: param !== null ? u.toString() : url,
-    path: `${dir.replace(/\/+$/, "")}/.s.PGSQL.${u.port || 5432}`,
-  };
-}
-
-function safeDecode(s: string): string | undefined {
-  try {
-    return decodeURIComponent(s);
-  } catch {
-    return undefined;
-  }
-}
-
-/** host:port/database of a PostgreSQL URL (the socket's path for a Unix socket), without the user or password. */
-export function postgresPlace(url: string): string {
-  try {
-    const u = new URL(url);
-    const database = u.pathname.length > 1 ? u.pathname : "";
-    const { path } = postgresTarget(url);
-    return path ? `${path}${database}` : `${u.hostname}:${u.port || 5432}${database}`;
-  } catch {
-    return "the server in DATABASE_URL";
-  }
 }
 
 function withoutUndefined<T extends object>(o: T): Partial<T> {
@@ -226,23 +179,19 @@ async function openPostgres(
   progress: (step: string) => void,
 ): Promise<Database> {
   const [
-    postgresModule,
+    { connectPostgres },
     { drizzle: drizzlePostgres, PostgresJsSession },
     { migrate: migratePostgres },
     { compileRowMapping },
   ] = await Promise.all([
-    import("postgres"),
+    import("./postgres-client.js"),
     import("drizzle-orm/postgres-js"),
     import("drizzle-orm/postgres-js/migrator"),
     import("./row-mapping.js"),
   ]);
   compileRowMapping(PostgresJsSession);
-  // Its types say `export =`; imported as ESM, the function is the default export.
-  const connect = (postgresModule as unknown as { default: typeof postgresModule }).default;
-  // A URL that names a Unix socket connects through it (postgresTarget).
-  const target = postgresTarget(url);
-  const postgres = (options: Parameters<typeof connect>[1]) =>
-    connect(target.url, { ...options, ...(target.path && { path: target.path }) });
+  // A URL that names a Unix socket connects through it (postgres-url.ts).
+  const postgres = (options: PostgresOptions) => connectPostgres(url, options);
   // A new connection that gets no answer (its backend terminated while it
   // started up, under a storm of pg_terminate_backend) gives up after 5 s,
   // not postgres.js's 30: the statements queued on it — a batch of claims

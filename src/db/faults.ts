@@ -11,10 +11,14 @@
 export function isTransientDatabaseError(error: unknown): boolean {
   let e: unknown = error;
   for (let depth = 0; depth < 6 && e !== null && typeof e === "object"; depth++) {
-    const code = (e as { code?: unknown }).code;
+    const { code, syscall } = e as { code?: unknown; syscall?: unknown };
     if (typeof code === "string" && (transientCodes.has(code) || transientSqlState(code))) {
       return true;
     }
+    // A Unix socket that is not there: the server is stopped or restarting
+    // (PostgreSQL removes its socket file when it stops). Only a connect's:
+    // a file missing elsewhere is no database fault.
+    if (code === "ENOENT" && syscall === "connect") return true;
     e = (e as { cause?: unknown }).cause;
   }
   return false;

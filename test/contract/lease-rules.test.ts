@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { count, eq, sql } from "drizzle-orm";
-import postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { connectPostgres } from "../../src/db/postgres-client.js";
 import { type ArtifactRefJson, artifacts, tasks } from "../../src/db/schema/index.js";
 import { createLeaseStore, type LeaseStore } from "../../src/leases/store.js";
 import { createTaskStore, type NewTask, type TaskStore } from "../../src/tasks/store.js";
@@ -347,7 +347,7 @@ describe.skipIf(!onPostgres)("claims beside another transaction's row lock on Po
     const workload = uniqueWorkload();
     const [best] = await taskStore.create([newTask({ workload, name: "best", priority: 9 })]);
     await taskStore.create([newTask({ workload, name: "next", priority: 1 })]);
-    const other = postgres(tdb.url ?? "", { max: 1, onnotice: () => {} });
+    const other = connectPostgres(tdb.url ?? "", { max: 1, onnotice: () => {} });
     const locker = await other.reserve();
     try {
       await locker`begin`;
@@ -372,7 +372,7 @@ describe.skipIf(!onPostgres)("claims beside another transaction's row lock on Po
     const [held] = await leases.claim(worker(workerA, [workload]), 1);
     await expireLease(tdb.database.db, held?.id ?? "");
     await taskStore.create([newTask({ workload, name: "next", priority: 1 })]);
-    const other = postgres(tdb.url ?? "", { max: 1, onnotice: () => {} });
+    const other = connectPostgres(tdb.url ?? "", { max: 1, onnotice: () => {} });
     const locker = await other.reserve();
     try {
       await locker`begin`;

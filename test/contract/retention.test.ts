@@ -3,12 +3,12 @@ import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { inArray, sql } from "drizzle-orm";
-import postgres from "postgres";
 import { beforeAll, describe, expect, it } from "vitest";
 import { createPostgresBlobStore } from "../../src/artifacts/blob-postgres.js";
 import { type BlobStore, createFileBlobStore } from "../../src/artifacts/blob-store.js";
 import { blobLockClass, createArtifactStore } from "../../src/artifacts/store.js";
 import type { Db } from "../../src/db/database.js";
+import { connectPostgres } from "../../src/db/postgres-client.js";
 import {
   type ArtifactKindName,
   type ArtifactRefJson,
@@ -266,7 +266,7 @@ describe.skipIf(!onPostgres)("retention on PostgreSQL replicas", () => {
   it("does nothing while another replica holds the lock, and one replica deletes each task once", async () => {
     const tdb = await createTestDatabase();
     const other = await tdb.reopen();
-    const holder = postgres(tdb.url ?? "", { max: 1, onnotice: () => {} });
+    const holder = connectPostgres(tdb.url ?? "", { max: 1, onnotice: () => {} });
     try {
       const blobs = createFileBlobStore(mkdtempSync(join(tmpdir(), "meshwork-retention-")));
       const w = world(tdb.database.db, blobs);
@@ -303,7 +303,7 @@ describe.skipIf(!onPostgres)("retention on PostgreSQL replicas", () => {
 
   it("an upload committing a row for bytes being removed waits for the removal, then is refused", async () => {
     const tdb = await createTestDatabase();
-    const holder = postgres(tdb.url ?? "", { max: 1, onnotice: () => {} });
+    const holder = connectPostgres(tdb.url ?? "", { max: 1, onnotice: () => {} });
     try {
       const blobs = createFileBlobStore(mkdtempSync(join(tmpdir(), "meshwork-retention-")));
       const staged = await blobs.stage(chunks("bytes being removed"), 1000);

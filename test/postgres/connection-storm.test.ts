@@ -2,8 +2,8 @@ import type { ChildProcess } from "node:child_process";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { connectPostgres } from "../../src/db/postgres-client.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
 import { freePort, spawnServe, untilReady } from "../support/serve.js";
 
@@ -56,7 +56,7 @@ describe.skipIf(!onPostgres)("PostgreSQL connections terminated again and again"
 
   it("stays up through 10 s of terminated connections and serves again after", async () => {
     const name = new URL(tdb.url ?? "").pathname.slice(1);
-    const admin = postgres(process.env.DATABASE_URL ?? "", { max: 1, onnotice: () => {} });
+    const admin = connectPostgres(process.env.DATABASE_URL ?? "", { max: 1, onnotice: () => {} });
     let stop = false;
     // Traffic during the storm, 16 callers at once: creates and claims;
     // their errors are expected.

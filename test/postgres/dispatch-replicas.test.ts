@@ -2,12 +2,12 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { createClient, createRouterTransport } from "@connectrpc/connect";
 import { sql } from "drizzle-orm";
-import postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
 import type { App } from "../../src/app.js";
 import type { Database } from "../../src/db/database.js";
+import { connectPostgres } from "../../src/db/postgres-client.js";
 import { rowsOf } from "../../src/db/values.js";
 import { createDispatchStore } from "../../src/fleet/dispatch-store.js";
 import { createRoutes, rpcInterceptors } from "../../src/server.js";
@@ -153,7 +153,7 @@ describe.skipIf(!onPostgres)("dispatch on two replicas", () => {
     const taskId = task?.taskId ?? "";
     const worker = (await ca.fleet.registerWorker({ name: "gone" })).workerId;
     // Two connections: one reserved for the delete's transaction, one to look.
-    const admin = postgres(tdb.url ?? "", { max: 2, onnotice: () => {} });
+    const admin = connectPostgres(tdb.url ?? "", { max: 2, onnotice: () => {} });
     try {
       const deleter = await admin.reserve();
       await deleter`begin`;

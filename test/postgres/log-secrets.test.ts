@@ -2,8 +2,8 @@ import type { ChildProcess } from "node:child_process";
 import { mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { connectPostgres } from "../../src/db/postgres-client.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
 import { freePort, spawnServe, untilReady } from "../support/serve.js";
 
@@ -87,7 +87,7 @@ describe.skipIf(!onPostgres)("logs of a run with failing statements", () => {
     secrets.push(...claims.map((c) => c.leaseToken));
 
     // Every write of a task now fails inside the database.
-    const admin = postgres(tdb.url ?? "", { max: 1, onnotice: () => {} });
+    const admin = connectPostgres(tdb.url ?? "", { max: 1, onnotice: () => {} });
     await admin.unsafe(`create function fail_writes() returns trigger language plpgsql as $$
       begin raise exception 'writes refused by the test'; end $$`);
     await admin.unsafe(`create trigger fail_writes before insert or update on tasks

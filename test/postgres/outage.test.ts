@@ -1,6 +1,7 @@
 import { ConnectError } from "@connectrpc/connect";
-import postgres from "postgres";
+import type postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { connectPostgres } from "../../src/db/postgres-client.js";
 import { onPostgres } from "../support/database.js";
 import { outcome } from "../support/errors.js";
 import { createHarness, type Harness } from "../support/harness.js";
@@ -15,7 +16,7 @@ describe.skipIf(!onPostgres)("a database connection lost under a call", () => {
   let admin: postgres.Sql;
   beforeAll(async () => {
     h = await createHarness();
-    admin = postgres(h.db.url ?? "", { max: 2, onnotice: () => {} });
+    admin = connectPostgres(h.db.url ?? "", { max: 2, onnotice: () => {} });
   });
   afterAll(async () => {
     await admin?.end();

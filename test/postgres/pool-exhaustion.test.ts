@@ -1,12 +1,13 @@
 import { type Client, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { sql } from "drizzle-orm";
-import postgres from "postgres";
+import type postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { FleetService } from "../../gen/meshwork/v1/fleet_pb.js";
 import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
 import { TaskService } from "../../gen/meshwork/v1/task_pb.js";
 import { type Database, openDatabase } from "../../src/db/database.js";
+import { connectPostgres } from "../../src/db/postgres-client.js";
 import type { RunningServer } from "../../src/server.js";
 import { listen } from "../../src/server.js";
 import { until } from "../support/bounded.js";
@@ -47,7 +48,7 @@ describe.skipIf(!onPostgres)("PostgreSQL pool exhaustion", () => {
     fleet = createClient(FleetService, transport);
     tasks = createClient(TaskService, transport);
     leases = createClient(LeaseService, transport);
-    admin = postgres(tdb.url ?? "", { max: 3, onnotice: () => {} });
+    admin = connectPostgres(tdb.url ?? "", { max: 3, onnotice: () => {} });
   });
 
   afterAll(async () => {

@@ -1,10 +1,11 @@
 import { create } from "@bufbuild/protobuf";
 import { sql } from "drizzle-orm";
-import postgres from "postgres";
+import type postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CreateScheduleRequestSchema, OverlapPolicy } from "../../gen/meshwork/v1/schedule_pb.js";
 import type { App } from "../../src/app.js";
 import type { Database } from "../../src/db/database.js";
+import { connectPostgres } from "../../src/db/postgres-client.js";
 import { rowsOf } from "../../src/db/values.js";
 import { fromCreateSchedule } from "../../src/schedules/convert.js";
 import { createScheduleStore, type ScheduleRow } from "../../src/schedules/store.js";
@@ -28,7 +29,7 @@ describe.skipIf(!onPostgres)("schedule ticks on two replicas", () => {
     replica = await tdb.reopen();
     a = appOn(tdb.database, { sweepIntervalMs: 100 });
     b = appOn(replica, { sweepIntervalMs: 100 });
-    admin = postgres(tdb.url ?? "", { max: 1, onnotice: () => {} });
+    admin = connectPostgres(tdb.url ?? "", { max: 1, onnotice: () => {} });
   });
   afterAll(async () => {
     await a?.scheduleTicker.stop();

@@ -35,7 +35,8 @@ describe.skipIf(!onPostgres)("DATABASE_URL naming a Unix socket", () => {
   /** The test database's URL with its host replaced by `host` and the query by `search`. */
   function socketUrl(host: string, search: string): string {
     const url = new URL(tdb.url ?? "");
-    return `${url.protocol}//${url.username}@${host}:${port}${url.pathname}${search}`;
+    const user = url.password ? `${url.username}:${url.password}` : url.username;
+    return `${url.protocol}//${user}@${host}:${port}${url.pathname}${search}`;
   }
 
   for (const form of ["a host parameter", "a percent-encoded host"] as const) {

@@ -1,5 +1,6 @@
-import postgres from "postgres";
+import type postgres from "postgres";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { connectPostgres } from "../../src/db/postgres-client.js";
 import { createUpkeep, type Vacuumed } from "../../src/db/upkeep.js";
 import { onPostgres } from "../support/database.js";
 import { createHarness, type Harness, registerWorker, uniqueWorkload } from "../support/harness.js";
@@ -55,7 +56,7 @@ async function whileHeld(
   begin: (tx: postgres.ReservedSql) => Promise<unknown>,
   body: (pid: number) => Promise<void>,
 ) {
-  const holder = postgres(h.db.url ?? "", {
+  const holder = connectPostgres(h.db.url ?? "", {
     max: 1,
     onnotice: () => {},
     connection: { application_name: application },

@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
-import postgres from "postgres";
 import { type Database, openDatabase } from "../../src/db/database.js";
+import { connectPostgres } from "../../src/db/postgres-client.js";
 
 /** The PostgreSQL server the suites run against, or undefined for PGlite. */
 export const postgresUrl = process.env.DATABASE_URL || undefined;
@@ -30,7 +30,7 @@ export async function createTestDatabase(): Promise<TestDatabase> {
     };
   }
   const name = `meshwork_test_${randomBytes(6).toString("hex")}`;
-  const admin = postgres(postgresUrl, { max: 1, onnotice: () => {} });
+  const admin = connectPostgres(postgresUrl, { max: 1, onnotice: () => {} });
   await admin.unsafe(`create database ${name}`);
   const url = new URL(postgresUrl);
   url.pathname = `/${name}`;

@@ -1,5 +1,6 @@
-import postgres from "postgres";
+import type postgres from "postgres";
 import { afterAll, beforeAll } from "vitest";
+import { connectPostgres } from "../../src/db/postgres-client.js";
 import { createTestDatabase, type TestDatabase } from "./database.js";
 
 /**
@@ -7,7 +8,7 @@ import { createTestDatabase, type TestDatabase } from "./database.js";
  * `explainEverything` has run on it, that is every plan auto_explain logs.
  */
 export function noticeClient(url: string, plans: string[]): postgres.Sql {
-  return postgres(url, {
+  return connectPostgres(url, {
     max: 1,
     onnotice: (n) => {
       if (typeof n.message === "string") plans.push(n.message);

@@ -1,29 +1,48 @@
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import postgres from "postgres";
 import { describe, expect, it } from "vitest";
-import { postgresPlace, postgresTarget } from "../../src/db/database.js";
+import { isTransientDatabaseError } from "../../src/db/faults.js";
+import { postgresPlace, postgresTarget } from "../../src/db/postgres-url.js";
 
 describe("a PostgreSQL URL's target", () => {
   it("is the URL itself over TCP", () => {
     for (const url of [
-      "postgres://meshwork:secret@db.internal:6543/fleet",
+      "postgres://meshwork:s%40cret@db.internal:6543/fleet",
       "postgresql://127.0.0.1/test?sslmode=require",
-      // A host parameter that is a name, not a directory, is left to postgres.js.
-      "postgres://u@localhost/test?host=db.internal",
+      // A list of hosts is postgres.js's to read (in the URL's host, not a parameter).
+      "postgres://u@a:5432,b:5433/test",
       "not a url",
     ]) {
       expect(postgresTarget(url)).toEqual({ url });
     }
   });
 
-  it("is the directory's socket for libpq's host parameter, taken out of the URL", () => {
+  it("takes libpq's host and port parameters out of a TCP URL, into its host and port", () => {
+    expect(postgresTarget("postgres://u:pw@localhost/test?host=db.internal&port=6543")).toEqual({
+      url: "postgres://u:pw@db.internal:6543/test",
+    });
+    expect(postgresTarget("postgres://u@localhost/test?host=&sslmode=require")).toEqual({
+      url: "postgres://u@localhost/test?sslmode=require",
+    });
+  });
+
+  it("is the directory's socket for libpq's host parameter, taken out of the URL with port and sslmode", () => {
     expect(postgresTarget("postgresql://u@localhost/test?host=/var/run/postgresql")).toEqual({
       url: "postgresql://u@localhost/test",
       path: "/var/run/postgresql/.s.PGSQL.5432",
     });
     expect(
-      postgresTarget("postgres://u@localhost:5433/test?sslmode=disable&host=%2Ftmp%2F"),
+      postgresTarget(
+        "postgres://u:pw@localhost:5433/test?sslmode=require&host=%2Ftmp%2F&connect_timeout=3",
+      ),
     ).toEqual({
-      url: "postgres://u@localhost:5433/test?sslmode=disable",
+      url: "postgres://u:pw@localhost:5433/test?connect_timeout=3",
       path: "/tmp/.s.PGSQL.5433",
+    });
+    expect(postgresTarget("postgres://u@localhost/test?host=/tmp&port=5439")).toEqual({
+      url: "postgres://u@localhost/test",
+      path: "/tmp/.s.PGSQL.5439",
     });
   });
 
@@ -32,12 +51,37 @@ describe("a PostgreSQL URL's target", () => {
     expect(postgresTarget(url)).toEqual({ url, path: "/var/run/postgresql/.s.PGSQL.5434" });
   });
 
+  it("leaves a list of socket directories as it is", () => {
+    const url = "postgres://u@localhost/test?host=/a,/b";
+    expect(postgresTarget(url)).toEqual({ url });
+  });
+
   it("is named in the start-up output without the user or password", () => {
     expect(postgresPlace("postgres://meshwork:secret@db.internal:6543/fleet")).toBe(
       "db.internal:6543/fleet",
     );
-    expect(postgresPlace("postgresql://u:secret@localhost/test?host=/var/run/postgresql")).toBe(
-      "/var/run/postgresql/.s.PGSQL.5432/test",
+    expect(postgresPlace("postgres://meshwork:secret@localhost/fleet?host=db.internal")).toBe(
+      "db.internal:5432/fleet",
     );
+    expect(postgresPlace("postgresql://u:secret@localhost/test?host=/var/run/postgresql")).toBe(
+      "/var/run/postgresql/.s.PGSQL.5432 (database test)",
+    );
+  });
+});
+
+describe("a Unix socket that is not there", () => {
+  it("is a transient database fault when connecting (the server stopped), and a missing file elsewhere is not", async () => {
+    // What postgres.js answers while PostgreSQL is stopped: its socket file is gone.
+    const sql = postgres({ path: join(tmpdir(), "meshwork-no-server/.s.PGSQL.5432"), max: 1 });
+    const refused = await sql`select 1`.catch((e: unknown) => e);
+    await sql.end();
+    expect(refused).toMatchObject({ code: "ENOENT", syscall: "connect" });
+    expect(isTransientDatabaseError(refused)).toBe(true);
+    expect(isTransientDatabaseError(new Error("failed", { cause: refused }))).toBe(true);
+    const open = Object.assign(new Error("ENOENT: no such file"), {
+      code: "ENOENT",
+      syscall: "open",
+    });
+    expect(isTransientDatabaseError(open)).toBe(false);
   });
 });
