@@ -2,6 +2,7 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { type DispatchConfig, dispatchFlags, readDispatchFlags } from "./config/dispatch.js";
 import { poolDefaults } from "./db/pool-gate.js";
+import { postgresTarget } from "./db/postgres-url.js";
 
 /** Everything `meshwork serve` can be told, from flags or the environment (README: Configuration). */
 export interface Config extends DispatchConfig {
@@ -240,6 +241,13 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     throw new ConfigError(
       "DATABASE_URL must be a PostgreSQL URL (postgres://user:password@host:5432/database), or unset for the embedded database",
     );
+  }
+  try {
+    // Its host and port parameters, read as libpq reads them (db/postgres-url.ts).
+    if (databaseUrl !== "") postgresTarget(databaseUrl);
+  } catch (error) {
+    // The message holds nothing of the URL.
+    throw new ConfigError((error as Error).message);
   }
   const blobStore = parseBlobStore(get("blob-store") ?? "fs", databaseUrl);
   const scheduling = schedulingFlags(get, tlsCert);

@@ -6,6 +6,7 @@ import { adminTokenPath, type Config, ConfigError, shownUrl } from "./config.js"
 import { isSharePath } from "./core/scheduling.js";
 import { lockDataDir, StartupError } from "./data-dir-lock.js";
 import { type Database, openDatabase } from "./db/database.js";
+import { postgresPlace } from "./db/postgres-url.js";
 import { type KedaListener, listenKeda } from "./http/keda-listener.js";
 import { createLogger, type Logger } from "./log.js";
 import { type BoundListener, bind, kedaHandler, type RunningServer } from "./server.js";
@@ -53,13 +54,8 @@ function whyNoDatabase(error: unknown, config: Config): string {
   if (!config.databaseUrl) {
     return `cannot open the embedded database in ${config.dataDir}/db: ${first}; check that the data directory is readable and writable`;
   }
-  let where = "the PostgreSQL server in DATABASE_URL";
-  try {
-    const u = new URL(config.databaseUrl);
-    where = `PostgreSQL at ${u.hostname}:${u.port || 5432}`;
-  } catch {
-    // Keep the generic wording.
-  }
+  // postgresPlace says "the server in DATABASE_URL" for a URL it cannot read.
+  const where = `PostgreSQL at ${postgresPlace(config.databaseUrl)}`;
   switch (e.code) {
     case "3D000":
       return `${where}: ${first}: create it (createdb), or fix the database name in DATABASE_URL`;
@@ -68,6 +64,9 @@ function whyNoDatabase(error: unknown, config: Config): string {
       return `${where} refused the login (${first}): check the user and password in DATABASE_URL`;
     case "ECONNREFUSED":
       return `cannot reach ${where} (connection refused): is it running, on that port?`;
+    case "ENOENT":
+      // A Unix socket that is not there.
+      return `cannot reach ${where}: no socket there; is it running, and is that its socket directory and port?`;
     case "ENOTFOUND":
     case "EAI_AGAIN":
       return `cannot resolve the host of ${where}: check DATABASE_URL`;

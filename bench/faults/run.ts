@@ -25,6 +25,7 @@ import { createInterface } from "node:readline";
 import { type SQL, sql } from "drizzle-orm";
 import { openDatabase } from "../../src/db/database.js";
 import { connectPostgres } from "../../src/db/postgres-client.js";
+import { postgresTarget } from "../../src/db/postgres-url.js";
 import { rowsOf } from "../../src/db/values.js";
 import {
   badTokens,
@@ -1098,10 +1099,13 @@ async function soak(p: Place): Promise<void> {
  */
 function restartablePostgres(): { version: string; cluster: string } | undefined {
   if (!pgUrl || process.getuid?.() !== 0) return undefined;
-  const host = new URL(pgUrl).hostname;
-  if (host !== "127.0.0.1" && host !== "localhost") return undefined;
   try {
-    const port = new URL(pgUrl).port || "5432";
+    // Its host and port as the coordinator reads them: a Unix socket is local.
+    const target = postgresTarget(pgUrl);
+    const url = new URL(target.url);
+    const local = target.path !== undefined || ["127.0.0.1", "localhost"].includes(url.hostname);
+    if (!local) return undefined;
+    const port = target.path?.split(".").pop() || url.port || "5432";
     const line = execFileSync("pg_lsclusters", ["-h"], { encoding: "utf8" })
       .split("\n")
       .map((l) => l.trim().split(/\s+/))

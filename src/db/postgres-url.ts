@@ -6,15 +6,19 @@
  *
  * - a `host` parameter: a directory is the Unix socket
  *   (`postgresql://user@localhost/db?host=/var/run/postgresql`), a name
- *   replaces the URL's host;
+ *   or an IPv4 address replaces the URL's host;
  * - a percent-encoded directory as the host
  *   (`postgresql://user@%2Fvar%2Frun%2Fpostgresql/db`);
  * - a `port` parameter replaces the URL's port.
  *
  * The socket is the directory's `.s.PGSQL.<port>` (5432 unless a port is
  * given). Over a socket `sslmode` is dropped, as libpq ignores it there.
- * One host only: a comma-separated list is left as it is (postgres.js
- * reads a list in the URL's host, not in a parameter).
+ * A list of hosts in the URL's host is postgres.js's to read, as long as
+ * no parameter names a host or port. Throws, with a message that holds
+ * nothing of the URL, for what cannot be read that way: an empty or
+ * comma-separated `host` or `port` parameter, either beside a list of
+ * hosts, an IPv6 address as the `host` parameter (postgres.js cannot take
+ * one), a port that is not one.
  */
 export function postgresTarget(url: string): { url: string; path?: string } {
   let u: URL;
@@ -25,19 +29,56 @@ export function postgresTarget(url: string): { url: string; path?: string } {
   }
   const hostParam = u.searchParams.get("host");
   const portParam = u.searchParams.get("port");
-  if (hostParam?.includes(",") || portParam?.includes(",")) return { url };
-  const port = portParam || u.port || "5432";
-  const dir = hostParam || safeDecode(u.hostname);
-  if (dir?.startsWith("/")) {
-    for (const name of ["host", "port", "sslmode"]) u.searchParams.delete(name);
-    return { url: u.toString(), path: `${dir.replace(/\/+$/, "")}/.s.PGSQL.${port}` };
+  if (hostParam === null && portParam === null) {
+    const dir = safeDecode(u.hostname);
+    if (!dir?.startsWith("/")) return { url };
+    u.searchParams.delete("sslmode");
+    return { url: u.toString(), path: socketPath(dir, u.port) };
   }
-  if (hostParam === null && portParam === null) return { url };
-  if (hostParam) u.hostname = hostParam;
-  if (portParam) u.port = portParam;
-  u.searchParams.delete("host");
-  u.searchParams.delete("port");
+  for (const [name, value] of [
+    ["host", hostParam],
+    ["port", portParam],
+  ] as const) {
+    if (value === null) continue;
+    if (value === "" || value.includes(",")) {
+      throw new Error(
+        `DATABASE_URL's ${name} parameter must name one ${name}, not ${value === "" ? "none" : "a list"}`,
+      );
+    }
+  }
+  if (u.hostname.includes(",")) {
+    throw new Error(
+      "DATABASE_URL names a list of hosts: give their ports in it, not as parameters",
+    );
+  }
+  if (portParam !== null && !/^\d{1,5}$/.test(portParam)) {
+    throw new Error("DATABASE_URL's port parameter is not a port number");
+  }
+  const port = portParam ?? u.port;
+  const dir = hostParam ?? safeDecode(u.hostname);
+  for (const name of ["host", "port"]) u.searchParams.delete(name);
+  if (dir?.startsWith("/")) {
+    u.searchParams.delete("sslmode");
+    return { url: u.toString(), path: socketPath(dir, port) };
+  }
+  if (hostParam !== null) {
+    u.hostname = hostParam;
+    if (u.hostname !== hostParam) {
+      throw new Error("DATABASE_URL's host parameter is not a host name or a socket directory");
+    }
+  }
+  if (portParam !== null) {
+    u.port = portParam;
+    if (u.port !== String(Number(portParam))) {
+      throw new Error("DATABASE_URL's port parameter is not a port number");
+    }
+  }
   return { url: u.toString() };
+}
+
+/** The Unix socket a directory holds for a port (5432 when none). */
+function socketPath(dir: string, port: string): string {
+  return `${dir.replace(/\/+$/, "")}/.s.PGSQL.${port || "5432"}`;
 }
 
 function safeDecode(s: string): string | undefined {

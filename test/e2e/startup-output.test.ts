@@ -3,6 +3,7 @@ import { existsSync, mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { postgresPlace } from "../../src/db/postgres-url.js";
 import { until } from "../support/bounded.js";
 import { createTestDatabase, onPostgres, type TestDatabase } from "../support/database.js";
 import { freePort, spawnServe } from "../support/serve.js";
@@ -214,10 +215,10 @@ describe("start-up output", () => {
     const url = new URL(database?.url ?? "");
     url.password = "secretpw"; // trust authentication ignores it
     const { output } = await startAndStop(["--log-format", "pretty"], url.toString());
-    expect(output).toContain(`connecting to PostgreSQL at ${url.hostname}:${url.port || 5432}`);
-    expect(output).toContain(
-      `Database      PostgreSQL at ${url.hostname}:${url.port || 5432}${url.pathname}`,
-    );
+    // host:port/database, or a Unix socket's path and the database (db/postgres-url.ts).
+    const place = postgresPlace(url.toString());
+    expect(output).toContain(`connecting to PostgreSQL at ${place}`);
+    expect(output).toContain(`Database      PostgreSQL at ${place}`);
     expect(output).not.toContain("secretpw");
   });
 });

@@ -81,7 +81,33 @@ describe("start-up failures: one line saying what is wrong, and an exit code", (
     const { code, output } = await serve([], "postgres://u:secretpw@127.0.0.1:1/app");
     expect(code).toBe(1);
     expectOneLine(output);
-    expect(output).toContain("cannot reach PostgreSQL at 127.0.0.1:1 (connection refused)");
+    expect(output).toContain("cannot reach PostgreSQL at 127.0.0.1:1/app (connection refused)");
+  });
+
+  it("says a Unix socket is not there (exit 1), naming it without the password", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "meshwork-no-socket-"));
+    const { code, output } = await serve([], `postgres://u:secretpw@localhost/app?host=${dir}`);
+    expect(code).toBe(1);
+    expectOneLine(output);
+    expect(output).toContain(
+      `cannot reach PostgreSQL at ${dir}/.s.PGSQL.5432 (database app): no socket there`,
+    );
+    expect(output).not.toContain("secretpw");
+  });
+
+  it("refuses a host or port parameter it cannot read (exit 2), without the URL", async () => {
+    for (const [query, message] of [
+      ["host=", "DATABASE_URL's host parameter must name one host, not none"],
+      ["host=/a,/b", "DATABASE_URL's host parameter must name one host, not a list"],
+      ["port=54x", "DATABASE_URL's port parameter is not a port number"],
+      ["host=::1", "DATABASE_URL's host parameter is not a host name or a socket directory"],
+    ] as const) {
+      const { code, output } = await serve([], `postgres://u:secretpw@localhost/app?${query}`);
+      expect(code).toBe(2);
+      expectOneLine(output);
+      expect(output).toContain(message);
+      expect(output).not.toContain("secretpw");
+    }
   });
 
   it.skipIf(!onPostgres)("says which database does not exist and what to do", async () => {

@@ -10,8 +10,8 @@ describe("a PostgreSQL URL's target", () => {
     for (const url of [
       "postgres://meshwork:s%40cret@db.internal:6543/fleet",
       "postgresql://127.0.0.1/test?sslmode=require",
-      // A list of hosts is postgres.js's to read (in the URL's host, not a parameter).
-      "postgres://u@a:5432,b:5433/test",
+      // A list of hosts is postgres.js's to read.
+      "postgres://u@a,b/test",
       "not a url",
     ]) {
       expect(postgresTarget(url)).toEqual({ url });
@@ -19,11 +19,11 @@ describe("a PostgreSQL URL's target", () => {
   });
 
   it("takes libpq's host and port parameters out of a TCP URL, into its host and port", () => {
-    expect(postgresTarget("postgres://u:pw@localhost/test?host=db.internal&port=6543")).toEqual({
-      url: "postgres://u:pw@db.internal:6543/test",
+    expect(postgresTarget("postgres://u:pw@localhost/test?host=DB.internal&port=6543")).toEqual({
+      url: "postgres://u:pw@DB.internal:6543/test",
     });
-    expect(postgresTarget("postgres://u@localhost/test?host=&sslmode=require")).toEqual({
-      url: "postgres://u@localhost/test?sslmode=require",
+    expect(postgresTarget("postgres://u@localhost:5433/test?port=5432&sslmode=require")).toEqual({
+      url: "postgres://u@localhost:5432/test?sslmode=require",
     });
   });
 
@@ -47,13 +47,31 @@ describe("a PostgreSQL URL's target", () => {
   });
 
   it("is the directory's socket for a percent-encoded directory as the host", () => {
-    const url = "postgresql://u@%2Fvar%2Frun%2Fpostgresql:5434/test";
-    expect(postgresTarget(url)).toEqual({ url, path: "/var/run/postgresql/.s.PGSQL.5434" });
+    expect(postgresTarget("postgresql://u@%2Fvar%2Frun%2Fpostgresql:5434/test")).toEqual({
+      url: "postgresql://u@%2Fvar%2Frun%2Fpostgresql:5434/test",
+      path: "/var/run/postgresql/.s.PGSQL.5434",
+    });
+    expect(postgresTarget("postgresql://u@%2Ftmp/test?sslmode=require")).toEqual({
+      url: "postgresql://u@%2Ftmp/test",
+      path: "/tmp/.s.PGSQL.5432",
+    });
   });
 
-  it("leaves a list of socket directories as it is", () => {
-    const url = "postgres://u@localhost/test?host=/a,/b";
-    expect(postgresTarget(url)).toEqual({ url });
+  it("refuses what it cannot read as libpq would, saying nothing of the URL", () => {
+    for (const [query, message] of [
+      ["host=", /host parameter must name one host, not none/],
+      ["port=", /port parameter must name one port, not none/],
+      ["host=/a,/b", /host parameter must name one host, not a list/],
+      ["port=5432,5433", /port parameter must name one port, not a list/],
+      ["port=54x", /port parameter is not a port number/],
+      ["port=70000", /port parameter is not a port number/],
+      ["host=::1", /host parameter is not a host name or a socket directory/],
+    ] as const) {
+      const url = `postgres://u:secretpw@localhost/test?${query}`;
+      expect(() => postgresTarget(url)).toThrow(message);
+      expect(() => postgresTarget(url)).not.toThrow(/secretpw|localhost/);
+    }
+    expect(() => postgresTarget("postgres://u@a,b/test?port=5433")).toThrow(/list of hosts/);
   });
 
   it("is named in the start-up output without the user or password", () => {
@@ -65,6 +83,9 @@ describe("a PostgreSQL URL's target", () => {
     );
     expect(postgresPlace("postgresql://u:secret@localhost/test?host=/var/run/postgresql")).toBe(
       "/var/run/postgresql/.s.PGSQL.5432 (database test)",
+    );
+    expect(postgresPlace("postgres://u:secret@localhost/test?host=")).toBe(
+      "the server in DATABASE_URL",
     );
   });
 });
