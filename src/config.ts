@@ -2,7 +2,7 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { type DispatchConfig, dispatchFlags, readDispatchFlags } from "./config/dispatch.js";
 import { poolDefaults } from "./db/pool-gate.js";
-import { postgresTarget } from "./db/postgres-url.js";
+import { postgresUrlProblem } from "./db/postgres-url.js";
 
 /** Everything `meshwork serve` can be told, from flags or the environment (README: Configuration). */
 export interface Config extends DispatchConfig {
@@ -236,19 +236,9 @@ export function loadConfig(argv: string[], env: NodeJS.ProcessEnv = process.env)
     throw new ConfigError(`--public-url ${publicUrl} is not an http(s) URL`);
   }
   const databaseUrl = get("database-url") ?? "";
-  if (databaseUrl !== "" && !/^postgres(ql)?:\/\//i.test(databaseUrl)) {
-    // The URL may hold a password: never repeat it.
-    throw new ConfigError(
-      "DATABASE_URL must be a PostgreSQL URL (postgres://user:password@host:5432/database), or unset for the embedded database",
-    );
-  }
-  try {
-    // Its host and port parameters, read as libpq reads them (db/postgres-url.ts).
-    if (databaseUrl !== "") postgresTarget(databaseUrl);
-  } catch (error) {
-    // The message holds nothing of the URL.
-    throw new ConfigError((error as Error).message);
-  }
+  // The URL may hold a password: the problem's wording never repeats it.
+  const databaseProblem = databaseUrl === "" ? undefined : postgresUrlProblem(databaseUrl);
+  if (databaseProblem) throw new ConfigError(databaseProblem);
   const blobStore = parseBlobStore(get("blob-store") ?? "fs", databaseUrl);
   const scheduling = schedulingFlags(get, tlsCert);
   return {

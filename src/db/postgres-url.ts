@@ -102,3 +102,20 @@ export function postgresPlace(url: string): string {
     return "the server in DATABASE_URL";
   }
 }
+
+/**
+ * What is wrong with DATABASE_URL, in words that hold nothing of it (it
+ * may hold a password), or undefined: not a PostgreSQL URL, or a host or
+ * port parameter postgresTarget cannot read.
+ */
+export function postgresUrlProblem(url: string): string | undefined {
+  if (!/^postgres(ql)?:\/\//i.test(url)) {
+    return "DATABASE_URL must be a PostgreSQL URL (postgres://user:password@host:5432/database), or unset for the embedded database";
+  }
+  try {
+    postgresTarget(url);
+    return undefined;
+  } catch (error) {
+    return (error as Error).message;
+  }
+}
