@@ -29,12 +29,6 @@ export function postgresTarget(url: string): { url: string; path?: string } {
   }
   const hostParam = u.searchParams.get("host");
   const portParam = u.searchParams.get("port");
-  if (hostParam === null && portParam === null) {
-    const dir = safeDecode(u.hostname);
-    if (!dir?.startsWith("/")) return { url };
-    u.searchParams.delete("sslmode");
-    return { url: u.toString(), path: socketPath(dir, u.port) };
-  }
   for (const [name, value] of [
     ["host", hostParam],
     ["port", portParam],
@@ -46,7 +40,7 @@ export function postgresTarget(url: string): { url: string; path?: string } {
       );
     }
   }
-  if (u.hostname.includes(",")) {
+  if ((hostParam !== null || portParam !== null) && u.hostname.includes(",")) {
     throw new Error(
       "DATABASE_URL names a list of hosts: give their ports in it, not as parameters",
     );
@@ -54,12 +48,14 @@ export function postgresTarget(url: string): { url: string; path?: string } {
   if (portParam !== null && !/^\d{1,5}$/.test(portParam)) {
     throw new Error("DATABASE_URL's port parameter is not a port number");
   }
-  const port = portParam ?? u.port;
   const dir = hostParam ?? safeDecode(u.hostname);
-  for (const name of ["host", "port"]) u.searchParams.delete(name);
-  if (dir?.startsWith("/")) {
+  const socketDir = dir?.startsWith("/") ? dir : undefined;
+  if (socketDir === undefined && hostParam === null && portParam === null) return { url };
+  u.searchParams.delete("host");
+  u.searchParams.delete("port");
+  if (socketDir !== undefined) {
     u.searchParams.delete("sslmode");
-    return { url: u.toString(), path: socketPath(dir, port) };
+    return { url: u.toString(), path: socketPath(socketDir, portParam ?? u.port) };
   }
   if (hostParam !== null) {
     u.hostname = hostParam;
@@ -92,11 +88,10 @@ function safeDecode(s: string): string | undefined {
 /** host:port/database of a PostgreSQL URL (a Unix socket: its path and the database), without the user or password. */
 export function postgresPlace(url: string): string {
   try {
-    const u = new URL(url);
-    const database = u.pathname.length > 1 ? u.pathname : "";
     const target = postgresTarget(url);
-    if (target.path) return `${target.path}${database && ` (database ${database.slice(1)})`}`;
     const t = new URL(target.url);
+    const database = t.pathname.length > 1 ? t.pathname : "";
+    if (target.path) return `${target.path}${database && ` (database ${database.slice(1)})`}`;
     return `${t.hostname}:${t.port || 5432}${database}`;
   } catch {
     return "the server in DATABASE_URL";
