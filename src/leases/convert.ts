@@ -1,16 +1,18 @@
-import { create } from "@bufbuild/protobuf";
-import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import { type Claim, ClaimSchema } from "../../gen/meshwork/v1/lease_pb.js";
-import { toArtifactRef, toQuantities } from "../tasks/convert.js";
+import type { Claim } from "../../gen/meshwork/v1/lease_pb.js";
+import { timestamp, toArtifactRef, toQuantities } from "../tasks/convert.js";
 import type { ClaimedRow } from "./claim.js";
 
-/** What a worker needs to run a task it just claimed, with the lease token. */
+/**
+ * What a worker needs to run a task it just claimed, with the lease token.
+ * A literal of the generated type, as toTask's (tasks/convert.ts).
+ */
 export function toClaim(row: ClaimedRow, outputs: Record<string, string> = {}): Claim {
-  return create(ClaimSchema, {
+  return {
+    $typeName: "meshwork.v1.Claim",
     taskId: row.id,
     attempt: row.attempt,
     leaseToken: row.leaseToken ?? "",
-    leaseExpiresAt: row.leaseExpiresAt ? timestampFromDate(row.leaseExpiresAt) : undefined,
+    leaseExpiresAt: row.leaseExpiresAt ? timestamp(row.leaseExpiresAt) : undefined,
     workload: row.workload,
     input: toArtifactRef(row.input),
     parameters: (row.parameters ?? undefined) as Claim["parameters"],
@@ -24,5 +26,5 @@ export function toClaim(row: ClaimedRow, outputs: Record<string, string> = {}): 
     resources: toQuantities(row.resources),
     dependencyOutputs: outputs,
     timeoutSeconds: row.timeoutSeconds ?? 0,
-  });
+  };
 }

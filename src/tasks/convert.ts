@@ -1,25 +1,17 @@
 import { create } from "@bufbuild/protobuf";
-import type { Timestamp } from "@bufbuild/protobuf/wkt";
-import {
-  durationFromMs,
-  durationMs,
-  timestampDate,
-  timestampFromDate,
-} from "@bufbuild/protobuf/wkt";
-import { type ArtifactRef, ArtifactRefSchema } from "../../gen/meshwork/v1/artifact_pb.js";
+import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import { durationMs, timestampDate, timestampFromDate } from "@bufbuild/protobuf/wkt";
+import type { ArtifactRef } from "../../gen/meshwork/v1/artifact_pb.js";
 import {
   type CreateTaskRequest,
   type Delivery,
-  DeliverySchema,
   DeliveryState,
   DependencyPolicy,
   type LabelRequirement,
-  LabelRequirementSchema,
   Operator,
   type Task,
   type TaskEvent,
   TaskEventSchema,
-  TaskSchema,
   TaskState,
 } from "../../gen/meshwork/v1/task_pb.js";
 import { invalid } from "../core/errors.js";
@@ -72,10 +64,49 @@ export function fromTaskState(state: TaskState): TaskStateName | undefined {
 
 export function toArtifactRef(ref: ArtifactRefJson | null): ArtifactRef | undefined {
   if (!ref) return undefined;
-  return create(ArtifactRefSchema, { ...ref, sizeBytes: BigInt(ref.sizeBytes) });
+  // Stored JSON, not checked by the compiler: a missing text is empty, as create() made it.
+  return {
+    $typeName: "meshwork.v1.ArtifactRef",
+    artifactId: ref.artifactId ?? "",
+    uri: ref.uri ?? "",
+    sha256: ref.sha256 ?? "",
+    sizeBytes: BigInt(ref.sizeBytes),
+    contentType: ref.contentType ?? "",
+  };
 }
 
-const ts = (d: Date | null): Timestamp | undefined => (d ? timestampFromDate(d) : undefined);
+// The answers that carry tasks build their messages as object literals,
+// typed as the generated message types (so that a field added to the proto
+// is a type error here until it is filled), rather than through `create()`
+// and the wkt helpers: for a CreateTasks of 1,000 that took 5.3 ms of the
+// coordinator's CPU, the literals 0.55 ms, with the same bytes on the wire.
+
+/** A time as a google.protobuf.Timestamp (as `timestampFromDate` makes it). */
+export function timestamp(d: Date): Timestamp {
+  const ms = d.getTime();
+  const seconds = Math.floor(ms / 1000);
+  return {
+    $typeName: "google.protobuf.Timestamp",
+    seconds: BigInt(seconds),
+    nanos: (ms - seconds * 1000) * 1_000_000,
+  };
+}
+
+const ts = (d: Date | null): Timestamp | undefined => (d ? timestamp(d) : undefined);
+
+/** Milliseconds as a google.protobuf.Duration (as `durationFromMs` makes it). */
+function duration(ms: number): Duration {
+  const sign = ms < 0 ? -1 : 1;
+  const abs = Math.abs(ms);
+  const seconds = Math.floor(abs / 1000);
+  const nanos = (abs - seconds * 1000) * 1_000_000;
+  return {
+    $typeName: "google.protobuf.Duration",
+    seconds: BigInt(seconds * sign),
+    // No signed zero: it would not serialize.
+    nanos: nanos === 0 ? 0 : nanos * sign,
+  };
+}
 
 /**
  * When a task's last lease stopped holding, or null while it is live
@@ -108,7 +139,8 @@ export function toTask(
   outputs: Record<string, string> = {},
   delivery?: DeliveryRow,
 ): Task {
-  return create(TaskSchema, {
+  return {
+    $typeName: "meshwork.v1.Task",
     taskId: row.id,
     name: row.name,
     workload: row.workload,
@@ -124,8 +156,9 @@ export function toTask(
     maxAttempts: row.maxAttempts,
     leaseSeconds: row.leaseSeconds,
     retryBackoff: {
-      initial: durationFromMs(row.backoffInitialMs),
-      max: durationFromMs(row.backoffMaxMs),
+      $typeName: "meshwork.v1.RetryBackoff",
+      initial: duration(row.backoffInitialMs),
+      max: duration(row.backoffMaxMs),
       multiplier: row.backoffMultiplier,
     },
     idempotencyKey: row.idempotencyKey ?? "",
@@ -136,6 +169,7 @@ export function toTask(
     assignedApiBaseUrl: row.assignedApiBaseUrl,
     lease: row.leaseWorkerId
       ? {
+          $typeName: "meshwork.v1.Lease",
           workerId: row.leaseWorkerId,
           attempt: row.attempt,
           leaseToken: withToken ? (row.leaseToken ?? "") : "",
@@ -144,11 +178,17 @@ export function toTask(
         }
       : undefined,
     checkpointHandle: row.checkpointHandle,
-    progress: { completedSteps: row.progressSteps, message: row.progressMessage },
+    progress: {
+      $typeName: "meshwork.v1.Progress",
+      completedSteps: row.progressSteps,
+      message: row.progressMessage,
+    },
     result: toArtifactRef(row.result),
     resultSummary: row.resultSummary,
     metrics: row.metrics,
-    error: row.errorCode ? { code: row.errorCode, message: row.errorMessage } : undefined,
+    error: row.errorCode
+      ? { $typeName: "meshwork.v1.TaskError", code: row.errorCode, message: row.errorMessage }
+      : undefined,
     cancelRequested: row.cancelRequested,
     createdAt: ts(row.createdAt),
     updatedAt: ts(row.updatedAt),
@@ -156,7 +196,11 @@ export function toTask(
     finishedAt: ts(row.finishedAt),
     resources: toQuantities(row.resources),
     requirements: row.requirements.map(toRequirement),
-    preferences: row.preferences.map((p) => ({ weight: p.weight, requirement: toRequirement(p) })),
+    preferences: row.preferences.map((p) => ({
+      $typeName: "meshwork.v1.WeightedRequirement",
+      weight: p.weight,
+      requirement: toRequirement(p),
+    })),
     share: row.share,
     concurrencyKey: row.concurrencyKey,
     rateKey: row.rateKey,
@@ -177,12 +221,13 @@ export function toTask(
     runAt: ts(row.runAt),
     dispatch: row.dispatch,
     delivery: delivery && toDelivery(delivery),
-  });
+  };
 }
 
 /** The delivery of a pushed attempt (fleet/dispatch.ts), as Task.delivery shows it. */
 export function toDelivery(d: DeliveryRow): Delivery {
-  return create(DeliverySchema, {
+  return {
+    $typeName: "meshwork.v1.Delivery",
     state: DeliveryState[d.state],
     workerId: d.workerId,
     attempt: d.attempt,
@@ -191,7 +236,7 @@ export function toDelivery(d: DeliveryRow): Delivery {
     lastError: d.lastError,
     lastAt: ts(d.lastAt),
     nextAt: d.state === "DELIVERING" ? ts(d.nextAt) : undefined,
-  });
+  };
 }
 
 /** A stored resource map as protobuf's map<string, int64>. */
@@ -314,11 +359,12 @@ export function fromRequirement(field: string, r: LabelRequirement | undefined):
 
 /** A stored requirement as a LabelRequirement. */
 export function toRequirement(r: RequirementJson): LabelRequirement {
-  return create(LabelRequirementSchema, {
+  return {
+    $typeName: "meshwork.v1.LabelRequirement",
     key: r.key,
     operator: operatorOf[r.op],
     values: r.values,
-  });
+  };
 }
 
 /** The scheduling fields of a create request (docs/scheduling.md), checked. */
