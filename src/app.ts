@@ -118,11 +118,22 @@ export function createApp(
     log,
     onFailure: (why) => metrics.authFailures.inc({ why }),
   });
-  // Concurrent CompleteTask calls share one statement (group commit).
-  // A completion is safe to run again: an identical repeat is accepted.
-  const completeOne = createBatcher((items: Completion[]) => urgent.leases.complete(items), {
-    retryable: isTransientDatabaseError,
-  });
+  // Concurrent CompleteTask and CompleteTasks calls share one statement
+  // (group commit): each call's completions stay together, in a statement
+  // of at most 1,000. A completion is safe to run again: an identical
+  // repeat is accepted.
+  const complete = createBatcher(
+    async (calls: Completion[][]) => {
+      const outcomes = await urgent.leases.complete(calls.flat());
+      let at = 0;
+      return calls.map((call) => {
+        const mine = outcomes.slice(at, at + call.length);
+        at += call.length;
+        return mine;
+      });
+    },
+    { maxBatch: 1000, size: (call) => call.length, retryable: isTransientDatabaseError },
+  );
   const sweeper = createSweeper(
     { leases: housekeeping.leases, heartbeats, events, wakeups, log, metrics },
     config.sweepIntervalMs,
@@ -237,7 +248,7 @@ export function createApp(
     metrics,
     /** Span export (OpenTelemetry), with `--otel-endpoint` only. */
     tracing,
-    completeOne,
+    complete,
     sweeper,
     /** Delivers placed tasks with dispatch (fleet/dispatch.ts); started with the sweeper. */
     dispatcher,

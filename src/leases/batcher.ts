@@ -8,20 +8,41 @@
  * statement must be safe to run again) is run once more before its callers
  * see the failure: one lost connection should not fail every call that
  * happened to share it.
+ *
+ * `size` weighs an item (1 by default): a batch takes items in order while
+ * their sizes add up to at most `maxBatch`, and always at least one.
  */
 export function createBatcher<I, O>(
   run: (items: I[]) => Promise<O[]>,
-  options: { maxBatch?: number; retryable?: (error: unknown) => boolean } = {},
+  options: {
+    maxBatch?: number;
+    size?: (item: I) => number;
+    retryable?: (error: unknown) => boolean;
+  } = {},
 ) {
   const maxBatch = options.maxBatch ?? 1000;
+  const size = options.size ?? (() => 1);
   const retryable = options.retryable ?? (() => false);
-  let queue: { item: I; resolve: (o: O) => void; reject: (e: unknown) => void }[] = [];
+
+  type Queued = { item: I; resolve: (o: O) => void; reject: (e: unknown) => void };
+  let queue: Queued[] = [];
   let flushing = false;
+
+  /** How many queued items, from the first, the next batch takes. */
+  function nextCount(): number {
+    let total = size((queue[0] as Queued).item);
+    let n = 1;
+    for (; n < queue.length; n++) {
+      total += size((queue[n] as Queued).item);
+      if (total > maxBatch) break;
+    }
+    return n;
+  }
 
   async function flush(): Promise<void> {
     flushing = true;
     while (queue.length > 0) {
-      const batch = queue.slice(0, maxBatch);
+      const batch = queue.slice(0, nextCount());
       queue = queue.slice(batch.length);
       try {
         const items = batch.map((b) => b.item);

@@ -37,12 +37,15 @@ export interface LeaseServiceDeps {
   leases: LeaseStore;
   /**
    * The lease store on the database's urgent lane (db/pool-gate.ts): the
-   * renewals and completions of what workers hold, which a burst of claims
-   * must not hold up.
+   * renewals of what workers hold, which a burst of claims must not hold
+   * up (`complete` runs its statements on the same lane).
    */
-  urgent: { leases: Pick<LeaseStore, "renew" | "renewMany" | "complete"> };
-  /** CompleteTask calls made together share one statement (group commit). */
-  completeOne(completion: Completion): Promise<Outcome>;
+  urgent: { leases: Pick<LeaseStore, "renew" | "renewMany"> };
+  /**
+   * Completes a call's completions, in one statement with those of the
+   * CompleteTask and CompleteTasks calls made together (group commit).
+   */
+  complete(completions: Completion[]): Promise<Outcome[]>;
   workerCache: Pick<WorkerCache, "get">;
   heartbeats: Pick<HeartbeatBuffer, "touch">;
   wakeups: Pick<ClaimWakeups, "arm" | "passOn">;
@@ -303,9 +306,10 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
     },
 
     async completeTask(req, ctx) {
-      const outcome = await app.completeOne(
+      const [outcome] = await app.complete([
         completionOf(req, await leaseNamed(req, ctx.values), publicUrl),
-      );
+      ]);
+      if (!outcome) throw new Error("complete returned no outcome");
       if ("error" in outcome) throw outcome.error;
       countCompletion(outcome);
       app.events.emit([outcome.ok.id]);
@@ -326,7 +330,7 @@ export function createLeaseService(app: LeaseServiceDeps): ServiceImpl<typeof Le
         }
       });
       const valid = parsed.filter((p): p is Completion => !(p instanceof DomainError));
-      const outcomes = await app.urgent.leases.complete(valid);
+      const outcomes = valid.length > 0 ? await app.complete(valid) : [];
       let next = 0;
       const results = parsed.map((p) => {
         if (p instanceof DomainError) return errorResult(p);

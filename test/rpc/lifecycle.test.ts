@@ -1,6 +1,6 @@
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { timestampMs } from "@bufbuild/protobuf/wkt";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { WorkerState } from "../../gen/meshwork/v1/fleet_pb.js";
 import { LeaseStatus, type StreamLeasesRequestSchema } from "../../gen/meshwork/v1/lease_pb.js";
 import { TaskState } from "../../gen/meshwork/v1/task_pb.js";
@@ -13,6 +13,8 @@ import {
   registerWorker,
   uniqueWorkload,
 } from "../support/harness.js";
+
+type Lease = { taskId: string; workerId: string; attempt: number; leaseToken: string };
 
 let h: Harness;
 beforeAll(async () => {
@@ -143,6 +145,55 @@ describe("pull-mode lifecycle over RPC", () => {
     expect((await h.tasks.getTask({ taskId: b?.taskId ?? "" })).task?.state).toBe(
       TaskState.RUNNING,
     );
+  });
+
+  it("answers CompleteTask and CompleteTasks calls made together each with its own outcomes, in fewer statements than calls", async () => {
+    const workload = uniqueWorkload();
+    const workerId = await registerWorker(h, [workload]);
+    await h.tasks.createTasks({ tasks: Array.from({ length: 5 }, () => ({ workload })) });
+    const { claims } = await h.leases.claimTasks({ workerId, maxTasks: 5 });
+    expect(claims).toHaveLength(5);
+    const [a, b, c, d, e] = claims.map((x) => ({
+      taskId: x.taskId,
+      workerId,
+      attempt: x.attempt,
+      leaseToken: x.leaseToken,
+    })) as [Lease, Lease, Lease, Lease, Lease];
+    const statements = vi.spyOn(h.app.urgent.leases, "complete");
+    try {
+      const [one, two, single, three, four] = await Promise.all([
+        h.leases.completeTasks({ completions: [a, { ...b, attempt: 2 }] }),
+        // The same completion of `a` in another call: a repeat, accepted.
+        h.leases.completeTasks({ completions: [c, a] }),
+        h.leases.completeTask(d),
+        h.leases.completeTasks({ completions: [{ ...e, resultSummary: "first" }] }),
+        h.leases.completeTasks({ completions: [{ ...e, resultSummary: "second" }] }),
+      ]);
+      expect(one.results.map((r) => r.outcome.case)).toEqual(["task", "error"]);
+      expect(one.results[0]?.outcome.value).toMatchObject({ taskId: a.taskId });
+      expect(one.results[1]?.outcome.value).toMatchObject({ reason: "STALE_ATTEMPT" });
+      expect(two.results.map((r) => r.outcome.value)).toMatchObject([
+        { taskId: c.taskId, state: TaskState.SUCCEEDED },
+        { taskId: a.taskId, state: TaskState.SUCCEEDED },
+      ]);
+      expect(single.task).toMatchObject({ taskId: d.taskId, state: TaskState.SUCCEEDED });
+      // Two different manifests for one attempt: one is the completion, the other a conflict.
+      const forE = [three, four].map((r) => r.results[0]?.outcome);
+      expect(forE.map((o) => o?.case).sort()).toEqual(["error", "task"]);
+      const kept = forE.find((o) => o?.case === "task")?.value as { resultSummary: string };
+      expect(forE.find((o) => o?.case === "error")?.value).toMatchObject({
+        code: "already_exists",
+        reason: "COMPLETION_CONFLICT",
+      });
+      const stored = (await h.tasks.getTask({ taskId: e.taskId })).task;
+      expect(stored?.resultSummary).toBe(kept.resultSummary);
+      expect((await h.tasks.getTask({ taskId: b.taskId })).task?.state).toBe(TaskState.RUNNING);
+      // Group commit: the calls made while one statement ran shared the next.
+      expect(statements.mock.calls.length).toBeLessThan(5);
+      expect(statements.mock.calls.flatMap(([items]) => items)).toHaveLength(7);
+    } finally {
+      statements.mockRestore();
+    }
   });
 
   it("retries a failed attempt after its backoff and stores the message sanitised", async () => {

@@ -60,6 +60,21 @@ describe("group commit batcher", () => {
     expect(sizes).toEqual([1, 2, 2, 1]);
   });
 
+  it("weighs items by size: whole items in a batch up to maxBatch in all, an oversized one alone", async () => {
+    const batches: string[][] = [];
+    const run = createBatcher(
+      async (items: string[]) => {
+        batches.push(items);
+        await new Promise((r) => setTimeout(r, 5));
+        return items.map((i) => i.length);
+      },
+      { maxBatch: 4, size: (i) => i.length },
+    );
+    const results = await Promise.all(["a", "bb", "cc", "ddddd", "e", "fff", "g"].map(run));
+    expect(results).toEqual([1, 2, 2, 5, 1, 3, 1]);
+    expect(batches).toEqual([["a"], ["bb", "cc"], ["ddddd"], ["e", "fff"], ["g"]]);
+  });
+
   it("runs a batch once more after an error it may retry, and only once", async () => {
     let calls = 0;
     const lost = Object.assign(new Error("connection lost"), { code: "CONNECTION_CLOSED" });
