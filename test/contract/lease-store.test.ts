@@ -580,6 +580,28 @@ describeEachEngine("lease store", (db) => {
       expect(w?.reserved).toBe(large.id);
     });
 
+    it("take tasks created in the same millisecond in the order of their ids, whatever the order of their rows", async () => {
+      const { next, workload } = setup();
+      // Both created in one millisecond (as the tasks of one CreateTasks
+      // call are); the later id written first, so that the table and an
+      // index that stopped at created_at would hold it first.
+      const at = new Date(Date.now() - 60_000).toISOString();
+      const [first, second] = [
+        "01a24fe2-0000-7000-8000-000000000001",
+        "01a24fe2-0000-7000-8000-000000000002",
+      ];
+      for (const id of [second, first]) {
+        await rowsOf(
+          tdb.database.db,
+          sql`insert into tasks (id, workload, state, max_attempts, lease_seconds,
+              backoff_initial_ms, backoff_max_ms, backoff_multiplier, created_at)
+            values (${id}::uuid, ${workload}, 'PENDING', 3, 60, 1000, 300000, 2, ${at}::timestamptz)`,
+        );
+      }
+      expect(await next()).toEqual([first]);
+      expect(await next()).toEqual([second]);
+    });
+
     it("take a task made ready out of the ready epoch's sight once the hint has lasted its time", async () => {
       const { next, one } = setup(300);
       const a = await one();

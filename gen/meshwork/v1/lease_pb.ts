@@ -1052,8 +1052,10 @@ export const LeaseStatusSchema: GenEnum<LeaseStatus> = /*@__PURE__*/
 export const LeaseService: GenService<{
   /**
    * ClaimTasks atomically leases up to max_tasks compatible tasks, highest
-   * priority first, then earliest deadline, then oldest; it waits up to
-   * wait_seconds for one to arrive.
+   * priority first, then earliest deadline, then oldest (by created_at,
+   * kept to the millisecond; tasks created in the same millisecond, as the
+   * tasks of one CreateTasks call are, by task_id: in the order they were
+   * made); it waits up to wait_seconds for one to arrive.
    *
    * @generated from rpc meshwork.v1.LeaseService.ClaimTasks
    */

@@ -189,11 +189,14 @@ export const tasks = pgTable(
     // 'infinity') is not in them, so a claim behind a large waiting graph
     // does not step over it (tasks_claim_idx still holds every PENDING
     // task, for the counts and the waiting reasons).
+    // Tasks created in the same millisecond (created_at is kept to the
+    // millisecond; every task of one CreateTasks call shares it) go by id:
+    // time-ordered, so in the order they were made.
     index("tasks_ready_idx")
-      .on(t.priority.desc(), t.deadline.asc().nullsLast(), t.createdAt.asc())
+      .on(t.priority.desc(), t.deadline.asc().nullsLast(), t.createdAt.asc(), t.id.asc())
       .where(sql`${t.state} = 'PENDING' and ${t.dependenciesPending} = 0`),
     index("tasks_share_claim_idx")
-      .on(t.share, t.priority.desc(), t.deadline.asc().nullsLast(), t.createdAt.asc())
+      .on(t.share, t.priority.desc(), t.deadline.asc().nullsLast(), t.createdAt.asc(), t.id.asc())
       .where(sql`${t.state} = 'PENDING' and ${t.dependenciesPending} = 0`),
     // The PENDING tasks of a rate key (the sweeper wakes their claims when its bucket refills).
     index("tasks_rate_idx")

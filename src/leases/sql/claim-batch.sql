@@ -102,7 +102,7 @@ BEGIN
           AND t.priority = (hint->>'priority')::int AND t.deadline IS NULL
           AND t.created_at >= (hint->>'created')::timestamptz
           AND (t.not_before IS NULL OR t.not_before <= now())
-        ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+        ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC, t.id ASC
         LIMIT 1;
     ELSE
       SELECT t.* INTO head FROM tasks t
@@ -110,7 +110,7 @@ BEGIN
           AND t.priority = (hint->>'priority')::int AND t.deadline = (hint->>'deadline')::timestamptz
           AND t.created_at >= (hint->>'created')::timestamptz
           AND (t.not_before IS NULL OR t.not_before <= now())
-        ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+        ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC, t.id ASC
         LIMIT 1;
     END IF;
     found_head := FOUND;
@@ -121,7 +121,7 @@ BEGIN
     SELECT t.* INTO head FROM tasks t
       WHERE t.state = 'PENDING' AND t.dependencies_pending = 0
         AND (t.not_before IS NULL OR t.not_before <= now())
-      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC, t.id ASC
       LIMIT 1;
     found_head := FOUND;
     head_ms := extract(epoch FROM clock_timestamp() - looked) * 1000;

@@ -96,7 +96,9 @@
 --   another transaction held it) is the sweeper's at its next whole pass
 --   (once a minute: leases/sweeper.ts).
 -- * PENDING tasks are looked for first from `ready_*`, when given: the
---   claim-order key (priority, deadline, created_at) of the first ready
+--   claim-order key (priority, deadline, created_at; ties by id, which is
+--   time-ordered, so that tasks made in the same millisecond go in the
+--   order they were made) of the first ready
 --   task that is due, found once by the batch the claim is part of, from
 --   the hint of the batch before when it can (claim-batch.sql).
 --   The head of tasks_ready_idx holds an entry for every task claimed
@@ -248,7 +250,7 @@ BEGIN
             AND meshwork_claim_matches(t, caps, labels)
             AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
           -- The share's order, as tasks_share_claim_idx stores it.
-          ORDER BY t.share, t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+          ORDER BY t.share, t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC, t.id ASC
           FOR UPDATE OF t SKIP LOCKED;
         share_curs[share_at] := cur;
       ELSIF phase = 'from' AND ready_deadline IS NULL THEN
@@ -260,7 +262,7 @@ BEGIN
             AND (t.not_before IS NULL OR t.not_before <= now())
             AND meshwork_claim_matches(t, caps, labels)
             AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
-          ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+          ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC, t.id ASC
           FOR UPDATE OF t SKIP LOCKED;
       ELSIF phase = 'from' THEN
         -- The first ready task's priority and deadline, from its age on.
@@ -271,7 +273,7 @@ BEGIN
             AND (t.not_before IS NULL OR t.not_before <= now())
             AND meshwork_claim_matches(t, caps, labels)
             AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
-          ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+          ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC, t.id ASC
           FOR UPDATE OF t SKIP LOCKED;
       ELSIF phase = 'all' THEN
         OPEN cur FOR SELECT t.* FROM tasks t
@@ -280,14 +282,14 @@ BEGIN
             AND meshwork_claim_matches(t, caps, labels)
             AND (t.resources = '{"slots": 1}' OR meshwork_fits_in(t.resources, scan_free))
           -- The claim order, as tasks_ready_idx stores it.
-          ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+          ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC, t.id ASC
           FOR UPDATE OF t SKIP LOCKED;
       ELSE
         -- Already locked by this claim; best score first.
         OPEN cur FOR SELECT t.* FROM tasks t
           WHERE t.id = ANY (deferred)
           ORDER BY meshwork_preference_score(t.preferences, labels) DESC,
-            t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC;
+            t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC, t.id ASC;
       END IF;
       IF phase <> 'plan' THEN
         phase_cur := cur;
@@ -368,7 +370,7 @@ BEGIN
         AND t.priority = ready_priority AND t.deadline IS NULL AND t.created_at >= ready_created
         AND (t.not_before IS NULL OR t.not_before <= now())
         AND meshwork_claim_matches(t, caps, labels)
-      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC, t.id ASC
       LIMIT 200)
       UNION ALL
       (SELECT t.id, t.resources, t.not_before, t.created_at, t.concurrency_key, t.rate_key FROM tasks t
@@ -377,7 +379,7 @@ BEGIN
         AND t.priority = ready_priority AND t.deadline = ready_deadline AND t.created_at >= ready_created
         AND (t.not_before IS NULL OR t.not_before <= now())
         AND meshwork_claim_matches(t, caps, labels)
-      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC, t.id ASC
       LIMIT 200)
       UNION ALL
       (SELECT t.id, t.resources, t.not_before, t.created_at, t.concurrency_key, t.rate_key FROM tasks t
@@ -386,7 +388,7 @@ BEGIN
         AND t.priority = ready_priority AND t.deadline > ready_deadline
         AND (t.not_before IS NULL OR t.not_before <= now())
         AND meshwork_claim_matches(t, caps, labels)
-      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC, t.id ASC
       LIMIT 200)
       UNION ALL
       (SELECT t.id, t.resources, t.not_before, t.created_at, t.concurrency_key, t.rate_key FROM tasks t
@@ -395,7 +397,7 @@ BEGIN
         AND t.priority = ready_priority AND t.deadline IS NULL
         AND (t.not_before IS NULL OR t.not_before <= now())
         AND meshwork_claim_matches(t, caps, labels)
-      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC, t.id ASC
       LIMIT 200)
       UNION ALL
       (SELECT t.id, t.resources, t.not_before, t.created_at, t.concurrency_key, t.rate_key FROM tasks t
@@ -404,7 +406,7 @@ BEGIN
         AND t.priority < ready_priority
         AND (t.not_before IS NULL OR t.not_before <= now())
         AND meshwork_claim_matches(t, caps, labels)
-      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC, t.id ASC
       LIMIT 200)
       UNION ALL
       (SELECT t.id, t.resources, t.not_before, t.created_at, t.concurrency_key, t.rate_key FROM tasks t
@@ -412,7 +414,7 @@ BEGIN
         AND t.state = 'PENDING' AND t.dependencies_pending = 0
         AND (t.not_before IS NULL OR t.not_before <= now())
         AND meshwork_claim_matches(t, caps, labels)
-      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC
+      ORDER BY t.priority DESC NULLS LAST, t.deadline ASC NULLS LAST, t.created_at ASC, t.id ASC
       LIMIT 200)
       LIMIT 200
     ) x
