@@ -112,7 +112,8 @@ export function createWaitingReasons(deps: {
             and (o.priority > ${task.priority}
               or (o.priority = ${task.priority} and (
                 (o.deadline is not null and (${at(task.deadline)}::timestamptz is null or o.deadline < ${at(task.deadline)}::timestamptz))
-                or (o.deadline is not distinct from ${at(task.deadline)}::timestamptz and o.created_at < ${at(task.createdAt)}::timestamptz))))) as ahead`,
+                or (o.deadline is not distinct from ${at(task.deadline)}::timestamptz
+                  and (o.created_at, o.id) < (${at(task.createdAt)}::timestamptz, ${task.id}::uuid)))))) as ahead`,
     );
     const num = (v: unknown) => (v === null || v === undefined ? null : asNumber(v));
     return {

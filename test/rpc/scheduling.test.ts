@@ -404,6 +404,18 @@ describe("why a task waits", () => {
     );
   });
 
+  it("places the tasks of one CreateTasks call in its share's queue in the order they were sent", async () => {
+    // One call's tasks share their created_at: their places go by id, as the claim takes them.
+    const workload = uniqueWorkload();
+    const share = `batch/${workload}`;
+    const { tasks } = await h.tasks.createTasks({
+      tasks: Array.from({ length: 4 }, () => ({ workload, share })),
+    });
+    const places = [];
+    for (const t of tasks) places.push((await h.tasks.getTask({ taskId: t.taskId })).queuePosition);
+    expect(places).toEqual([1, 2, 3, 4]);
+  });
+
   it("a task that is not PENDING waits for nothing", async () => {
     const workload = uniqueWorkload();
     const workerId = await gpuWorker(workload, 1);

@@ -1091,8 +1091,9 @@ export type GetTaskResponse = Message<"meshwork.v1.GetTaskResponse"> & {
 
   /**
    * queue_position is a PENDING task's place in its share's queue: 1 is
-   * the next its share serves (priority, then deadline, then age); 0 for
-   * any other state.
+   * the next its share serves (priority, then deadline, then age, and
+   * tasks created in the same millisecond by task_id, as claims take
+   * them); 0 for any other state.
    *
    * @generated from field: int32 queue_position = 3;
    */
