@@ -27,6 +27,7 @@ const hashes: Record<number, string> = {
   17: "27243cf95f63c198a875ea6d4de4ed7216e1097c2157f4bf6c19870e3782ceaa",
   18: "4db67c6058cc576a3279adab752cfa85fa23cf2f6180c63817a68f17907dde36",
   19: "016b1da4fe12c37ce12e4e65a3e9717d6811abfed0f85ace352c659d1d4c5437",
+  20: "abc3bc66cc483e5138728514c3e28bf4fe653bdfd164eb30eaf0fa53983d0637",
 };
 
 describe("database functions", () => {
