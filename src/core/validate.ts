@@ -94,30 +94,49 @@ export function timeField(field: string, d: Date): Date {
   return d;
 }
 
+/** Why a request string cannot be stored: it holds U+0000, or a lone surrogate. */
+export type UnstorableText = "nul" | "surrogate";
+
 /**
- * Where a request message holds a string with U+0000 (a field, element,
- * map key or JSON value), as a path such as `entries[2].value.a`; undefined
- * when none does. PostgreSQL cannot store or compare such a string: a
- * request carrying one is refused before any statement sees it. Bytes
- * fields (Uint8Array) are not strings and may hold zeros. Iterative, so
- * that deeply nested JSON cannot exhaust the stack.
- *
- * Every request passes through here, most with no NUL anywhere: the walk
- * looks first without naming where it is (a CreateTasks of 1,000 tasks
- * would otherwise build a path string for each of its 21,000 fields or
- * more), and walks again with paths only when it found one.
+ * String.prototype.isWellFormed (ES2024: Node 20 has it, the ES2023 lib
+ * this builds against does not declare it): false for a lone surrogate.
  */
-export function nulPath(message: unknown): string | undefined {
-  return holdsNul(message) ? nulPathWalk(message) : undefined;
+const wellFormed = (s: string): boolean =>
+  (s as unknown as { isWellFormed(): boolean }).isWellFormed();
+
+function unstorable(s: string): UnstorableText | undefined {
+  if (s.includes("\u0000")) return "nul";
+  return wellFormed(s) ? undefined : "surrogate";
 }
 
-/** Whether any string or key in `message` holds U+0000. */
-function holdsNul(message: unknown): boolean {
+/**
+ * Where a request message holds a string PostgreSQL cannot take (a field,
+ * element, map key or JSON value), as a path such as `entries[2].value.a`,
+ * and why: U+0000, which text cannot store or compare, or a lone UTF-16
+ * surrogate, which has no UTF-8 form (Connect JSON's `"\ud800"` carries
+ * one; binary protobuf cannot). Undefined when none does. A request
+ * carrying one is refused before any statement sees it. Bytes fields
+ * (Uint8Array) are not strings and may hold anything. Iterative, so that
+ * deeply nested JSON cannot exhaust the stack.
+ *
+ * Every request passes through here, most with nothing wrong: the walk
+ * looks first without naming where (a CreateTasks of 1,000 tasks would
+ * otherwise build a path string for each of its 21,000 fields or more),
+ * and walks again with paths only when it found one.
+ */
+export function unstorableText(
+  message: unknown,
+): { path: string; why: UnstorableText } | undefined {
+  return holdsUnstorable(message) ? unstorableWalk(message) : undefined;
+}
+
+/** Whether any string or key in `message` is one PostgreSQL cannot take. */
+function holdsUnstorable(message: unknown): boolean {
   const stack: unknown[] = [message];
   while (stack.length > 0) {
     const value = stack.pop();
     if (typeof value === "string") {
-      if (value.includes("\u0000")) return true;
+      if (unstorable(value)) return true;
     } else if (typeof value !== "object" || value === null || value instanceof Uint8Array) {
       // numbers, booleans, bigints, bytes
     } else if (Array.isArray(value)) {
@@ -125,7 +144,7 @@ function holdsNul(message: unknown): boolean {
     } else {
       const record = value as Record<string, unknown>;
       for (const k of Object.keys(record)) {
-        if (k.includes("\u0000")) return true;
+        if (unstorable(k)) return true;
         stack.push(record[k]);
       }
     }
@@ -133,12 +152,13 @@ function holdsNul(message: unknown): boolean {
   return false;
 }
 
-function nulPathWalk(message: unknown): string | undefined {
+function unstorableWalk(message: unknown): { path: string; why: UnstorableText } | undefined {
   const stack: [unknown, string][] = [[message, ""]];
   for (let next = stack.pop(); next; next = stack.pop()) {
     const [value, path] = next;
     if (typeof value === "string") {
-      if (value.includes("\u0000")) return path || "(message)";
+      const why = unstorable(value);
+      if (why) return { path: path || "(message)", why };
     } else if (Array.isArray(value)) {
       value.forEach((v, i) => {
         stack.push([v, `${path}[${i}]`]);
@@ -146,7 +166,8 @@ function nulPathWalk(message: unknown): string | undefined {
     } else if (value !== null && typeof value === "object" && !(value instanceof Uint8Array)) {
       for (const [k, v] of Object.entries(value)) {
         const at = path ? `${path}.${k}` : k;
-        if (k.includes("\u0000")) return at;
+        const why = unstorable(k);
+        if (why) return { path: at, why };
         stack.push([v, at]);
       }
     }

@@ -8,7 +8,7 @@ import {
 import { codeToString } from "@connectrpc/connect/protocol-connect";
 import { kCorrelationId, kTrace } from "../core/context.js";
 import { DomainError, invalid } from "../core/errors.js";
-import { nulPath } from "../core/validate.js";
+import { unstorableText } from "../core/validate.js";
 import type { Logger } from "../log.js";
 import { newSpanId, type TraceContext, traceFromHeaders } from "../tracing/context.js";
 import type { Tracing } from "../tracing/tracing.js";
@@ -146,15 +146,21 @@ function clientLeft(error: unknown): boolean {
 }
 
 /**
- * Refuses a request message holding a string with U+0000 (core/validate.ts,
- * nulPath) with `invalid_argument`, before the handler sees it: PostgreSQL
- * cannot store or compare such a string, and the statement would fail as an
- * unexpected error. Every message of a stream is checked as it arrives.
+ * Refuses a request message holding a string with U+0000 or a lone
+ * surrogate (core/validate.ts, unstorableText) with `invalid_argument`,
+ * before the handler sees it: PostgreSQL cannot store such a string, and
+ * the statement would fail as an unexpected error. Every message of a
+ * stream is checked as it arrives.
  */
 export function createNulInterceptor(): Interceptor {
   const check = (message: unknown) => {
-    const path = nulPath(message);
-    if (path !== undefined) throw invalid(`${path} must not contain U+0000 (NUL)`);
+    const found = unstorableText(message);
+    if (found === undefined) return;
+    throw invalid(
+      found.why === "nul"
+        ? `${found.path} must not contain U+0000 (NUL)`
+        : `${found.path} is not valid Unicode text (it holds a lone surrogate)`,
+    );
   };
   return (next) => async (req) => next(await checkEachMessage(req, check));
 }

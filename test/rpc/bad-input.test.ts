@@ -5,7 +5,8 @@ import { createClient, createRouterTransport } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ArtifactService } from "../../gen/meshwork/v1/artifact_pb.js";
 import { KnowledgeService } from "../../gen/meshwork/v1/knowledge_pb.js";
-import { TaskState } from "../../gen/meshwork/v1/task_pb.js";
+import { LeaseService } from "../../gen/meshwork/v1/lease_pb.js";
+import { TaskService, TaskState } from "../../gen/meshwork/v1/task_pb.js";
 import { createRoutes, rpcInterceptors } from "../../src/server.js";
 import { createTestDatabase, onPostgres } from "../support/database.js";
 import { outcome } from "../support/errors.js";
@@ -324,6 +325,34 @@ describe("bad input: each refused with its code, nothing changed", () => {
       expect(await outcome(call)).toMatchObject({ code: "InvalidArgument" });
     }
     expect(await tasksWithCorrelation(correlationId)).toBe(0);
+  });
+
+  it("a lone surrogate (Connect JSON's \\ud800) is invalid_argument wherever it is, and nothing is stored", async () => {
+    // Binary protobuf cannot carry one (UTF-8 has no form for it); JSON can.
+    const json = createRouterTransport(createRoutes(h.app), {
+      router: { interceptors: rpcInterceptors(h.app) },
+      transport: { useBinaryFormat: false },
+    });
+    const tasks = createClient(TaskService, json);
+    const leases = createClient(LeaseService, json);
+    const correlationId = randomUUID();
+    const { lease, snapshot } = await leased();
+    const before = await snapshot();
+    for (const call of [
+      tasks.createTask({ workload: "w", parameters: { k: ["a\ud800"] }, correlationId }),
+      tasks.createTask({ workload: "w", parameters: { "\udc00": 1 }, correlationId }),
+      leases.completeTask({ ...lease, resultSummary: "done \ud800" }),
+      leases.completeTasks({ completions: [{ ...lease, resultValue: { v: "\udfff" } }] }),
+    ]) {
+      // A string field is refused by the JSON decoder itself (invalid UTF8);
+      // a Struct's strings and keys by the coordinator.
+      expect(await outcome(call)).toMatchObject({
+        code: "InvalidArgument",
+        message: expect.stringMatching(/not valid Unicode text|invalid UTF8/),
+      });
+    }
+    expect(await tasksWithCorrelation(correlationId)).toBe(0);
+    expect(await snapshot()).toEqual(before);
   });
 
   it("NaN or an infinity in a JSON field (a binary Struct can hold them) is invalid_argument, and nothing is stored", async () => {

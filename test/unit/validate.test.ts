@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { nulPath, stringList, text } from "../../src/core/validate.js";
+import { stringList, text, unstorableText } from "../../src/core/validate.js";
 
 // Connect JSON can carry a lone UTF-16 surrogate ("\ud800"), which has no
 // UTF-8 form: PostgreSQL's jsonb refuses it (a claim's capabilities travel
@@ -20,19 +20,33 @@ describe("text fields", () => {
   });
 });
 
-// A request holding U+0000 is refused before any statement, naming where.
-describe("nulPath", () => {
+// A request holding U+0000 or a lone surrogate is refused before any statement, naming where.
+describe("unstorableText", () => {
   it("names the string, element or key that holds U+0000", () => {
     const tasks = [{ workload: "a" }, { workload: "b", parameters: { k: ["x", "y\u0000"] } }];
-    expect(nulPath({ tasks })).toBe("tasks[1].parameters.k[1]");
-    expect(nulPath({ labels: { "a\u0000": "v" } })).toBe("labels.a\u0000");
-    expect(nulPath("\u0000")).toBe("(message)");
+    expect(unstorableText({ tasks })).toEqual({ path: "tasks[1].parameters.k[1]", why: "nul" });
+    expect(unstorableText({ labels: { "a\u0000": "v" } })).toEqual({
+      path: "labels.a\u0000",
+      why: "nul",
+    });
+    expect(unstorableText("\u0000")).toEqual({ path: "(message)", why: "nul" });
   });
 
-  it("passes text without it, and bytes, which may hold zeros", () => {
-    expect(nulPath({ tasks: [{ workload: "a", n: 1, ok: true, big: 2n, none: null }] })).toBe(
-      undefined,
-    );
-    expect(nulPath({ data: new Uint8Array([0, 0, 1]) })).toBe(undefined);
+  it("names the string or key that holds a lone surrogate, high or low", () => {
+    expect(unstorableText({ tasks: [{ parameters: { v: "a\ud800" } }] })).toEqual({
+      path: "tasks[0].parameters.v",
+      why: "surrogate",
+    });
+    expect(unstorableText({ metrics: { "\udc00x": 1 } })).toEqual({
+      path: "metrics.\udc00x",
+      why: "surrogate",
+    });
+  });
+
+  it("passes text without them, pairs of surrogates, and bytes, which may hold zeros", () => {
+    expect(
+      unstorableText({ tasks: [{ workload: "a😀", n: 1, ok: true, big: 2n, none: null }] }),
+    ).toBe(undefined);
+    expect(unstorableText({ data: new Uint8Array([0, 0, 1]) })).toBe(undefined);
   });
 });
