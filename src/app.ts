@@ -4,7 +4,6 @@ import { createGuard } from "./auth/guard.js";
 import type { Config } from "./config.js";
 import { DomainError } from "./core/errors.js";
 import type { Database } from "./db/database.js";
-import { isTransientDatabaseError } from "./db/faults.js";
 import { createReadiness } from "./db/readiness.js";
 import { createUpkeep, type UpkeepReading } from "./db/upkeep.js";
 import { createWorkerCache } from "./fleet/cache.js";
@@ -12,8 +11,8 @@ import { capacityOf } from "./fleet/convert.js";
 import { createDispatcher } from "./fleet/dispatch.js";
 import { createDispatchStore } from "./fleet/dispatch-store.js";
 import { createHeartbeatBuffer } from "./fleet/heartbeats.js";
-import { createBatcher } from "./leases/batcher.js";
-import type { Completion, ExpirySweep } from "./leases/store.js";
+import { createCompleteCalls } from "./leases/complete-calls.js";
+import type { ExpirySweep } from "./leases/store.js";
 import { createSweeper } from "./leases/sweeper.js";
 import { createClaimWakeups, readyCounts } from "./leases/wakeup.js";
 import type { Logger } from "./log.js";
@@ -118,22 +117,8 @@ export function createApp(
     log,
     onFailure: (why) => metrics.authFailures.inc({ why }),
   });
-  // Concurrent CompleteTask and CompleteTasks calls share one statement
-  // (group commit): each call's completions stay together, in a statement
-  // of at most 1,000. A completion is safe to run again: an identical
-  // repeat is accepted.
-  const complete = createBatcher(
-    async (calls: Completion[][]) => {
-      const outcomes = await urgent.leases.complete(calls.flat());
-      let at = 0;
-      return calls.map((call) => {
-        const mine = outcomes.slice(at, at + call.length);
-        at += call.length;
-        return mine;
-      });
-    },
-    { maxBatch: 1000, size: (call) => call.length, retryable: isTransientDatabaseError },
-  );
+  // Concurrent CompleteTask and CompleteTasks calls share one statement (group commit).
+  const complete = createCompleteCalls((items) => urgent.leases.complete(items));
   const sweeper = createSweeper(
     { leases: housekeeping.leases, heartbeats, events, wakeups, log, metrics },
     config.sweepIntervalMs,

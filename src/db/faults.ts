@@ -53,3 +53,18 @@ function transientSqlState(code: string): boolean {
     ["57P01", "57P02", "57P03", "57014", "53300", "40001", "40P01", "55P03"].includes(code)
   );
 }
+
+/**
+ * Whether the database answered a statement with an error (a SQLSTATE):
+ * the statement, alone in its transaction, then committed nothing. A
+ * failure without an answer (the connection lost) may have committed.
+ */
+export function answeredWithError(error: unknown): boolean {
+  let e: unknown = error;
+  for (let depth = 0; depth < 6 && e !== null && typeof e === "object"; depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) return true;
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}

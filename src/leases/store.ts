@@ -3,6 +3,7 @@ import { DomainError, notFound } from "../core/errors.js";
 import { type Judged, judged, leaseParams, leaseRefusal } from "../core/lease-check.js";
 import type { LeaseRef } from "../core/lease-ref.js";
 import type { Db } from "../db/database.js";
+import { answeredWithError } from "../db/faults.js";
 import type { TaskRow } from "../db/schema/index.js";
 import { asNumber, preparedRowsOf, rowsOf } from "../db/values.js";
 import { createBatcher } from "./batcher.js";
@@ -22,20 +23,6 @@ import { createTransitions, releaseWorker } from "./transitions.js";
 
 export type { ClaimAnswer, ClaimedRow, ClaimingWorker, ExpirySweep, Slots } from "./claim.js";
 export { type Completion, completionHash } from "./completion.js";
-
-/**
- * Whether the database answered a statement with an error (a SQLSTATE):
- * the statement, alone in its transaction, then committed nothing.
- */
-function answeredWithError(error: unknown): boolean {
-  let e: unknown = error;
-  for (let depth = 0; depth < 6 && e !== null && typeof e === "object"; depth++) {
-    const code = (e as { code?: unknown }).code;
-    if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) return true;
-    e = (e as { cause?: unknown }).cause;
-  }
-  return false;
-}
 
 export interface Progress {
   completedSteps: number;
