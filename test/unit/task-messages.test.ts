@@ -144,7 +144,8 @@ const delivery: DeliveryRow = {
   lastError: "busy",
   lastAt: created,
   nextAt: new Date("2026-12-07T10:00:05Z"),
-} as DeliveryRow;
+  claimedUntil: null,
+};
 
 describe("tasks and claims as messages", () => {
   it("a task of every shape survives the binary and JSON wire as it was built", () => {
@@ -240,6 +241,45 @@ describe("tasks and claims as messages", () => {
     // A live lease has not ended; a read never shows the token.
     expect(json.lease).not.toHaveProperty("endedAt");
     expect(toTask(full).lease?.leaseToken).toBe("");
+  });
+
+  it("a pushed task that finished reads with its assignment, its ended lease and no backoff", () => {
+    const finished = new Date("2026-12-07T10:05:00Z");
+    const task = toTask(
+      {
+        ...fresh,
+        state: "SUCCEEDED",
+        attempt: 1,
+        backoffInitialMs: 0,
+        backoffMaxMs: 0,
+        assignedWorkerId: "01a24fe2-b280-7777-bdcc-0000000000bb",
+        assignedApiBaseUrl: "http://10.0.0.7:9000",
+        leaseWorkerId: "01a24fe2-b280-7777-bdcc-0000000000bb",
+        leaseToken: "secret-token",
+        leaseExpiresAt: new Date("2026-12-07T10:06:00Z"),
+        dependenciesPending: 2,
+        finishedAt: finished,
+        updatedAt: finished,
+      },
+      false,
+      {},
+      { ...delivery, state: "ACCEPTED" },
+    );
+    expect(fromBinary(TaskSchema, toBinary(TaskSchema, task))).toEqual(task);
+    expect(toJson(TaskSchema, task)).toMatchObject({
+      state: "TASK_STATE_SUCCEEDED",
+      retryBackoff: { initial: "0s", max: "0s", multiplier: 2 },
+      assignedWorkerId: "01a24fe2-b280-7777-bdcc-0000000000bb",
+      assignedApiBaseUrl: "http://10.0.0.7:9000",
+      // Ended when it finished, before its expiry; no token in a read.
+      lease: { attempt: 1, expiresAt: "2026-12-07T10:06:00Z", endedAt: "2026-12-07T10:05:00Z" },
+      dependenciesPending: 2,
+      finishedAt: "2026-12-07T10:05:00Z",
+      // Only a delivery still being tried says when it tries next.
+      delivery: { state: "DELIVERY_STATE_ACCEPTED", tries: 3 },
+    });
+    expect(task.lease?.leaseToken).toBe("");
+    expect(task.delivery?.nextAt).toBeUndefined();
   });
 
   it("a not_before of 'infinity' (dependencies still waiting) shows no time", () => {
