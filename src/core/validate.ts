@@ -97,16 +97,19 @@ export function timeField(field: string, d: Date): Date {
 /** Why a request string cannot be stored: it holds U+0000, or a lone surrogate. */
 export type UnstorableText = "nul" | "surrogate";
 
-/**
- * String.prototype.isWellFormed (ES2024: Node 20 has it, the ES2023 lib
- * this builds against does not declare it): false for a lone surrogate.
- */
-const wellFormed = (s: string): boolean =>
-  (s as unknown as { isWellFormed(): boolean }).isWellFormed();
+declare global {
+  interface String {
+    /**
+     * False for a string holding a lone surrogate. ES2024: Node 20 has it,
+     * the ES2023 lib this builds against does not declare it.
+     */
+    isWellFormed(): boolean;
+  }
+}
 
 function unstorable(s: string): UnstorableText | undefined {
   if (s.includes("\u0000")) return "nul";
-  return wellFormed(s) ? undefined : "surrogate";
+  return s.isWellFormed() ? undefined : "surrogate";
 }
 
 /**
