@@ -105,8 +105,10 @@ class LeaseServiceServicer(object):
 
     def ClaimTasks(self, request, context):
         """ClaimTasks atomically leases up to max_tasks compatible tasks, highest
-        priority first, then earliest deadline, then oldest; it waits up to
-        wait_seconds for one to arrive.
+        priority first, then earliest deadline, then oldest (by created_at,
+        kept to the millisecond; tasks created in the same millisecond, as the
+        tasks of one CreateTasks call are, by task_id: in the order they were
+        made); it waits up to wait_seconds for one to arrive.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
