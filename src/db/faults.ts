@@ -56,14 +56,16 @@ function transientSqlState(code: string): boolean {
 
 /**
  * Whether the database answered a statement with an error (a SQLSTATE):
- * the statement, alone in its transaction, then committed nothing. A
+ * that statement, alone in its transaction, then committed nothing. A
  * failure without an answer (the connection lost) may have committed.
+ * Node's socket errors (EPIPE and the like) have five-letter codes too; no
+ * SQLSTATE class begins with E.
  */
 export function answeredWithError(error: unknown): boolean {
   let e: unknown = error;
   for (let depth = 0; depth < 6 && e !== null && typeof e === "object"; depth++) {
     const code = (e as { code?: unknown }).code;
-    if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) return true;
+    if (typeof code === "string" && /^[0-9A-DF-Z][0-9A-Z]{4}$/.test(code)) return true;
     e = (e as { cause?: unknown }).cause;
   }
   return false;

@@ -9,14 +9,16 @@ import type { Outcome } from "./store.js";
  * each call's completions kept together, at most 1,000 in one statement.
  * Each call gets its own outcomes, in order.
  *
- * When the database refuses the shared statement (it answered with an
- * error, so nothing was completed: a deadlock, a timeout, one call's data
- * it could not take), each call goes again alone and gets its own answer:
- * one call never fails the others, as claims do (store.ts). A failure
- * without an answer (the connection lost) runs the whole statement once
- * more: a completion is safe to send again, an identical repeat being
- * accepted, though a statement that committed before its answer was lost
- * then answers its completions as repeats.
+ * When the database refuses the shared statement for good (it answered
+ * with an error that is not a transient fault: one call's data it could
+ * not take), each call goes again alone, one after the other, and gets its
+ * own answer: one call never fails the others. A transient fault (a
+ * deadlock, a timeout, too many connections, the connection lost) runs the
+ * whole statement once more instead, so that a strained database does not
+ * get one statement per call. A completion is safe to send again, an
+ * identical repeat being accepted; but what was committed before the
+ * failure (a statement whose answer was lost, or the read of the refused
+ * items that follows it in store.ts) is then answered as repeats.
  */
 export function createCompleteCalls(complete: (items: Completion[]) => Promise<Outcome[]>) {
   const grouped = createBatcher(
@@ -30,15 +32,17 @@ export function createCompleteCalls(complete: (items: Completion[]) => Promise<O
           return mine;
         });
       } catch (error) {
-        if (calls.length === 1 || !answeredWithError(error)) throw error;
-        return Promise.all(
-          calls.map((call) =>
-            complete(call).then(
-              (outcomes) => outcomes,
-              (alone: unknown) => (alone instanceof Error ? alone : new Error(String(alone))),
+        const forGood = answeredWithError(error) && !isTransientDatabaseError(error);
+        if (calls.length === 1 || !forGood) throw error;
+        const answers: (Outcome[] | Error)[] = [];
+        for (const call of calls) {
+          answers.push(
+            await complete(call).catch((alone: unknown) =>
+              alone instanceof Error ? alone : new Error(String(alone)),
             ),
-          ),
-        );
+          );
+        }
+        return answers;
       }
     },
     { maxBatch: 1000, size: (call) => call.length, retryable: isTransientDatabaseError },

@@ -339,14 +339,14 @@ describe("bad input: each refused with its code, nothing changed", () => {
     const { lease, snapshot } = await leased();
     const before = await snapshot();
     for (const call of [
-      tasks.createTask({ workload: "w", parameters: { k: ["a\ud800"] }, correlationId }),
-      tasks.createTask({ workload: "w", parameters: { "\udc00": 1 }, correlationId }),
-      leases.completeTask({ ...lease, resultSummary: "done \ud800" }),
-      leases.completeTasks({ completions: [{ ...lease, resultValue: { v: "\udfff" } }] }),
+      () => tasks.createTask({ workload: "w", parameters: { k: ["a\ud800"] }, correlationId }),
+      () => tasks.createTask({ workload: "w", parameters: { "\udc00": 1 }, correlationId }),
+      () => leases.completeTask({ ...lease, resultSummary: "done \ud800" }),
+      () => leases.completeTasks({ completions: [{ ...lease, resultValue: { v: "\udfff" } }] }),
     ]) {
       // A string field is refused by the JSON decoder itself (invalid UTF8);
       // a Struct's strings and keys by the coordinator.
-      expect(await outcome(call)).toMatchObject({
+      expect(await outcome(call())).toMatchObject({
         code: "InvalidArgument",
         message: expect.stringMatching(/not valid Unicode text|invalid UTF8/),
       });

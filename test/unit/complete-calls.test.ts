@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { answeredWithError } from "../../src/db/faults.js";
 import { createCompleteCalls } from "../../src/leases/complete-calls.js";
 import type { Completion } from "../../src/leases/completion.js";
 import type { Outcome } from "../../src/leases/store.js";
@@ -66,21 +67,29 @@ describe("completions grouped across calls", () => {
     expect(statements).toEqual([["a"], ["bad", "b", "c"], ["bad"], ["b", "c"]]);
   });
 
-  it("sends a statement whose answer was lost once more, whole (a repeat is accepted)", async () => {
-    const lost = Object.assign(new Error("connection closed"), { code: "CONNECTION_CLOSED" });
-    let failures = 1;
-    const { statements, complete } = fakeStatement((items) =>
-      items.length > 1 && failures-- > 0 ? lost : undefined,
-    );
-    const calls = createCompleteCalls(complete);
-    const answers = await Promise.all([
-      calls([completion("a")]),
-      calls([completion("b")]),
-      calls([completion("c")]),
-    ]);
-    expect(answers.map(ids)).toEqual([["a"], ["b"], ["c"]]);
-    expect(statements).toEqual([["a"], ["b", "c"], ["b", "c"]]);
-  });
+  it.each([
+    ["a lost connection", "CONNECTION_CLOSED"],
+    ["a broken pipe (five letters, no SQLSTATE)", "EPIPE"],
+    ["a deadlock", "40P01"],
+    ["a statement timeout", "57014"],
+  ])(
+    "sends a shared statement that met %s once more, whole, not once per call",
+    async (_, code) => {
+      const lost = Object.assign(new Error("transient"), { code });
+      let failures = 1;
+      const { statements, complete } = fakeStatement((items) =>
+        items.length > 1 && failures-- > 0 ? lost : undefined,
+      );
+      const calls = createCompleteCalls(complete);
+      const answers = await Promise.all([
+        calls([completion("a")]),
+        calls([completion("b")]),
+        calls([completion("c")]),
+      ]);
+      expect(answers.map(ids)).toEqual([["a"], ["b"], ["c"]]);
+      expect(statements).toEqual([["a"], ["b", "c"], ["b", "c"]]);
+    },
+  );
 
   it("keeps a call of 1,000 completions whole, in a statement of its own", async () => {
     const { statements, complete } = fakeStatement();
@@ -94,5 +103,16 @@ describe("completions grouped across calls", () => {
     ]);
     expect(answers[2]).toHaveLength(1000);
     expect(statements.map((s) => s.length)).toEqual([1, 1, 1000, 1]);
+  });
+
+  it("tells an error the database answered (a SQLSTATE) from a socket's, which may have committed", () => {
+    const coded = (code: string) => Object.assign(new Error(code), { code });
+    expect(answeredWithError(coded("22P02"))).toBe(true);
+    expect(answeredWithError(coded("XX000"))).toBe(true);
+    // Wrapped, as Drizzle wraps the driver's error.
+    expect(answeredWithError(new Error("query failed", { cause: coded("40P01") }))).toBe(true);
+    for (const code of ["EPIPE", "ECONNRESET", "CONNECTION_CLOSED"]) {
+      expect(answeredWithError(coded(code))).toBe(false);
+    }
   });
 });
