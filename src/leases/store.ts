@@ -3,7 +3,7 @@ import { DomainError, notFound } from "../core/errors.js";
 import { type Judged, judged, leaseParams, leaseRefusal } from "../core/lease-check.js";
 import type { LeaseRef } from "../core/lease-ref.js";
 import type { Db } from "../db/database.js";
-import { answeredWithError } from "../db/faults.js";
+import { answeredWithError, isTransientDatabaseError } from "../db/faults.js";
 import type { TaskRow } from "../db/schema/index.js";
 import { asNumber, preparedRowsOf, rowsOf } from "../db/values.js";
 import { createBatcher } from "./batcher.js";
@@ -135,6 +135,16 @@ export function createLeaseStore(
     for (const { i, ...row } of rows) found[i] = judged(row);
     return found;
   }
+
+  /**
+   * `judge`, read once more after a transient fault. It runs after a
+   * statement that may have committed (a completion, a renewal): were its
+   * fault to fail the whole call, the call sent again would find its own
+   * completions done, and answer them as repeats of an earlier call. The
+   * read changes nothing, so it is safe to send again.
+   */
+  const judgeAgain = (items: readonly LeaseRef[]) =>
+    retryOnce(isTransientDatabaseError, () => judge(items));
 
   /**
    * How many PENDING tasks, by workload, had their not_before pass within
@@ -282,7 +292,7 @@ export function createLeaseStore(
       const byId = new Map(renewed.map((r) => [r.id, r]));
       const renewedItem = (i: (typeof items)[number]) => byId.get(i.taskId)?.attempt === i.attempt;
       const lost = items.filter((i) => !renewedItem(i)).map((i) => ({ ...i, workerId }));
-      const verdicts = await judge(lost);
+      const verdicts = await judgeAgain(lost);
       let next = 0;
       return items.map((i) => {
         const r = byId.get(i.taskId);
@@ -331,7 +341,9 @@ export function createLeaseStore(
       };
       // Every other item is explained by the database's verdict on its task now.
       const others = items.filter((c) => !answered(c));
-      const verdicts = new Map((await judge(others)).map((j, k) => [others[k] as Completion, j]));
+      const verdicts = new Map(
+        (await judgeAgain(others)).map((j, k) => [others[k] as Completion, j]),
+      );
       // The first item of a task the statement completed is the completion;
       // any other (a repeat in the same batch, or of an earlier call) is a repeat.
       const completedHere = new Set(byId.keys());

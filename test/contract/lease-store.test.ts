@@ -15,6 +15,7 @@ import { createTaskStore, type NewTask, type TaskStore } from "../../src/tasks/s
 import { describeEachEngine } from "../support/engines.js";
 import { endBackoff, expireLease, insertWorker, newTask } from "../support/fixtures.js";
 import { uniqueWorkload } from "../support/harness.js";
+import { connectionReset, failStatement } from "../support/statement-faults.js";
 
 describeEachEngine("lease store", (db) => {
   /** The database of the engine being run (set before the first test). */
@@ -295,6 +296,22 @@ describeEachEngine("lease store", (db) => {
       const foreign = await leases.renewMany(workerB, [{ taskId: a.id, attempt: 1, token: "" }]);
       expect(foreign[0]).toMatchObject({ error: { reason: "FOREIGN_WORKER" } });
     });
+
+    it("reads the refused renewals again after a lost connection", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload })]);
+      const [a] = await leases.claim(worker(workerA, [workload]), 1);
+      if (!a) throw new Error("claim");
+      const fault = failStatement(tdb.database.db, "meshwork_lease_judged_many", connectionReset);
+      const store = createLeaseStore(tdb.database.db);
+      const out = await store.renewMany(workerA, [
+        { taskId: a.id, attempt: 1, token: a.leaseToken ?? "" },
+        { taskId: a.id, attempt: 7, token: "" },
+      ]);
+      expect(fault.failed()).toBe(1);
+      expect("ok" in (out[0] ?? {})).toBe(true);
+      expect(out[1]).toMatchObject({ error: { reason: "STALE_ATTEMPT" } });
+    });
   });
 
   describe("completion", () => {
@@ -379,6 +396,23 @@ describeEachEngine("lease store", (db) => {
         "STALE_ATTEMPT",
         "FOREIGN_WORKER",
         "SUCCEEDED",
+      ]);
+      expect((await taskStore.get(b.id)).state).toBe("RUNNING");
+    });
+
+    it("reads the refused items again after a lost connection, and answers its own completions as done here", async () => {
+      const workload = uniqueWorkload();
+      await taskStore.create([newTask({ workload }), newTask({ workload })]);
+      const [a, b] = await leases.claim(worker(workerA, [workload]), 2);
+      if (!a || !b) throw new Error("claim");
+      // The read that names the refusals, after the completion statement committed.
+      const fault = failStatement(tdb.database.db, "meshwork_lease_judged_many", connectionReset);
+      const store = createLeaseStore(tdb.database.db);
+      const out = await store.complete([completion(a), { ...completion(b), attempt: 5 }]);
+      expect(fault.failed()).toBe(1);
+      expect(out).toMatchObject([
+        { ok: { id: a.id, state: "SUCCEEDED" }, repeat: false },
+        { error: { reason: "STALE_ATTEMPT" } },
       ]);
       expect((await taskStore.get(b.id)).state).toBe("RUNNING");
     });
