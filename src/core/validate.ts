@@ -133,6 +133,20 @@ export function unstorableText(
   return holdsUnstorable(message) ? unstorableWalk(message) : undefined;
 }
 
+/**
+ * Refuses `message` with `invalid_argument`, naming where, when it holds a
+ * string PostgreSQL cannot take (unstorableText).
+ */
+export function refuseUnstorableText(message: unknown): void {
+  const found = unstorableText(message);
+  if (found === undefined) return;
+  throw invalid(
+    found.why === "nul"
+      ? `${found.path} must not contain U+0000 (NUL)`
+      : `${found.path} is not valid Unicode text (it holds a lone surrogate)`,
+  );
+}
+
 /** Whether any string or key in `message` is one PostgreSQL cannot take. */
 function holdsUnstorable(message: unknown): boolean {
   const stack: unknown[] = [message];

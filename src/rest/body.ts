@@ -1,6 +1,6 @@
 import { Operator } from "../../gen/meshwork/v1/task_pb.js";
 import { DomainError, invalid } from "../core/errors.js";
-import { shallowJson } from "../core/validate.js";
+import { refuseUnstorableText, shallowJson } from "../core/validate.js";
 
 /** A JSON object as a REST client sent it. */
 export type JsonBody = Record<string, unknown>;
@@ -57,6 +57,9 @@ export async function readJson(
       );
     }
   }
+  // As the RPCs refuse it, and before the in-process call: its binary
+  // encoding would turn a lone surrogate into U+FFFD and store that.
+  refuseUnstorableText(body);
   return body as JsonBody;
 }
 

@@ -7,8 +7,8 @@ import {
 } from "@connectrpc/connect";
 import { codeToString } from "@connectrpc/connect/protocol-connect";
 import { kCorrelationId, kTrace } from "../core/context.js";
-import { DomainError, invalid } from "../core/errors.js";
-import { unstorableText } from "../core/validate.js";
+import { DomainError } from "../core/errors.js";
+import { refuseUnstorableText } from "../core/validate.js";
 import type { Logger } from "../log.js";
 import { newSpanId, type TraceContext, traceFromHeaders } from "../tracing/context.js";
 import type { Tracing } from "../tracing/tracing.js";
@@ -153,16 +153,7 @@ function clientLeft(error: unknown): boolean {
  * stream is checked as it arrives.
  */
 export function createNulInterceptor(): Interceptor {
-  const check = (message: unknown) => {
-    const found = unstorableText(message);
-    if (found === undefined) return;
-    throw invalid(
-      found.why === "nul"
-        ? `${found.path} must not contain U+0000 (NUL)`
-        : `${found.path} is not valid Unicode text (it holds a lone surrogate)`,
-    );
-  };
-  return (next) => async (req) => next(await checkEachMessage(req, check));
+  return (next) => async (req) => next(await checkEachMessage(req, refuseUnstorableText));
 }
 
 /**

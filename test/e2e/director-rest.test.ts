@@ -2153,6 +2153,33 @@ describe("director REST contract: bad input", () => {
     expect(await getTask(task.taskId)).toMatchObject({ status: "Assigned" });
   });
 
+  it("a lone surrogate or U+0000 anywhere in a body is 400 naming the field, and stores nothing", async () => {
+    const brick = `brick-${uid()}`;
+    // JSON.stringify writes a lone surrogate as the escape "\ud800", as a client's JSON may.
+    for (const [parameters, named] of [
+      [{ k: ["a\ud800"] }, "parameters.k[0]"],
+      [{ "\udfff": 1 }, "parameters.\udfff"],
+      [{ k: "a\u0000b" }, "parameters.k"],
+    ] as const) {
+      const refused = await mesh<{ message: string }>("POST", "/tasks", {
+        token: clientToken,
+        json: taskBody({ requiredBrickIds: [brick], workload: brick, parameters }),
+      });
+      expectRefusal(refused, 400, "invalid_argument");
+      expect(refused.body.message).toContain(named);
+    }
+    expect(await tasksOf(brick)).toEqual([]);
+
+    const { task, token } = await assignedTask();
+    const summary = await patchStatus(task.taskId, {
+      status: "Succeeded",
+      leaseToken: token,
+      resultSummary: "done \ud800",
+    });
+    expectRefusal(summary, 400, "invalid_argument");
+    expect(await getTask(task.taskId)).toMatchObject({ status: "Assigned" });
+  });
+
   it("priority as a string is 400 and creates nothing", async () => {
     const brick = `brick-${uid()}`;
     for (const priority of ["high", "1"]) {
