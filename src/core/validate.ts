@@ -169,6 +169,20 @@ function holdsUnstorable(message: unknown): boolean {
   return false;
 }
 
+/** A key a path may name bare: `a.b_c`; any other is quoted, as `["a.b"]`. */
+const plainKey = /^[A-Za-z_][A-Za-z0-9_]{0,63}$/;
+
+/**
+ * Key `k` as a step of a path: `.k`, or `["k"]` in JSON's quoting (a lone
+ * surrogate as `\ud800`, so the message itself stays valid text), cut to
+ * 64 characters: a message never repeats a long key whole.
+ */
+function member(k: string): string {
+  if (plainKey.test(k)) return `.${k}`;
+  const cut = k.length > 64 ? `${k.slice(0, 64)}…` : k;
+  return `[${JSON.stringify(cut)}]`;
+}
+
 function unstorableWalk(message: unknown): { path: string; why: UnstorableText } | undefined {
   const stack: [unknown, string][] = [[message, ""]];
   for (let next = stack.pop(); next; next = stack.pop()) {
@@ -182,7 +196,7 @@ function unstorableWalk(message: unknown): { path: string; why: UnstorableText }
       });
     } else if (value !== null && typeof value === "object" && !(value instanceof Uint8Array)) {
       for (const [k, v] of Object.entries(value)) {
-        const at = path ? `${path}.${k}` : k;
+        const at = path ? `${path}${member(k)}` : plainKey.test(k) ? k : member(k);
         const why = unstorable(k);
         if (why) return { path: at, why };
         stack.push([v, at]);

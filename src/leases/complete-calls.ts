@@ -18,7 +18,8 @@ import type { Outcome } from "./store.js";
  * get one statement per call. A completion is safe to send again, an
  * identical repeat being accepted; but what was committed before the
  * failure (a statement whose answer was lost, or the read of the refused
- * items that follows it in store.ts) is then answered as repeats.
+ * items that follows it in store.ts, when that read failed twice) is then
+ * answered as repeats.
  */
 export function createCompleteCalls(complete: (items: Completion[]) => Promise<Outcome[]>) {
   const grouped = createBatcher(

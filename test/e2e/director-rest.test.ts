@@ -2158,7 +2158,7 @@ describe("director REST contract: bad input", () => {
     // JSON.stringify writes a lone surrogate as the escape "\ud800", as a client's JSON may.
     for (const [parameters, named] of [
       [{ k: ["a\ud800"] }, "parameters.k[0]"],
-      [{ "\udfff": 1 }, "parameters.\udfff"],
+      [{ "\udfff": 1 }, 'parameters["\\udfff"]'],
       [{ k: "a\u0000b" }, "parameters.k"],
     ] as const) {
       const refused = await mesh<{ message: string }>("POST", "/tasks", {

@@ -1,3 +1,4 @@
+import { onTestFinished } from "vitest";
 import type { Db } from "../../src/db/database.js";
 import { type PrepareQuery, wrapPrepareQuery } from "../../src/db/prepare-hook.js";
 
@@ -10,8 +11,8 @@ const armed = new Map<string, { runs: number; error: () => Error }>();
  * Makes the next `runs` runs of the prepared statement `name` fail with
  * `error()` before reaching the database, on every store of `db`'s driver
  * that prepares it after this call (a store prepares each statement once,
- * on first use: make the store after arming). Returns how many runs have
- * failed so far.
+ * on first use: make the store after arming), until the current test ends.
+ * Returns how many runs have failed so far.
  */
 export function failStatement(
   db: Db,
@@ -42,6 +43,10 @@ export function failStatement(
   );
   const fault = { runs, error };
   armed.set(name, fault);
+  // A fault the test did not use up would fail the next store to prepare the statement.
+  onTestFinished(() => {
+    if (armed.get(name) === fault) armed.delete(name);
+  });
   return { failed: () => runs - fault.runs };
 }
 

@@ -25,8 +25,9 @@ describe("unstorableText", () => {
   it("names the string, element or key that holds U+0000", () => {
     const tasks = [{ workload: "a" }, { workload: "b", parameters: { k: ["x", "y\u0000"] } }];
     expect(unstorableText({ tasks })).toEqual({ path: "tasks[1].parameters.k[1]", why: "nul" });
+    // A key is quoted as JSON quotes it: the path itself holds no U+0000.
     expect(unstorableText({ labels: { "a\u0000": "v" } })).toEqual({
-      path: "labels.a\u0000",
+      path: 'labels["a\\u0000"]',
       why: "nul",
     });
     expect(unstorableText("\u0000")).toEqual({ path: "(message)", why: "nul" });
@@ -38,8 +39,20 @@ describe("unstorableText", () => {
       why: "surrogate",
     });
     expect(unstorableText({ metrics: { "\udc00x": 1 } })).toEqual({
-      path: "metrics.\udc00x",
+      path: 'metrics["\\udc00x"]',
       why: "surrogate",
+    });
+  });
+
+  it("quotes a key that is not a plain name, and cuts a long one to 64 characters", () => {
+    expect(unstorableText({ parameters: { "a.b": { "c d": ["\u0000"] } } })).toEqual({
+      path: 'parameters["a.b"]["c d"][0]',
+      why: "nul",
+    });
+    const long = `${"k".repeat(100)}\u0000`;
+    expect(unstorableText({ [long]: 1 })).toEqual({
+      path: `[${JSON.stringify(`${"k".repeat(64)}…`)}]`,
+      why: "nul",
     });
   });
 
