@@ -1,24 +1,28 @@
-import type { FleetStore, WorkerView } from "./store.js";
+import type { WorkerRow } from "../db/schema/index.js";
+import type { FleetStore } from "./store.js";
 
 /**
  * The workers that claim, remembered for a moment so that a claim does not
- * read the worker first (its answer's free slots are one count after it). Only what a claim needs is taken from it (capabilities,
- * labels); whether the worker still exists and is not drained is checked
- * again inside the claim statement itself. This replica forgets a worker as
- * soon as it changes it; a change made through another replica is seen
- * within `ttlMs`.
+ * read the worker first (its answer's free slots are one count after it).
+ * Only what a claim, a renewal or a completion needs is taken from it
+ * (capabilities, labels, the cap, drained, the owner token): the row
+ * alone, never the counts of its leases (FleetStore.row). Whether the
+ * worker still exists and is not drained is checked again inside the
+ * claim statement itself. This replica forgets a worker as soon as it
+ * changes it; a change made through another replica is seen within
+ * `ttlMs`.
  */
-export function createWorkerCache(fleet: FleetStore, ttlMs = 1000) {
-  const entries = new Map<string, { view: WorkerView; at: number }>();
+export function createWorkerCache(fleet: Pick<FleetStore, "row">, ttlMs = 1000) {
+  const entries = new Map<string, { view: WorkerRow; at: number }>();
   // Reads of one worker made together (its streams and claims) share one query.
-  const reading = new Map<string, Promise<WorkerView>>();
+  const reading = new Map<string, Promise<WorkerRow>>();
   return {
-    async get(id: string): Promise<WorkerView> {
+    async get(id: string): Promise<WorkerRow> {
       const hit = entries.get(id);
       if (hit && Date.now() - hit.at < ttlMs) return hit.view;
       const pending = reading.get(id);
       if (pending) return pending;
-      const read = fleet.get(id).finally(() => reading.delete(id));
+      const read = fleet.row(id).finally(() => reading.delete(id));
       reading.set(id, read);
       const view = await read;
       if (entries.size > 100_000) entries.clear();
