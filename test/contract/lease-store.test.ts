@@ -734,6 +734,40 @@ describeEachEngine("lease store", (db) => {
       }
     });
 
+    it("take every lease that expired after the mark, oldest first, behind one this worker cannot take", async () => {
+      const sweep: ExpirySweep = { sweptTo: null };
+      const store = createLeaseStore(tdb.database.db, undefined, sweep);
+      const workload = uniqueWorkload();
+      const other = uniqueWorkload();
+      await taskStore.create([
+        newTask({ workload }),
+        newTask({ workload }),
+        newTask({ workload: other }),
+      ]);
+      const [a, b] = await store.claim(worker(workerA, [workload]), 2);
+      const [o] = await store.claim(worker(workerA, [other]), 1);
+      if (!a || !b || !o) throw new Error("nothing claimed");
+      expect(await store.expireLeases(1000)).toEqual([]);
+      expect(sweep.sweptTo).not.toBeNull();
+      // After the mark (it is 5 s before the pass), in this order: o, b, a.
+      for (const [id, ago] of [
+        [o.id, 3],
+        [b.id, 2],
+        [a.id, 1],
+      ] as const) {
+        await tdb.database.db
+          .update(tasks)
+          .set({ leaseExpiresAt: sql`now() - make_interval(secs => ${ago})` })
+          .where(eq(tasks.id, id));
+      }
+      const taken = await store.claim(worker(workerB, [workload]), 3);
+      expect(taken.map((t) => [t.id, t.attempt])).toEqual([
+        [b.id, 2],
+        [a.id, 2],
+      ]);
+      expect(await taskStore.get(o.id)).toMatchObject({ state: "RUNNING", leaseWorkerId: workerA });
+    });
+
     it("a pass from the mark leaves a lease that expired before it to the next whole pass", async () => {
       // The first pass from the mark, with no mark yet, looks from the first.
       const { store, a, b } = await leasesAroundTheMark(true);

@@ -20,7 +20,8 @@ CREATE SEQUENCE IF NOT EXISTS meshwork_ready_epoch;
 -- `claims` is a JSON array of {"worker", "caps", "labels", "max",
 -- "concurrency", "plan", "reserveAfterMs", "expiredFrom"} (concurrency
 -- null: the registered max_concurrency; plan, reserveAfterMs and
--- expiredFrom as meshwork_claim takes them, null when not given). The
+-- expiredFrom as meshwork_claim takes them, null when not given; the batch
+-- moves expiredFrom up to the first expired lease, below). The
 -- slots counted are the `slots` resource: the cap less what the worker's
 -- live leases hold. Rows: the claimed tasks of claim 0 in claim order
 -- (free and cap null), then one
@@ -92,6 +93,7 @@ DECLARE
   from_hint boolean := false;
   looked timestamptz;
   head_ms numeric;            -- how long the look from the head took
+  expired_at timestamptz;     -- where the claims look for expired leases from
 BEGIN
   -- Read before the head: a change that moves it after this is seen by the next batch.
   SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END INTO epoch FROM meshwork_ready_epoch s;
@@ -126,6 +128,24 @@ BEGIN
     found_head := FOUND;
     head_ms := extract(epoch FROM clock_timestamp() - looked) * 1000;
   END IF;
+  -- The first expired lease a claim may take over, any worker's, from the
+  -- earliest mark of the claims (`expiredFrom`, the sweeper's: claim.sql,
+  -- expired_from), found once: each claim looks for expired leases first,
+  -- and from this one on, or not at all when there is none ('infinity').
+  -- From the mark on, tasks_lease_expiry_idx holds the entry of every
+  -- lease that ran out or ended since; behind a transaction held open none
+  -- of them can be removed (22,560 entries, 8 ms to walk, from a mark 6 s
+  -- back in a drain of 3,000 tasks/s), and each claim of the batch walked
+  -- them all. A lease that another transaction moves into the past while
+  -- the batch runs is the next batch's, or the sweeper's.
+  SELECT t.lease_expires_at INTO expired_at FROM tasks t
+    WHERE meshwork_lease_expired(t)
+      AND t.lease_expires_at >= (SELECT min(coalesce((e->>'expiredFrom')::timestamptz, '-infinity'))
+        FROM jsonb_array_elements(claims) AS e)
+      AND t.failures < t.max_attempts
+    ORDER BY t.lease_expires_at
+    LIMIT 1;
+  expired_at := coalesce(expired_at, 'infinity');
   FOR c IN SELECT e FROM jsonb_array_elements(claims) AS e LOOP
     w := (c->>'worker')::uuid;
     k := (c->>'concurrency')::int;
@@ -149,7 +169,7 @@ BEGIN
         k,
         CASE WHEN jsonb_typeof(c->'plan') = 'object' THEN c->'plan' END,
         (c->>'reserveAfterMs')::int,
-        (c->>'expiredFrom')::timestamptz,
+        greatest((c->>'expiredFrom')::timestamptz, expired_at),
         head.priority, head.deadline, head.created_at,
         held)
     LOOP
