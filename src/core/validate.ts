@@ -179,8 +179,8 @@ const plainKey = /^[A-Za-z_][A-Za-z0-9_]{0,63}$/;
  */
 function member(k: string): string {
   if (plainKey.test(k)) return `.${k}`;
-  const cut = k.length > 64 ? `${k.slice(0, 64)}…` : k;
-  return `[${JSON.stringify(cut)}]`;
+  if (k.length <= 64) return `[${JSON.stringify(k)}]`;
+  return `[${JSON.stringify(k.slice(0, 64))}…]`;
 }
 
 function unstorableWalk(message: unknown): { path: string; why: UnstorableText } | undefined {

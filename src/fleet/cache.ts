@@ -22,15 +22,23 @@ export function createWorkerCache(fleet: Pick<FleetStore, "row">, ttlMs = 1000) 
       if (hit && Date.now() - hit.at < ttlMs) return hit.view;
       const pending = reading.get(id);
       if (pending) return pending;
-      const read = fleet.row(id).finally(() => reading.delete(id));
+      const read = fleet.row(id);
       reading.set(id, read);
-      const view = await read;
-      if (entries.size > 100_000) entries.clear();
-      entries.set(id, { view, at: Date.now() });
-      return view;
+      try {
+        const view = await read;
+        // Not kept when the worker was forgotten meanwhile: the row may be from before the change.
+        if (reading.get(id) === read) {
+          if (entries.size > 100_000) entries.clear();
+          entries.set(id, { view, at: Date.now() });
+        }
+        return view;
+      } finally {
+        if (reading.get(id) === read) reading.delete(id);
+      }
     },
     forget(id: string): void {
       entries.delete(id);
+      reading.delete(id);
     },
   };
 }

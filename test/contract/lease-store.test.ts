@@ -766,6 +766,8 @@ describeEachEngine("lease store", (db) => {
         [a.id, 2],
       ]);
       expect(await taskStore.get(o.id)).toMatchObject({ state: "RUNNING", leaseWorkerId: workerA });
+      // The one no claim here could take is the sweeper's.
+      expect(await store.expireLeases(1000)).toEqual([{ id: o.id, state: "PENDING" }]);
     });
 
     it("a pass from the mark leaves a lease that expired before it to the next whole pass", async () => {

@@ -359,6 +359,9 @@ describe.skipIf(!onPostgres)("the claim behind a transaction held open", () => {
     // Once by the batch (3,000 and the live ones), not 8 × 3,000.
     expect(read.ready).toBeGreaterThanOrEqual(3000);
     expect(read.ready).toBeLessThan(2 * 3000);
+    // The same for the dead entries of expired leases (no sweeper mark: from the first).
+    expect(read.expiry).toBeGreaterThanOrEqual(3000);
+    expect(read.expiry).toBeLessThan(2 * 3000);
   });
 
   it("counts a worker's slots once per claim of a batch: its answer is that count and what the claim took", async () => {

@@ -28,7 +28,7 @@ const hashes: Record<number, string> = {
   18: "4db67c6058cc576a3279adab752cfa85fa23cf2f6180c63817a68f17907dde36",
   19: "016b1da4fe12c37ce12e4e65a3e9717d6811abfed0f85ace352c659d1d4c5437",
   20: "abc3bc66cc483e5138728514c3e28bf4fe653bdfd164eb30eaf0fa53983d0637",
-  21: "cf11e0c0907cd2af808e51cc3db91b00f279fc171051a246a08b0117ec8e85a3",
+  21: "65faa26bf30659d50ccda4e3937f7369b1e529839c4d8a6129108f7f361adfe9",
 };
 
 describe("database functions", () => {

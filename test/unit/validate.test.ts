@@ -51,7 +51,7 @@ describe("unstorableText", () => {
     });
     const long = `${"k".repeat(100)}\u0000`;
     expect(unstorableText({ [long]: 1 })).toEqual({
-      path: `[${JSON.stringify(`${"k".repeat(64)}…`)}]`,
+      path: `[${JSON.stringify("k".repeat(64))}…]`,
       why: "nul",
     });
   });

@@ -10,8 +10,9 @@ function fleetOf(rows: Map<string, Partial<WorkerRow>>) {
     reads,
     async row(id: string): Promise<WorkerRow> {
       reads.push(id);
-      await new Promise((r) => setTimeout(r, 1));
+      // The row as it is when the read starts, answered a moment later.
       const row = rows.get(id);
+      await new Promise((r) => setTimeout(r, 1));
       if (!row) throw notFound(id);
       return { ...row, id } as WorkerRow;
     },
@@ -45,6 +46,19 @@ describe("worker cache", () => {
     vi.useFakeTimers({ toFake: ["Date"], now: Date.now() + 1001 });
     expect((await cache.get("w1")).capabilities).toEqual(["b"]);
     expect(fleet.reads).toEqual(["w1", "w1", "w1"]);
+  });
+
+  it("does not keep a read that was under way when the worker was forgotten", async () => {
+    const rows = new Map([["w1", { drained: false }]]);
+    const fleet = fleetOf(rows);
+    const cache = createWorkerCache(fleet, 60_000);
+    const before = cache.get("w1");
+    rows.set("w1", { drained: true });
+    cache.forget("w1");
+    expect((await cache.get("w1")).drained).toBe(true);
+    await before;
+    expect((await cache.get("w1")).drained).toBe(true);
+    expect(fleet.reads).toEqual(["w1", "w1"]);
   });
 
   it("remembers no failure: an unknown worker is not_found each time", async () => {

@@ -21,7 +21,7 @@ CREATE SEQUENCE IF NOT EXISTS meshwork_ready_epoch;
 -- "concurrency", "plan", "reserveAfterMs", "expiredFrom"} (concurrency
 -- null: the registered max_concurrency; plan, reserveAfterMs and
 -- expiredFrom as meshwork_claim takes them, null when not given; the batch
--- moves expiredFrom up to the first expired lease, below). The
+-- moves expiredFrom on to the first expired lease, below). The
 -- slots counted are the `slots` resource: the cap less what the worker's
 -- live leases hold. Rows: the claimed tasks of claim 0 in claim order
 -- (free and cap null), then one
@@ -93,7 +93,8 @@ DECLARE
   from_hint boolean := false;
   looked timestamptz;
   head_ms numeric;            -- how long the look from the head took
-  expired_at timestamptz;     -- where the claims look for expired leases from
+  expired_at timestamptz;     -- where the claims look for expired leases from (null: not looked yet)
+  locked boolean;             -- the claim's worker is known and not drained
 BEGIN
   -- Read before the head: a change that moves it after this is seen by the next batch.
   SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END INTO epoch FROM meshwork_ready_epoch s;
@@ -128,24 +129,6 @@ BEGIN
     found_head := FOUND;
     head_ms := extract(epoch FROM clock_timestamp() - looked) * 1000;
   END IF;
-  -- The first expired lease a claim may take over, any worker's, from the
-  -- earliest mark of the claims (`expiredFrom`, the sweeper's: claim.sql,
-  -- expired_from), found once: each claim looks for expired leases first,
-  -- and from this one on, or not at all when there is none ('infinity').
-  -- From the mark on, tasks_lease_expiry_idx holds the entry of every
-  -- lease that ran out or ended since; behind a transaction held open none
-  -- of them can be removed (22,560 entries, 8 ms to walk, from a mark 6 s
-  -- back in a drain of 3,000 tasks/s), and each claim of the batch walked
-  -- them all. A lease that another transaction moves into the past while
-  -- the batch runs is the next batch's, or the sweeper's.
-  SELECT t.lease_expires_at INTO expired_at FROM tasks t
-    WHERE meshwork_lease_expired(t)
-      AND t.lease_expires_at >= (SELECT min(coalesce((e->>'expiredFrom')::timestamptz, '-infinity'))
-        FROM jsonb_array_elements(claims) AS e)
-      AND t.failures < t.max_attempts
-    ORDER BY t.lease_expires_at
-    LIMIT 1;
-  expired_at := coalesce(expired_at, 'infinity');
   FOR c IN SELECT e FROM jsonb_array_elements(claims) AS e LOOP
     w := (c->>'worker')::uuid;
     k := (c->>'concurrency')::int;
@@ -155,11 +138,36 @@ BEGIN
     -- leaves alone, is counted without its lock.
     SELECT x.max_concurrency INTO registered FROM workers x
       WHERE x.id = w AND NOT x.drained FOR NO KEY UPDATE;
+    locked := FOUND;
     IF NOT FOUND THEN
       SELECT x.max_concurrency INTO registered FROM workers x WHERE x.id = w;
     END IF;
     held := CASE WHEN FOUND THEN meshwork_slots_held(w) END;
     took := 0;
+    -- The first expired lease a claim may take over, any worker's, from
+    -- the earliest mark of the batch's claims (`expiredFrom`, the
+    -- sweeper's: claim.sql, expired_from), looked for once, by the first
+    -- claim that has a slot free (the others stop before their look):
+    -- each claim looks for expired leases first, from this one on (an
+    -- empty range, 'infinity', when there is none). From the mark on,
+    -- tasks_lease_expiry_idx holds the entry of every lease that ran out
+    -- or ended since; behind a transaction held open none of them can be
+    -- removed (22,560 entries, 8 ms to walk, from a mark 6 s back in a
+    -- drain of 3,000 tasks/s), and each claim of a batch walked them all.
+    -- A lease whose expiry another transaction commits in the past while
+    -- the batch runs (moved there by hand, or granted by a transaction
+    -- that began earlier) and comes before the one found is the next
+    -- batch's.
+    IF expired_at IS NULL AND locked AND held < coalesce(k, registered) THEN
+      SELECT t.lease_expires_at INTO expired_at FROM tasks t
+        WHERE meshwork_lease_expired(t)
+          AND t.lease_expires_at >= (SELECT min(coalesce((e->>'expiredFrom')::timestamptz, '-infinity'))
+            FROM jsonb_array_elements(claims) AS e)
+          AND t.failures < t.max_attempts
+        ORDER BY t.lease_expires_at
+        LIMIT 1;
+      expired_at := coalesce(expired_at, 'infinity');
+    END IF;
     FOR got IN
       SELECT * FROM meshwork_claim(
         w,
