@@ -1,4 +1,5 @@
 import { type Logger, pino } from "pino";
+import { causeChain } from "./db/faults.js";
 import { statementName } from "./db/observe.js";
 
 export type { Logger };
@@ -24,15 +25,12 @@ function failedStatement(error: unknown): Record<string, unknown> | undefined {
   let query: string | undefined;
   let code: string | undefined;
   let driverMessage: string | undefined;
-  let e: unknown = error;
-  for (let depth = 0; depth < 6 && e !== null && typeof e === "object"; depth++) {
-    const o = e as { query?: unknown; code?: unknown; message?: unknown; cause?: unknown };
+  for (const o of causeChain(error)) {
     if (query === undefined && typeof o.query === "string") query = o.query;
     if (code === undefined && typeof o.code === "string") {
       code = o.code;
       if (typeof o.message === "string") driverMessage = o.message;
     }
-    e = o.cause;
   }
   if (query === undefined) return undefined;
   const statement = statementName(query);

@@ -1,4 +1,5 @@
 import { DomainError } from "../core/errors.js";
+import { causeChain } from "../db/faults.js";
 
 /**
  * The blob store could not be reached or could not do what was asked just
@@ -17,10 +18,8 @@ const fullCodes = new Set(["ENOSPC", "EDQUOT"]);
 
 /** Whether `error`, or one of its causes, says the storage is out of space (a file system's ENOSPC or EDQUOT, PostgreSQL's 53100). */
 export function isStorageFull(error: unknown): boolean {
-  for (let e = error, depth = 0; depth < 6 && e && typeof e === "object"; depth++) {
-    const code = (e as { code?: unknown }).code;
+  for (const { code } of causeChain(error)) {
     if (typeof code === "string" && (fullCodes.has(code) || code === "53100")) return true;
-    e = (e as { cause?: unknown }).cause;
   }
   return false;
 }

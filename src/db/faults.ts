@@ -9,9 +9,7 @@
  * the driver's error).
  */
 export function isTransientDatabaseError(error: unknown): boolean {
-  let e: unknown = error;
-  for (let depth = 0; depth < 6 && e !== null && typeof e === "object"; depth++) {
-    const { code, syscall } = e as { code?: unknown; syscall?: unknown };
+  for (const { code, syscall } of causeChain(error)) {
     if (typeof code === "string" && (transientCodes.has(code) || transientSqlState(code))) {
       return true;
     }
@@ -19,9 +17,22 @@ export function isTransientDatabaseError(error: unknown): boolean {
     // (PostgreSQL removes its socket file when it stops). Only a connect's:
     // a file missing elsewhere is no database fault.
     if (code === "ENOENT" && syscall === "connect") return true;
-    e = (e as { cause?: unknown }).cause;
   }
   return false;
+}
+
+/**
+ * `error` and the errors down its `cause` chain, outermost first, as long
+ * as each is an object, six at most (Drizzle wraps the driver's error, and
+ * a caller may wrap that).
+ */
+export function* causeChain(error: unknown): Generator<Record<string, unknown>> {
+  let e: unknown = error;
+  for (let depth = 0; depth < 6 && e !== null && typeof e === "object"; depth++) {
+    const o = e as Record<string, unknown>;
+    yield o;
+    e = o.cause;
+  }
 }
 
 /** Node's socket errors, postgres.js's own connection errors, and our pool gate's (pool-gate.ts). */
@@ -62,11 +73,14 @@ function transientSqlState(code: string): boolean {
  * SQLSTATE class begins with E.
  */
 export function answeredWithError(error: unknown): boolean {
-  let e: unknown = error;
-  for (let depth = 0; depth < 6 && e !== null && typeof e === "object"; depth++) {
-    const code = (e as { code?: unknown }).code;
+  for (const { code } of causeChain(error)) {
     if (typeof code === "string" && /^[0-9A-DF-Z][0-9A-Z]{4}$/.test(code)) return true;
-    e = (e as { cause?: unknown }).cause;
   }
+  return false;
+}
+
+/** SQLSTATE 40P01 (a deadlock) anywhere in the cause chain. */
+export function isDeadlock(error: unknown): boolean {
+  for (const { code } of causeChain(error)) if (code === "40P01") return true;
   return false;
 }

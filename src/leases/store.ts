@@ -3,7 +3,7 @@ import { DomainError, notFound } from "../core/errors.js";
 import { type Judged, judged, leaseParams, leaseRefusal } from "../core/lease-check.js";
 import type { LeaseRef } from "../core/lease-ref.js";
 import type { Db } from "../db/database.js";
-import { answeredWithError, isTransientDatabaseError } from "../db/faults.js";
+import { answeredWithError, isDeadlock, isTransientDatabaseError } from "../db/faults.js";
 import type { TaskRow } from "../db/schema/index.js";
 import { asNumber, preparedRowsOf, rowsOf } from "../db/values.js";
 import { createBatcher } from "./batcher.js";
@@ -40,15 +40,6 @@ export type Outcome<T = TaskRow> = { ok: T; repeat?: boolean } | { error: Domain
  */
 function byTaskId<T extends { taskId: string }>(items: readonly T[]): T[] {
   return [...items].sort((a, b) => (a.taskId < b.taskId ? -1 : a.taskId > b.taskId ? 1 : 0));
-}
-
-/** SQLSTATE 40P01 anywhere in the cause chain. */
-function isDeadlock(error: unknown): boolean {
-  for (let e = error, depth = 0; depth < 6 && e && typeof e === "object"; depth++) {
-    if ((e as { code?: unknown }).code === "40P01") return true;
-    e = (e as { cause?: unknown }).cause;
-  }
-  return false;
 }
 
 /** Runs `fn`, and once more when it fails with an error `again` accepts. */
