@@ -188,7 +188,9 @@ export function createApp(
     }
     for (const v of await upkeep.vacuumDue(reading)) {
       if (v.error !== undefined) {
-        log.warn({ err: v.error, table: v.table }, "vacuum failed; tried again later");
+        if (!shutdown.signal.aborted) {
+          log.warn({ err: v.error, table: v.table }, "vacuum failed; tried again later");
+        }
       } else if (v.ran) {
         metrics.vacuums.inc({ table: v.table });
         log.info(
@@ -203,6 +205,18 @@ export function createApp(
       upkeepRunning = undefined;
     });
     return upkeepRunning;
+  };
+  /**
+   * The timer's run: a vacuum may outlast the interval, so one run at a
+   * time, each failure logged once. `stop` does not wait for a run under
+   * way (closing the database ends it), so what fails once stopping has
+   * begun is not a fault to report.
+   */
+  const upkeepTick = () => {
+    if (upkeepRunning) return;
+    runUpkeep().catch((error: unknown) => {
+      if (!shutdown.signal.aborted) log.warn({ err: error }, "database upkeep failed");
+    });
   };
   return {
     database,
@@ -261,11 +275,7 @@ export function createApp(
         dispatcher.start();
         scheduleTicker.start();
         retention.start();
-        upkeepTimer = setInterval(() => {
-          // A vacuum may outlast the interval: one run at a time, each failure logged once.
-          if (upkeepRunning) return;
-          runUpkeep().catch((error: unknown) => log.warn({ err: error }, "database upkeep failed"));
-        }, 10_000);
+        upkeepTimer = setInterval(upkeepTick, 10_000);
         upkeepTimer.unref();
         if (config.workerRetentionMs > 0) {
           workerSweep = setInterval(pruneLostWorkers, 60_000);

@@ -1,9 +1,20 @@
+import { Writable } from "node:stream";
+import type { SQL } from "drizzle-orm";
+import { PgDialect } from "drizzle-orm/pg-core";
+import pino from "pino";
 import type postgres from "postgres";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { createApp } from "../../src/app.js";
 import { connectPostgres } from "../../src/db/postgres-client.js";
 import { createUpkeep, type Vacuumed } from "../../src/db/upkeep.js";
-import { onPostgres } from "../support/database.js";
-import { createHarness, type Harness, registerWorker, uniqueWorkload } from "../support/harness.js";
+import { createTestDatabase, onPostgres } from "../support/database.js";
+import {
+  createHarness,
+  type Harness,
+  registerWorker,
+  testConfig,
+  uniqueWorkload,
+} from "../support/harness.js";
 
 // The coordinator's own upkeep of its tables (db/upkeep.ts, --vacuum): the
 // dead rows every claim and completion leave are read from PostgreSQL's
@@ -203,4 +214,89 @@ describe("database upkeep, --vacuum off", () => {
     );
     expect(metric(text, "meshwork_db_vacuums_total", 'table="tasks"')).toBeUndefined();
   }, 90_000);
+});
+
+// The upkeep runs every 10 s on a timer, and stopping does not wait for a
+// run under way: closing the database ends it. Its statements then fail
+// (postgres.js: CONNECTION_ENDED), which is not a fault to report.
+describe("database upkeep on its timer", () => {
+  const dialect = new PgDialect();
+  /**
+   * An app whose upkeep's next statement waits until `fail()` makes it
+   * throw as a closed connection does, with its log lines kept.
+   */
+  async function appWithHeldUpkeep() {
+    let logged = "";
+    const sink = new Writable({
+      write(chunk, _enc, done) {
+        logged += String(chunk);
+        done();
+      },
+    });
+    const db = await createTestDatabase();
+    const upkeepDb = db.database.upkeep;
+    let fail: () => void = () => {};
+    const held = new Promise<void>((resolve) => {
+      fail = resolve;
+    });
+    let reached = false;
+    // On PGlite the upkeep's handle is the database's only one: only the
+    // upkeep's own reading waits.
+    const original = upkeepDb.execute.bind(upkeepDb);
+    const execute = vi.spyOn(upkeepDb, "execute").mockImplementation(((query: SQL) => {
+      if (!dialect.sqlToQuery(query).sql.includes("pg_stat_user_tables")) return original(query);
+      reached = true;
+      return held.then(() => {
+        throw Object.assign(new Error("write CONNECTION_ENDED"), { code: "CONNECTION_ENDED" });
+      });
+    }) as never);
+    // Only the intervals are the test's: the upkeep's timer among them.
+    vi.useFakeTimers({ toFake: ["setInterval", "clearInterval"] });
+    const app = createApp(db.database, testConfig(), pino({ level: "info" }, sink));
+    await app.start();
+    return {
+      app,
+      /** Runs the timer's next upkeep, until its first statement waits. */
+      async tick() {
+        vi.advanceTimersByTime(10_000);
+        for (let i = 0; i < 100 && !reached; i++) await new Promise((r) => setTimeout(r, 10));
+        expect(reached).toBe(true);
+      },
+      fail,
+      logged: () => logged,
+      async close() {
+        execute.mockRestore();
+        await app.stop();
+        vi.useRealTimers();
+        await db.drop();
+      },
+    };
+  }
+
+  it("reports a run that fails while the coordinator serves", async () => {
+    const t = await appWithHeldUpkeep();
+    try {
+      await t.tick();
+      t.fail();
+      await vi.waitFor(() => expect(t.logged()).toContain("database upkeep failed"));
+    } finally {
+      await t.close();
+    }
+  });
+
+  it("says nothing of a run that stopping ended", async () => {
+    const t = await appWithHeldUpkeep();
+    try {
+      await t.tick();
+      // The run under way (runUpkeep answers with it).
+      const running = t.app.runUpkeep();
+      await t.app.stop();
+      t.fail();
+      await expect(running).rejects.toThrow("CONNECTION_ENDED");
+      expect(t.logged()).not.toContain("database upkeep failed");
+      expect(t.logged()).not.toContain("vacuum failed");
+    } finally {
+      await t.close();
+    }
+  });
 });
