@@ -221,11 +221,15 @@ describe("database upkeep, --vacuum off", () => {
 // (postgres.js: CONNECTION_ENDED), which is not a fault to report.
 describe("database upkeep on its timer", () => {
   const dialect = new PgDialect();
+  const connectionEnded = () =>
+    Object.assign(new Error("write CONNECTION_ENDED"), { code: "CONNECTION_ENDED" });
   /**
-   * An app whose upkeep's next statement waits until `fail()` makes it
-   * throw as a closed connection does, with its log lines kept.
+   * An app with its log lines kept, whose upkeep's statement `held` waits
+   * until `fail()` makes it throw as a closed connection does: its first
+   * reading of the tables' figures, or the vacuum of a task table that
+   * reading says is full of dead rows.
    */
-  async function appWithHeldUpkeep() {
+  async function appWithHeldUpkeep(held: "reading" | "vacuum") {
     let logged = "";
     const sink = new Writable({
       write(chunk, _enc, done) {
@@ -236,27 +240,36 @@ describe("database upkeep on its timer", () => {
     const db = await createTestDatabase();
     const upkeepDb = db.database.upkeep;
     let fail: () => void = () => {};
-    const held = new Promise<void>((resolve) => {
+    const failed = new Promise<void>((resolve) => {
       fail = resolve;
     });
     let reached = false;
     // On PGlite the upkeep's handle is the database's only one: only the
-    // upkeep's own reading waits.
+    // upkeep's own statements are changed.
     const original = upkeepDb.execute.bind(upkeepDb);
     const execute = vi.spyOn(upkeepDb, "execute").mockImplementation(((query: SQL) => {
-      if (!dialect.sqlToQuery(query).sql.includes("pg_stat_user_tables")) return original(query);
-      reached = true;
-      return held.then(() => {
-        throw Object.assign(new Error("write CONNECTION_ENDED"), { code: "CONNECTION_ENDED" });
-      });
+      const text = dialect.sqlToQuery(query).sql;
+      const reading = text.includes("FROM pg_stat_user_tables") && text.includes("n_live_tup");
+      if (held === "vacuum" && reading) {
+        return Promise.resolve({
+          rows: [{ table: "tasks", live: 0, dead: 1_000_000, vacuums: 0 }],
+        });
+      }
+      if (held === "reading" ? reading : text.startsWith("VACUUM")) {
+        reached = true;
+        return failed.then(() => {
+          throw connectionEnded();
+        });
+      }
+      return original(query);
     }) as never);
     // Only the intervals are the test's: the upkeep's timer among them.
     vi.useFakeTimers({ toFake: ["setInterval", "clearInterval"] });
-    const app = createApp(db.database, testConfig(), pino({ level: "info" }, sink));
+    const app = createApp(db.database, testConfig({ vacuum: true }), pino({ level: "info" }, sink));
     await app.start();
     return {
       app,
-      /** Runs the timer's next upkeep, until its first statement waits. */
+      /** Runs the timer's next upkeep, until its held statement waits. */
       async tick() {
         vi.advanceTimersByTime(10_000);
         for (let i = 0; i < 100 && !reached; i++) await new Promise((r) => setTimeout(r, 10));
@@ -273,30 +286,37 @@ describe("database upkeep on its timer", () => {
     };
   }
 
-  it("reports a run that fails while the coordinator serves", async () => {
-    const t = await appWithHeldUpkeep();
-    try {
-      await t.tick();
-      t.fail();
-      await vi.waitFor(() => expect(t.logged()).toContain("database upkeep failed"));
-    } finally {
-      await t.close();
+  it("reports a run or a vacuum that fails while the coordinator serves", async () => {
+    for (const [held, said] of [
+      ["reading", "database upkeep failed"],
+      ["vacuum", "vacuum failed; tried again later"],
+    ] as const) {
+      const t = await appWithHeldUpkeep(held);
+      try {
+        await t.tick();
+        t.fail();
+        await vi.waitFor(() => expect(t.logged()).toContain(said));
+      } finally {
+        await t.close();
+      }
     }
   });
 
-  it("says nothing of a run that stopping ended", async () => {
-    const t = await appWithHeldUpkeep();
-    try {
-      await t.tick();
-      // The run under way (runUpkeep answers with it).
-      const running = t.app.runUpkeep();
-      await t.app.stop();
-      t.fail();
-      await expect(running).rejects.toThrow("CONNECTION_ENDED");
-      expect(t.logged()).not.toContain("database upkeep failed");
-      expect(t.logged()).not.toContain("vacuum failed");
-    } finally {
-      await t.close();
+  it("says nothing of a run or a vacuum that stopping ended", async () => {
+    for (const held of ["reading", "vacuum"] as const) {
+      const t = await appWithHeldUpkeep(held);
+      try {
+        await t.tick();
+        // The run under way (runUpkeep answers with it).
+        const running = t.app.runUpkeep().catch((error: unknown) => error);
+        await t.app.stop();
+        t.fail();
+        await running;
+        expect(t.logged()).not.toContain("database upkeep failed");
+        expect(t.logged()).not.toContain("vacuum failed");
+      } finally {
+        await t.close();
+      }
     }
   });
 });
