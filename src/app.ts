@@ -186,7 +186,7 @@ export function createApp(
         "an open transaction keeps the database from removing dead rows: claims slow down while it stays open (end it, or set idle_in_transaction_session_timeout)",
       );
     }
-    for (const v of await upkeep.vacuumDue(reading)) {
+    for (const v of await upkeep.vacuumDue(reading, shutdown.signal)) {
       if (v.error !== undefined) {
         if (!shutdown.signal.aborted) {
           log.warn({ err: v.error, table: v.table }, "vacuum failed; tried again later");
@@ -209,8 +209,10 @@ export function createApp(
   /**
    * The timer's run: a vacuum may outlast the interval, so one run at a
    * time, each failure logged once. `stop` does not wait for a run under
-   * way (closing the database ends it), so what fails once stopping has
-   * begun is not a fault to report.
+   * way, and closing the database ends it (PGlite lets the statement under
+   * way finish; PostgreSQL's upkeep connection is cut after 5 s), so what
+   * fails once stopping has begun is not a fault to report, and no further
+   * table is vacuumed.
    */
   const upkeepTick = () => {
     if (upkeepRunning) return;
@@ -294,7 +296,7 @@ export function createApp(
       guard.stop();
       clearInterval(blobSweep);
       clearInterval(workerSweep);
-      // A vacuum under way is not waited for: closing the database ends it.
+      // A vacuum under way is not waited for: closing the database ends it (upkeepTick).
       clearInterval(upkeepTimer);
       await sweeper.stop();
       await dispatcher.stop();

@@ -165,12 +165,14 @@ export function createUpkeep(db: Db, options: UpkeepOptions) {
      * Vacuums the tables of `reading` that are due, one after the other; a
      * failure is returned with its table (the others still run), and that
      * table waits before it is tried again. `reading`'s figures are updated
-     * with what each vacuum left.
+     * with what each vacuum left. Once `signal` is aborted (the coordinator
+     * is stopping), no further table is begun.
      */
-    async vacuumDue(reading: UpkeepReading): Promise<Vacuumed[]> {
+    async vacuumDue(reading: UpkeepReading, signal?: AbortSignal): Promise<Vacuumed[]> {
       if (!options.vacuum) return [];
       const done: Vacuumed[] = [];
       for (const t of reading.tables.filter(due)) {
+        if (signal?.aborted) break;
         const v = await vacuum(t);
         done.push(v);
         t.dead -= v.removed;
