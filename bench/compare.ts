@@ -1046,20 +1046,18 @@ async function history() {
     try {
       const drains = { fresh: [] as number[], after: [] as number[] };
       let completed = Number.POSITIVE_INFINITY;
+      const cases = [
+        ["fresh", fresh],
+        ["after", after],
+      ] as const;
       for (let round = 0; round < historyRounds; round++) {
-        for (const [key, h] of [
-          ["fresh", fresh],
-          ["after", after],
-        ] as const) {
+        for (const [key, h] of cases) {
           const d = await h.drainOnce();
           drains[key].push(Math.round(d.tasksPerS));
           completed = Math.min(completed, d.completed);
         }
       }
-      for (const [key, h] of [
-        ["fresh", fresh],
-        ["after", after],
-      ] as const) {
+      for (const [key, h] of cases) {
         // The middle drain (BENCH_HISTORY_ROUNDS is odd by default).
         const median = quantile(
           [...drains[key]].sort((a, b) => a - b),

@@ -3,7 +3,6 @@ import { createHash } from "node:crypto";
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Writable } from "node:stream";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
@@ -24,6 +23,7 @@ import { listen, type RunningServer } from "../../src/server.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { outcome } from "../support/errors.js";
 import { appOn, claimOne, testBlobStore, uniqueWorkload } from "../support/harness.js";
+import { textSink } from "../support/text-sink.js";
 
 describe("storage failures as clients see them", () => {
   it("out of space (ENOSPC, EDQUOT) is resource_exhausted STORAGE_FULL; other failures unavailable", () => {
@@ -222,12 +222,6 @@ describe.skipIf(testBlobStore.kind !== "fs")("stored bytes that changed on disk"
 
 /** An Io that keeps what a command writes. */
 function capture() {
-  let text = "";
-  const sink = new Writable({
-    write(chunk, _enc, done) {
-      text += String(chunk);
-      done();
-    },
-  });
-  return { out: sink, err: sink, text: () => text };
+  const sink = textSink();
+  return { out: sink.stream, err: sink.stream, text: sink.text };
 }

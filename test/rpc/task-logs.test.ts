@@ -1,4 +1,3 @@
-import { Writable } from "node:stream";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { createClient, createRouterTransport } from "@connectrpc/connect";
 import { pino } from "pino";
@@ -23,6 +22,7 @@ import {
   testConfig,
   uniqueWorkload,
 } from "../support/harness.js";
+import { textSink } from "../support/text-sink.js";
 
 /** A LogLine as the tests send it. */
 interface Line {
@@ -266,15 +266,9 @@ describe("task logs with tokens", () => {
 
 describe("the coordinator's own log", () => {
   it("never holds a line's text", async () => {
-    let written = "";
-    const sink = new Writable({
-      write(chunk, _enc, done) {
-        written += String(chunk);
-        done();
-      },
-    });
+    const sink = textSink();
     const db = await createTestDatabase();
-    const app = createApp(db.database, testConfig(), pino({ level: "trace" }, sink));
+    const app = createApp(db.database, testConfig(), pino({ level: "trace" }, sink.stream));
     await app.start({ sweeper: false });
     try {
       const transport = createRouterTransport(createRoutes(app), {
@@ -291,8 +285,8 @@ describe("the coordinator's own log", () => {
         .appendLogs(each([t.line(secret), t.line(secret, { stream: "bogus" })]))
         .catch(() => {});
       await c.tasks.getTaskLogs({ taskId: t.taskId });
-      expect(written).toContain("rpc");
-      expect(written).not.toContain(secret);
+      expect(sink.text()).toContain("rpc");
+      expect(sink.text()).not.toContain(secret);
     } finally {
       await app.stop();
       await db.drop();

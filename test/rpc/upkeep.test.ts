@@ -1,4 +1,3 @@
-import { Writable } from "node:stream";
 import type { SQL } from "drizzle-orm";
 import { PgDialect } from "drizzle-orm/pg-core";
 import pino from "pino";
@@ -15,6 +14,7 @@ import {
   testConfig,
   uniqueWorkload,
 } from "../support/harness.js";
+import { textSink } from "../support/text-sink.js";
 
 // The coordinator's own upkeep of its tables (db/upkeep.ts, --vacuum): the
 // dead rows every claim and completion leave are read from PostgreSQL's
@@ -236,13 +236,7 @@ describe("database upkeep on its timer", () => {
    * VACUUMs the upkeep began.
    */
   async function appWithHeldUpkeep(held: "reading" | "vacuum") {
-    let logged = "";
-    const sink = new Writable({
-      write(chunk, _enc, done) {
-        logged += String(chunk);
-        done();
-      },
-    });
+    const log = textSink();
     const db = await createTestDatabase();
     const upkeepDb = db.database.upkeep;
     let fail: () => void = () => {};
@@ -276,7 +270,11 @@ describe("database upkeep on its timer", () => {
     }) as never);
     // Only the intervals are the test's: the upkeep's timer among them.
     vi.useFakeTimers({ toFake: ["setInterval", "clearInterval"] });
-    const app = createApp(db.database, testConfig({ vacuum: true }), pino({ level: "info" }, sink));
+    const app = createApp(
+      db.database,
+      testConfig({ vacuum: true }),
+      pino({ level: "info" }, log.stream),
+    );
     try {
       await app.start();
     } catch (error) {
@@ -292,7 +290,7 @@ describe("database upkeep on its timer", () => {
         await vi.waitFor(() => expect(reached).toBe(true), { timeout: 10_000 });
       },
       fail,
-      logged: () => logged,
+      logged: log.text,
       vacuums: () => vacuums,
       async close() {
         vi.restoreAllMocks();
