@@ -24,7 +24,9 @@ import { wrapPrepareQuery } from "./prepare-hook.js";
  * (Bind, Describe, Execute, Sync). PostgreSQL's plan cache then treats it
  * as on PostgreSQL: planned afresh for its first five runs, then with a
  * generic plan where that is estimated to cost no more. Every other text
- * goes to PGlite's `query` unchanged.
+ * runs as the unnamed statement, as PGlite's `query` would run it, but in
+ * one call (two with parameters, for their types) where PGlite makes six,
+ * and read here too.
  *
  * Kept: the last `capacity` statements used (the code has a few dozen). A
  * statement that a schema change made stale (its result columns changed,
@@ -40,10 +42,13 @@ import { wrapPrepareQuery } from "./prepare-hook.js";
  * or parameters attached.
  *
  * The answer's messages are read here (pglite-answer.ts), not by PGlite,
- * which copies every value of every row before decoding it. So the NOTIFYs
- * that such an answer delivers are handed on here too, to the listeners
- * registered through PGlite's `listen` and `onNotification`, which this
- * keeps a list of beside PGlite's own.
+ * which copies every value of every row before decoding it, and whose
+ * decoder drops a U+FEFF (byte order mark) at the start of a text value:
+ * a task named "\uFEFFx" read back as "x" from a list and as itself from
+ * a read by id; here a text reads back as stored, as on PostgreSQL. The
+ * NOTIFYs that such an answer delivers are handed on here too, to the
+ * listeners registered through PGlite's `listen` and `onNotification`,
+ * which this keeps a list of beside PGlite's own.
  */
 export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): void {
   if (patched.has(client)) return;
@@ -155,13 +160,35 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
     return statement;
   }
 
+  /**
+   * A text the code builds per call, run as the unnamed statement, as
+   * PGlite's `query` runs every text: parsed (and described, for its
+   * parameters' types) at each run. Without parameters the Parse goes with
+   * the run, in the same call (`lead`).
+   */
+  async function unnamedFor(text: string, withParams: boolean) {
+    if (!withParams) return { name: "", types: [], lead: [serialize.parse({ text })] };
+    const described = await client.execProtocolStream(
+      Buffer.concat([
+        serialize.parse({ text }),
+        serialize.describe({ type: "S" }),
+        serialize.sync(),
+      ]),
+      { syncToFs: false },
+    );
+    return { name: "", types: parse.parseDescribeStatementResults(described), lead: [] };
+  }
+
   async function execute<T>(
     text: string,
     params: unknown[],
     options: QueryOptions | undefined,
     inTx: boolean,
   ): Promise<Results<T>> {
-    const { name, types } = await statementFor(text);
+    const named = namedTexts.has(text);
+    const { name, types, lead } = named
+      ? { ...(await statementFor(text)), lead: [] }
+      : await unnamedFor(text, params.length > 0);
     const values = params.map((param, i) => {
       if (param === null || param === undefined) return null;
       const oid = types[i] ?? 0;
@@ -170,6 +197,7 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
     });
     const messages = [
       ...closing.splice(0).map((old) => serialize.close({ type: "S", name: old })),
+      ...lead,
       serialize.bind({ statement: name, values }),
       serialize.describe({ type: "P" }),
       serialize.execute({}),
@@ -190,7 +218,7 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
       if (answer.failed) throw answer.error;
       return answer.results;
     } catch (error) {
-      if (isStale(error)) {
+      if (named && isStale(error)) {
         prepared.delete(text);
         closing.push(name);
       }
@@ -213,11 +241,7 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
   }
 
   const usable = (text: unknown, options: QueryOptions | undefined): text is string =>
-    typeof text === "string" &&
-    namedTexts.has(text) &&
-    !options?.paramTypes &&
-    !options?.blob &&
-    !options?.onNotice;
+    typeof text === "string" && !options?.paramTypes && !options?.blob && !options?.onNotice;
 
   const plainQuery = client.query.bind(client);
   client.query = (async (text: string, params: unknown[] = [], options?: QueryOptions) => {
