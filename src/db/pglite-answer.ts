@@ -3,7 +3,7 @@ import { protocol, type Results } from "@electric-sql/pglite";
 /** A text value's parser, by type oid, as PGlite keeps them (`client.parsers`). */
 export type Parsers = Record<number, ((text: string, typeId: number) => unknown) | undefined>;
 
-/** What the backend answered to one named statement's Bind … Sync (pglite-statements.ts). */
+/** What the backend answered to one statement's run, up to its Sync (pglite-statements.ts). */
 export interface Answer<T> {
   /** The statement's result, as PGlite's `parseResults` gives its first. */
   results: Results<T>;
@@ -22,8 +22,9 @@ export interface Answer<T> {
  * parser and `parseResults` do, for the messages an extended-protocol run
  * gives: RowDescription, DataRow, CommandComplete, ErrorResponse (read by
  * PGlite's parser, so the error is the one its `query` throws) and
- * NotificationResponse; the rest (BindComplete, NoData, ReadyForQuery,
- * notices) carry nothing a result needs. A value is decoded straight from
+ * NotificationResponse; the rest (ParseComplete, BindComplete, NoData,
+ * EmptyQueryResponse, ReadyForQuery, notices) carry nothing a result
+ * needs. A value is decoded straight from
  * the answer's bytes; PGlite copies each into a buffer of its own first.
  *
  * `parserOf` gives the parser of a type oid (the query's own over the

@@ -24,9 +24,10 @@ import { wrapPrepareQuery } from "./prepare-hook.js";
  * (Bind, Describe, Execute, Sync). PostgreSQL's plan cache then treats it
  * as on PostgreSQL: planned afresh for its first five runs, then with a
  * generic plan where that is estimated to cost no more. Every other text
- * runs as the unnamed statement, as PGlite's `query` would run it, but in
- * one call (two with parameters, for their types) where PGlite makes six,
- * and read here too.
+ * runs as the unnamed statement, as PGlite's `query` runs it, and is read
+ * here too: in one call where PGlite makes six, or, with parameters, a
+ * Parse and Describe for their types, a Sync, then the run (outside a
+ * transaction these are two implicit ones; the first only parses).
  *
  * Kept: the last `capacity` statements used (the code has a few dozen). A
  * statement that a schema change made stale (its result columns changed,
@@ -37,8 +38,9 @@ import { wrapPrepareQuery } from "./prepare-hook.js";
  * Runs inside PGlite's own locks, as its `query` does (its transaction
  * lock outside a transaction, its query lock always), so nothing runs
  * between the messages of one statement. Queries with options this does
- * not handle (parameter types, a blob, a notice callback) go to PGlite's
- * `query`. Errors are PGlite's DatabaseError, without the statement's text
+ * not handle (parameter types, a blob, a notice callback), and a COPY to
+ * PGlite's /dev/blob (whose bytes PGlite attaches to its own result), go
+ * to PGlite's `query`. Errors are PGlite's DatabaseError, without the statement's text
  * or parameters attached.
  *
  * The answer's messages are read here (pglite-answer.ts), not by PGlite,
@@ -73,7 +75,7 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
       (types.parsers as Parsers)[typeId];
 
   // The listeners of each channel and of every channel, for the NOTIFYs a
-  // named statement's answer delivers: PGlite hands on only those its own
+  // statement's answer read here delivers: PGlite hands on only those its own
   // reading sees. Kept as PGlite keeps its own (through its listen,
   // unlisten, onNotification and offNotification), and called as it calls
   // them, each in a microtask.
@@ -241,7 +243,11 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
   }
 
   const usable = (text: unknown, options: QueryOptions | undefined): text is string =>
-    typeof text === "string" && !options?.paramTypes && !options?.blob && !options?.onNotice;
+    typeof text === "string" &&
+    !options?.paramTypes &&
+    !options?.blob &&
+    !options?.onNotice &&
+    !text.includes("/dev/blob");
 
   const plainQuery = client.query.bind(client);
   client.query = (async (text: string, params: unknown[] = [], options?: QueryOptions) => {

@@ -165,10 +165,17 @@ describe("named statements on PGlite", () => {
       [{ t: `${bom}param` }],
       [{ name: `${bom}one` }],
     ];
-    expect(await read(await database(true))).toEqual(kept);
+    const client = await database(true);
+    expect(await read(client)).toEqual(kept);
+    // Read as the unnamed statement (another test may name the insert).
+    expect(await preparedTexts(client)).toEqual([]);
     // What this works around: PGlite's own query reads the same rows without it.
     const plain = await read(await database(false));
     expect(plain[0]).toEqual([{ name: "one", doc: { k: `${bom}v` } }]);
+    // A COPY to PGlite's /dev/blob still answers with its bytes.
+    const copied = await client.query("copy (select name from items) to '/dev/blob'");
+    const bytes = Buffer.from((await copied.blob?.arrayBuffer()) ?? new ArrayBuffer(0));
+    expect(bytes.toString("utf8")).toBe(`${bom}one\n`);
   });
 
   it("keep an error's code and leave the data as it was, for a text not named", async () => {
@@ -190,6 +197,7 @@ describe("named statements on PGlite", () => {
     ).rejects.toMatchObject({ code: "23505" });
     const rows = await client.query<{ id: number; name: string }>("select id, name from items");
     expect(rows.rows).toEqual([{ id: 1, name: "one" }]);
+    expect(await preparedTexts(client)).toEqual([]);
   });
 
   it("keep an error's code and leave the data as it was, in and out of a transaction", async () => {
