@@ -24,8 +24,8 @@ export interface Answer<T> {
  * PGlite's parser, so the error is the one its `query` throws) and
  * NotificationResponse; the rest (ParseComplete, BindComplete, NoData,
  * EmptyQueryResponse, ReadyForQuery, notices) carry nothing a result
- * needs. A value is decoded straight from
- * the answer's bytes; PGlite copies each into a buffer of its own first.
+ * needs. A value is decoded straight from the answer's bytes; PGlite
+ * copies each into a buffer of its own first.
  *
  * `parserOf` gives the parser of a type oid (the query's own over the
  * client's over PGlite's defaults); a type without one stays text, as there.

@@ -40,8 +40,8 @@ import { wrapPrepareQuery } from "./prepare-hook.js";
  * between the messages of one statement. Queries with options this does
  * not handle (parameter types, a blob, a notice callback), and a COPY to
  * PGlite's /dev/blob (whose bytes PGlite attaches to its own result), go
- * to PGlite's `query`. Errors are PGlite's DatabaseError, without the statement's text
- * or parameters attached.
+ * to PGlite's `query`. Errors are PGlite's DatabaseError, without the
+ * statement's text or parameters attached.
  *
  * The answer's messages are read here (pglite-answer.ts), not by PGlite,
  * which copies every value of every row before decoding it, and whose
@@ -74,8 +74,8 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
       (client.parsers as Parsers)[typeId] ??
       (types.parsers as Parsers)[typeId];
 
-  // The listeners of each channel and of every channel, for the NOTIFYs a
-  // statement's answer read here delivers: PGlite hands on only those its own
+  // The listeners of each channel and of every channel, for the NOTIFYs
+  // that an answer read here delivers: PGlite hands on only those its own
   // reading sees. Kept as PGlite keeps its own (through its listen,
   // unlisten, onNotification and offNotification), and called as it calls
   // them, each in a microtask.
