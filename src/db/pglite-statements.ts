@@ -142,15 +142,7 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
       return known;
     }
     const name = `meshwork_${next++}`;
-    const described = await client.execProtocolStream(
-      Buffer.concat([
-        serialize.parse({ name, text }),
-        serialize.describe({ type: "S", name }),
-        serialize.sync(),
-      ]),
-      { syncToFs: false },
-    );
-    const statement = { name, types: parse.parseDescribeStatementResults(described) };
+    const statement = { name, types: await parseAndDescribe(name, text) };
     prepared.set(text, statement);
     if (prepared.size > capacity) {
       const [oldest] = prepared;
@@ -162,6 +154,19 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
     return statement;
   }
 
+  /** Parses `text` as the statement `name` ("": the unnamed one); its parameters' types. */
+  async function parseAndDescribe(name: string, text: string): Promise<number[]> {
+    const described = await client.execProtocolStream(
+      Buffer.concat([
+        serialize.parse({ name, text }),
+        serialize.describe({ type: "S", name }),
+        serialize.sync(),
+      ]),
+      { syncToFs: false },
+    );
+    return parse.parseDescribeStatementResults(described);
+  }
+
   /**
    * A text the code builds per call, run as the unnamed statement, as
    * PGlite's `query` runs every text: parsed (and described, for its
@@ -170,15 +175,7 @@ export function useNamedStatements(client: PGlite, { capacity = 256 } = {}): voi
    */
   async function unnamedFor(text: string, withParams: boolean) {
     if (!withParams) return { name: "", types: [], lead: [serialize.parse({ text })] };
-    const described = await client.execProtocolStream(
-      Buffer.concat([
-        serialize.parse({ text }),
-        serialize.describe({ type: "S" }),
-        serialize.sync(),
-      ]),
-      { syncToFs: false },
-    );
-    return { name: "", types: parse.parseDescribeStatementResults(described), lead: [] };
+    return { name: "", types: await parseAndDescribe("", text), lead: [] };
   }
 
   async function execute<T>(
